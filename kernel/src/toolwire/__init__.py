@@ -1,0 +1,74 @@
+"""toolwire: an embeddable, plugin-based middleware kernel for AI-agent tool calls.
+
+The public API is what ``__all__`` lists; modules starting with ``_`` are private.
+"""
+
+from __future__ import annotations
+
+from ._clock import Clock, SystemClock
+from ._config import ToolwireConfig, load_config
+from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
+from ._events import CallEvent, EventBus
+from ._kernel import Kernel
+from ._tool import ToolSet, build_tool, tool, tools_from_module
+from ._types import (
+    Attempt,
+    CallContext,
+    CallRejected,
+    Decision,
+    ErrorInfo,
+    ErrorKind,
+    Fallback,
+    Recover,
+    ResultMeta,
+    Retry,
+    Tool,
+    ToolAnnotations,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    normalize_content,
+)
+from .hookspecs import hookimpl
+from .state import StateStore, open_store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attempt",
+    "CallContext",
+    "CallEvent",
+    "CallRejected",
+    "Clock",
+    "ConfigError",
+    "Decision",
+    "ErrorInfo",
+    "ErrorKind",
+    "EventBus",
+    "Fallback",
+    "Kernel",
+    "KernelError",
+    "PluginError",
+    "Recover",
+    "ResultMeta",
+    "Retry",
+    "StateStore",
+    "SystemClock",
+    "Tool",
+    "ToolAnnotations",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCollisionError",
+    "ToolError",
+    "ToolResult",
+    "ToolSet",
+    "ToolwireConfig",
+    "__version__",
+    "build_tool",
+    "hookimpl",
+    "load_config",
+    "normalize_content",
+    "open_store",
+    "tool",
+    "tools_from_module",
+]

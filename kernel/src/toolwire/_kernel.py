@@ -1,0 +1,734 @@
+"""The Kernel: catalog, plugins, and the one call pipeline (DESIGN §1)."""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+import types
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from time import perf_counter
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import pydantic
+
+from ._clock import Clock, SystemClock
+from ._errors import KernelError, PluginError, ToolCollisionError
+from ._events import EventBus
+from ._hooks import PluginInfo, PluginRegistry
+from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
+from ._types import (
+    Attempt,
+    CallContext,
+    CallRejected,
+    ErrorInfo,
+    ErrorKind,
+    Fallback,
+    NotJSONError,
+    Recover,
+    ResultMeta,
+    Retry,
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    normalize_content,
+)
+from ._validate import ArgsError, describe_validation_error, validate_json_schema
+from .state import StateStore, open_store
+
+if TYPE_CHECKING:
+    from ._config import ToolwireConfig
+
+__all__ = ["Kernel"]
+
+log = logging.getLogger("toolwire")
+
+_get_running_loop = asyncio._get_running_loop
+ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
+Mode = Literal["explicit", "semantic", "hybrid"]
+
+
+class Kernel:
+    """The toolwire kernel: register tools and plugins, then ``await kernel.call(...)``.
+
+    >>> kernel = Kernel(tools=[add])          # doctest: +SKIP
+    >>> result = await kernel.call("add", {"a": 1, "b": 2})
+    >>> result.content
+    {'result': 3}
+
+    Args:
+        tools: functions (``@tool`` or plain), ``Tool`` objects, ``ToolSet``
+            instances or modules to add as local tools.
+        plugins: plugin objects to register (each with a ``name`` and an ``order``).
+        state: a ``StateStore`` or a URL (``memory://``, ``sqlite:///path``, ``redis://...``).
+        max_attempts: at most this many attempts per call, whatever plugins decide.
+        default_timeout_s: per-attempt timeout for tools that set none (None: no timeout).
+        deadline_s: overall deadline per call, retries and waits included (None: none).
+        clock: time source (tests pass ``toolwire.testing.FakeClock``).
+    """
+
+    def __init__(
+        self,
+        *,
+        tools: Iterable[Any] = (),
+        plugins: Iterable[object] = (),
+        state: str | StateStore = "memory://",
+        max_attempts: int = 5,
+        default_timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        self.max_attempts = max_attempts
+        self.default_timeout_s = default_timeout_s
+        self.deadline_s = deadline_s
+        self.clock: Clock = clock or SystemClock()
+        self.state: StateStore = open_store(state) if isinstance(state, str) else state
+        self.events = EventBus()
+        self.plugins = PluginRegistry()
+        self.plugins.on_change(self._on_plugins_changed)
+        self.config: ToolwireConfig | None = None
+        self._local: dict[str, Tool] = {}
+        self._catalog: dict[str, Tool] = {}
+        self._discovered: dict[str, Tool] = {}
+        self._locks: dict[object, anyio.Lock] = {}
+        self._started = False
+        self._start_lock: anyio.Lock | None = None
+        self._index: Any = None
+        self._on_plugins_changed()
+        for p in plugins:
+            self.register(p)
+        for t in tools:
+            self.add_tool(t)
+
+    # ------------------------------------------------------------ plugins
+    def register(
+        self, plugin: object, *, name: str | None = None, order: int | None = None
+    ) -> PluginInfo:
+        """Register a plugin object (see docs/plugins.md)."""
+        return self.plugins.register(plugin, name=name, order=order)
+
+    def unregister(self, name: str) -> None:
+        """Remove a plugin by name."""
+        self.plugins.unregister(name)
+
+    def _on_plugins_changed(self) -> None:
+        c = self.plugins.compiled
+        # Flat (invoke, is_async, plugin) tuples: the cheapest shape to walk per call.
+        self._before = [(i.invoke, i.is_async, i.plugin) for i in c["before_call"]]
+        self._on_error = [(i.invoke, i.is_async, i.plugin) for i in c["on_error"]]
+        self._after = [(i.invoke, i.is_async, i.plugin) for i in c["after_call"]]
+
+    # -------------------------------------------------------------- tools
+    def add_tool(
+        self, obj: Any, *, name: str | None = None, namespace: str | None = None
+    ) -> list[Tool]:
+        """Add local tools: a function, a ``Tool``, a ``ToolSet`` instance or a module.
+
+        Returns the tools added. A name already in the catalog raises
+        ``ToolCollisionError`` naming both sources.
+        """
+        if isinstance(obj, Tool):
+            new = [obj]
+        elif isinstance(obj, types.ModuleType):
+            new = tools_from_module(obj, namespace=namespace)
+        elif isinstance(obj, ToolSet):
+            new = obj.__toolwire_tools__()
+        elif callable(obj) and not isinstance(obj, type):
+            new = [build_tool(obj, name=name)]
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            new = tools_from_object(obj)
+        else:
+            raise TypeError(
+                f"cannot make tools from {obj!r}: pass a function, a Tool, a ToolSet instance or a module"
+            )
+        if namespace and not isinstance(obj, types.ModuleType):
+            for t in new:
+                t.name = f"{namespace}_{t.name}"
+        for t in new:
+            self._check_collision(t, self._local)
+        for t in new:
+            self._local[t.name] = t
+        self._rebuild_catalog()
+        return new
+
+    def remove_tool(self, name: str) -> None:
+        """Remove a local tool."""
+        if name not in self._local:
+            raise KeyError(f"no local tool {name!r}")
+        del self._local[name]
+        self._rebuild_catalog()
+
+    def _check_collision(self, tool: Tool, *others: Mapping[str, Tool]) -> None:
+        for other in (*others, self._catalog):
+            prev = other.get(tool.name)
+            if prev is not None and prev is not tool:
+                raise ToolCollisionError(tool.name, prev.source, tool.source)
+
+    def _rebuild_catalog(self) -> None:
+        cat: dict[str, Tool] = dict(self._local)
+        for n, t in self._discovered.items():
+            prev = cat.get(n)
+            if prev is not None:
+                raise ToolCollisionError(n, prev.source, t.source)
+            cat[n] = t
+        self._catalog = cat
+        self._index = None
+
+    async def refresh_tools(self) -> list[Tool]:
+        """Ask every tool source (``discover`` hook, query=None) for its tools.
+
+        A failing source raises ``PluginError`` and the previous catalog stays.
+        """
+        found: dict[str, Tool] = {}
+        for impl in self.plugins.compiled["discover"]:
+            res = await self._call_impl(impl, "discover", self, None)
+            for t in self._check_tools(impl.plugin, res):
+                prev = found.get(t.name) or self._local.get(t.name)
+                if prev is not None:
+                    raise ToolCollisionError(t.name, prev.source, t.source)
+                found[t.name] = t
+        old = self._discovered
+        self._discovered = found
+        try:
+            self._rebuild_catalog()
+        except ToolCollisionError:
+            self._discovered = old
+            raise
+        return list(self._catalog.values())
+
+    async def discover(self, query: str) -> list[Tool]:
+        """Query-time discovery: sources may return tools matching ``query``.
+
+        Returned tools not yet in the catalog are added to it; the matching
+        tools are returned.
+        """
+        out: list[Tool] = []
+        for impl in self.plugins.compiled["discover"]:
+            res = await self._call_impl(impl, "discover", self, query)
+            for t in self._check_tools(impl.plugin, res):
+                existing = self._catalog.get(t.name)
+                if existing is None:
+                    self._discovered[t.name] = t
+                    self._rebuild_catalog()
+                elif existing.source != t.source:
+                    raise ToolCollisionError(t.name, existing.source, t.source)
+                out.append(self._catalog[t.name])
+        return out
+
+    @staticmethod
+    def _check_tools(plugin: str, res: Any) -> list[Tool]:
+        if res is None:
+            return []
+        if not isinstance(res, (list, tuple)) or not all(isinstance(t, Tool) for t in res):
+            raise PluginError(plugin, "discover must return a list of Tool objects or None")
+        return list(res)
+
+    async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
+        try:
+            res = impl.invoke(*args)
+            if impl.is_async:
+                res = await res
+        except (KernelError, anyio.get_cancelled_exc_class()):
+            raise
+        except Exception as exc:
+            raise PluginError(impl.plugin, f"{hook} failed: {type(exc).__name__}: {exc}") from exc
+        return res
+
+    def get_tool(self, name: str) -> Tool | None:
+        """The tool named ``name``, or None."""
+        return self._catalog.get(name)
+
+    def list_tools(
+        self, *, format: Literal["tool", "openai", "anthropic", "mcp"] = "tool"
+    ) -> list[Any]:
+        """Every tool in the catalog, as ``Tool`` objects or exported definitions."""
+        tools = list(self._catalog.values())
+        return self._export(tools, format)
+
+    def find_tools(
+        self,
+        query: str | Sequence[str] | None = None,
+        *,
+        mode: Mode = "hybrid",
+        allowed: Sequence[str] | None = None,
+        limit: int = 10,
+        format: Literal["tool", "openai", "anthropic", "mcp"] = "tool",
+    ) -> list[Any]:
+        """Tools matching ``query`` (see docs/discovery.md for the modes)."""
+        from ._discovery import ToolIndex, find_tools
+
+        if self._index is None:
+            self._index = ToolIndex(self._catalog.values())
+        found = find_tools(
+            self._catalog, self._index, query, mode=mode, allowed=allowed, limit=limit
+        )
+        return self._export(found, format)
+
+    @staticmethod
+    def _export(tools: list[Tool], format: str) -> list[Any]:
+        if format == "tool":
+            return tools
+        from . import _discovery
+
+        fn = {
+            "openai": _discovery.to_openai,
+            "anthropic": _discovery.to_anthropic,
+            "mcp": _discovery.to_mcp,
+        }.get(format)
+        if fn is None:
+            raise ValueError(
+                f"unknown format {format!r}; use 'tool', 'openai', 'anthropic' or 'mcp'"
+            )
+        return [fn(t) for t in tools]
+
+    # ---------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Open the state store, run ``startup`` hooks, build the catalog. Idempotent."""
+        if self._started:
+            return
+        if self._start_lock is None:
+            self._start_lock = anyio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            await self.state.open()
+            started: list[str] = []
+            try:
+                for impl in self.plugins.compiled["startup"]:
+                    await self._call_impl(impl, "startup", self)
+                    started.append(impl.plugin)
+                await self.refresh_tools()
+            except BaseException:
+                await self._shutdown(only=set(started))
+                await self.state.close()
+                raise
+            self._started = True
+
+    async def close(self) -> None:
+        """Run ``shutdown`` hooks (errors logged) and close the state store."""
+        if not self._started:
+            return
+        self._started = False
+        await self._shutdown(only=None)
+        await self.state.close()
+
+    async def _shutdown(self, only: set[str] | None) -> None:
+        for impl in self.plugins.compiled["shutdown"]:
+            if only is not None and impl.plugin not in only:
+                continue
+            try:
+                res = impl.invoke(self)
+                if impl.is_async:
+                    await res
+            except Exception:
+                log.exception("plugin %r: shutdown failed", impl.plugin)
+
+    async def __aenter__(self) -> Kernel:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        with anyio.CancelScope(shield=True):
+            await self.close()
+
+    # --------------------------------------------------------------- call
+    async def call(
+        self,
+        name: str,
+        args: Mapping[str, Any] | None = None,
+        *,
+        call_id: str | None = None,
+        session_id: str | None = None,
+        tenant: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - the call's overall deadline
+        progress: ProgressHandler | None = None,
+    ) -> ToolResult:
+        """Run one tool call through the pipeline and return its normalized result.
+
+        Never raises for a tool failure (see ``result.is_error`` /
+        ``result.raise_for_error()``); raises only for cancellation and
+        programming errors. ``timeout`` is the overall deadline for this call
+        (retries included); it overrides the kernel's ``deadline_s``.
+        """
+        if not self._started:
+            await self.start()
+        t0 = perf_counter()
+        call = ToolCall(
+            name,
+            dict(args) if args is not None else {},
+            call_id,
+            session_id,
+            tenant,
+            metadata if metadata is not None else {},
+        )
+        attempts: list[Attempt] = []
+        meta = ResultMeta(
+            call_id, name, 0.0, attempts, False, None, None, self.clock.time(), [], {}
+        )
+        dl = timeout if timeout is not None else self.deadline_s
+        deadline = None if dl is None else self.clock.monotonic() + dl
+        ctx = CallContext(self, call, None, 0, attempts, deadline, t0, {}, meta, progress)
+        events = self.events.active
+        if events:
+            await self.events.emit("call_started", call)
+        try:
+            result = await self._run(call, ctx)
+            meta.duration_ms = (perf_counter() - t0) * 1000.0
+            if result.meta is not meta:
+                self._adopt(result, ctx)
+            if self._after:
+                result = await self._run_after(call, result, ctx)
+        except anyio.get_cancelled_exc_class():
+            await self._after_cancel(call, ctx, t0)
+            raise
+        if events:
+            await self.events.emit("call_finished", call, result=result.to_dict())
+        return result
+
+    async def _after_cancel(self, call: ToolCall, ctx: CallContext, t0: float) -> None:
+        """Let plugins release what they hold, then let the cancellation go on."""
+        if not self._after:
+            return
+        ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
+        info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
+        res = ToolResult.from_error(info, ctx.meta)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            await self._run_after(call, res, ctx)
+
+    def _adopt(self, result: ToolResult, ctx: CallContext) -> None:
+        """Give a plugin-made result the call's identity and the facts gathered so far."""
+        m, own = result.meta, ctx.meta
+        if m.call_id is None:
+            m.call_id = own.call_id
+        if m.tool is None:
+            m.tool = own.tool
+        if m.started_at is None:
+            m.started_at = own.started_at
+        if not m.duration_ms:
+            m.duration_ms = own.duration_ms
+        if m.approval is None:
+            m.approval = own.approval
+        if own.attempts and not m.attempts:
+            m.attempts = own.attempts
+        for k, v in own.extra.items():
+            m.extra.setdefault(k, v)
+        if own.plugin_errors and m.plugin_errors is not own.plugin_errors:
+            m.plugin_errors[:0] = own.plugin_errors
+
+    def _fail(
+        self, ctx: CallContext, kind: str, message: str, *, source: str = "kernel", **details: Any
+    ) -> ToolResult:
+        return ToolResult.from_error(
+            ErrorInfo(kind, message, source=source, details=details), ctx.meta
+        )
+
+    def _validate(self, tool: Tool, args: Mapping[str, Any]) -> dict[str, Any]:
+        if tool.validator is not None:
+            return tool.validator(args)
+        return validate_json_schema(args, tool.input_schema)
+
+    def _not_found(self, ctx: CallContext, name: str) -> ToolResult:
+        close = difflib.get_close_matches(name, list(self._catalog), n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        return self._fail(
+            ctx,
+            ErrorKind.NOT_FOUND,
+            f"unknown tool {name!r}{hint} (list the tools with `toolwire tools` or kernel.list_tools())",
+            close_matches=close,
+        )
+
+    def _invalid_args(
+        self, ctx: CallContext, tool: Tool, exc: pydantic.ValidationError | ArgsError
+    ) -> ToolResult:
+        text, problems = describe_validation_error(exc)
+        return self._fail(
+            ctx,
+            ErrorKind.INVALID_ARGS,
+            f"invalid arguments for tool {tool.name!r}: {text}",
+            problems=problems,
+        )
+
+    async def _run(self, call: ToolCall, ctx: CallContext) -> ToolResult:
+        """Steps 1-4 of the lifecycle: resolve, validate, before_call, attempts."""
+        tool = self._catalog.get(call.name)
+        if tool is None:
+            return self._not_found(ctx, call.name)
+        ctx.tool = tool
+        try:
+            validator = tool.validator
+            call.args = (
+                validator(call.args)
+                if validator is not None
+                else validate_json_schema(call.args, tool.input_schema)
+            )
+        except (pydantic.ValidationError, ArgsError) as exc:
+            return self._invalid_args(ctx, tool, exc)
+        for invoke, is_async, plugin in self._before:
+            try:
+                res = invoke(call, ctx)
+                if is_async:
+                    res = await res
+            except CallRejected as rej:
+                info = ErrorInfo(
+                    rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+                )
+                return ToolResult.from_error(info, ctx.meta)
+            except Exception as exc:
+                return self._before_failed(ctx, plugin, exc)
+            if res is not None:
+                if isinstance(res, ToolResult):
+                    return res
+                return self._fail(
+                    ctx,
+                    ErrorKind.INTERNAL,
+                    f"plugin {plugin!r}: before_call returned {type(res).__name__}, expected "
+                    f"ToolResult or None; the tool {call.name!r} was not run",
+                    source=plugin,
+                )
+
+        # Step 4: the attempt loop, the only retry loop in the system.
+        attempts = ctx.attempts
+        cur_tool, cur_call = tool, call
+        while True:
+            ctx.attempt += 1
+            a0 = perf_counter()
+            err: ErrorInfo
+            try:
+                if (
+                    cur_tool.serial_key is None
+                    and ctx.deadline is None
+                    and cur_tool.timeout_s is None
+                    and self.default_timeout_s is None
+                ):
+                    raw = await cur_tool.executor(cur_call.args, ctx)
+                else:
+                    raw = await self._execute_guarded(cur_tool, cur_call.args, ctx)
+                content = normalize_content(raw)
+            except ToolError as exc:
+                err = exc.to_info(cur_tool.source)
+            except TimeoutError as exc:
+                err = ErrorInfo(
+                    ErrorKind.TIMEOUT,
+                    f"tool {cur_tool.name!r} timed out: {exc or 'timeout'}",
+                    source=cur_tool.source,
+                    exception=exc,
+                )
+            except NotJSONError as exc:
+                err = ErrorInfo(
+                    ErrorKind.TOOL_ERROR,
+                    f"tool {cur_tool.name!r} returned a {exc.type_name}, which is not "
+                    f"JSON-serializable; return a dict, a pydantic model, a dataclass or "
+                    f"JSON-compatible values",
+                    source="kernel",
+                    exception=exc,
+                )
+            except Exception as exc:
+                err = ErrorInfo(
+                    ErrorKind.TOOL_ERROR,
+                    f"{type(exc).__name__}: {exc}",
+                    source=cur_tool.source,
+                    exception=exc,
+                )
+            else:
+                attempts.append(Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0))
+                ctx.meta.served_by = cur_tool.name
+                return ToolResult(content, False, None, ctx.meta)
+            attempt = Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0, str(err.kind))
+            attempts.append(attempt)
+            step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
+            if isinstance(step, ToolResult):
+                return step
+            cur_tool, cur_call = step
+
+    def _before_failed(self, ctx: CallContext, plugin: str, exc: Exception) -> ToolResult:
+        name = ctx.call.name
+        log.error("plugin %r: before_call failed for tool %r", plugin, name, exc_info=exc)
+        ctx.meta.plugin_errors.append(
+            {"plugin": plugin, "hook": "before_call", "error": f"{type(exc).__name__}: {exc}"}
+        )
+        return self._fail(
+            ctx,
+            ErrorKind.INTERNAL,
+            f"plugin {plugin!r} failed in before_call: {type(exc).__name__}: {exc}; "
+            f"the tool {name!r} was not run",
+            source=plugin,
+        )
+
+    async def _execute_guarded(self, tool: Tool, args: dict[str, Any], ctx: CallContext) -> Any:
+        """Run one attempt under the serial lock and the timeout, when there are any."""
+        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
+        if ctx.deadline is not None:
+            left = ctx.deadline - self.clock.monotonic()
+            if left <= 0:
+                raise TimeoutError("the call's deadline passed before the attempt started")
+            timeout = left if timeout is None else min(timeout, left)
+        if tool.serial_key is None:
+            return await self._with_timeout(tool, args, ctx, timeout)
+        lock = self._locks.get(tool.serial_key)
+        if lock is None:
+            lock = self._locks[tool.serial_key] = anyio.Lock()
+        async with lock:
+            return await self._with_timeout(tool, args, ctx, timeout)
+
+    @staticmethod
+    async def _with_timeout(
+        tool: Tool, args: dict[str, Any], ctx: CallContext, seconds: float | None
+    ) -> Any:
+        if seconds is None:
+            return await tool.executor(args, ctx)
+        if _get_running_loop() is not None:
+            # asyncio.timeout costs ~6 µs where anyio.fail_after costs ~16 µs.
+            async with asyncio.timeout(seconds):
+                return await tool.executor(args, ctx)
+        with anyio.fail_after(seconds):
+            return await tool.executor(args, ctx)
+
+    async def _after_failure(
+        self,
+        call: ToolCall,
+        cur_tool: Tool,
+        cur_call: ToolCall,
+        err: ErrorInfo,
+        attempt: Attempt,
+        ctx: CallContext,
+    ) -> ToolResult | tuple[Tool, ToolCall]:
+        """on_error decisions and the kernel's guards: the final result or the next attempt."""
+        if self.events.active:
+            await self.events.emit(
+                "attempt_failed", cur_call, attempt=ctx.attempt, error=err.to_dict()
+            )
+        decision, by = await self._decide(cur_call, err, ctx)
+        if decision is None:
+            return ToolResult.from_error(err, ctx.meta)
+        attempt.decision = type(decision).__name__.lower()
+        if isinstance(decision, Recover):
+            try:
+                content = normalize_content(decision.result)
+            except NotJSONError as exc:
+                return self._fail(
+                    ctx,
+                    ErrorKind.INTERNAL,
+                    f"plugin {by!r}: Recover value is not JSON-serializable: {exc}",
+                    source=by,
+                )
+            ctx.meta.served_by = f"recovered:{by}"
+            return ToolResult(content, False, None, ctx.meta)
+        if not isinstance(decision, (Retry, Fallback)):
+            return self._fail(
+                ctx,
+                ErrorKind.INTERNAL,
+                f"plugin {by!r}: on_error returned {type(decision).__name__}, not a Decision",
+                source=by,
+            )
+        if ctx.attempt >= self.max_attempts:
+            err.details["gave_up"] = f"max_attempts ({self.max_attempts}) reached"
+            return ToolResult.from_error(err, ctx.meta)
+        if isinstance(decision, Retry):
+            wait = max(0.0, float(decision.after_s))
+            left = ctx.time_left()
+            if left is not None and wait >= left:
+                err.details["gave_up"] = (
+                    f"deadline: retry after {wait:.3f}s would pass the call's deadline"
+                )
+                return ToolResult.from_error(err, ctx.meta)
+            next_tool = cur_tool
+            if self.events.active:
+                await self.events.emit(
+                    "retry", cur_call, after_s=wait, decided_by=by, attempt=ctx.attempt
+                )
+            if wait > 0:
+                await self.clock.sleep(wait)
+        else:
+            nt = self._catalog.get(decision.tool)
+            if nt is None:
+                err.details["gave_up"] = (
+                    f"plugin {by!r} chose fallback tool {decision.tool!r}, which does not exist"
+                )
+                return ToolResult.from_error(err, ctx.meta)
+            next_tool = nt
+            if self.events.active:
+                await self.events.emit(
+                    "fallback", cur_call, to=nt.name, decided_by=by, attempt=ctx.attempt
+                )
+        new_args = decision.args
+        if new_args is None and next_tool is cur_tool:
+            return cur_tool, cur_call
+        try:
+            args = self._validate(next_tool, new_args if new_args is not None else cur_call.args)
+        except (pydantic.ValidationError, ArgsError) as exc:
+            return self._invalid_args(ctx, next_tool, exc)
+        nxt = ToolCall(
+            next_tool.name, args, call.call_id, call.session_id, call.tenant, call.metadata
+        )
+        return next_tool, nxt
+
+    async def _decide(self, call: ToolCall, err: ErrorInfo, ctx: CallContext) -> tuple[Any, str]:
+        for invoke, is_async, plugin in self._on_error:
+            try:
+                res = invoke(call, err, ctx)
+                if is_async:
+                    res = await res
+            except Exception as exc:
+                log.error("plugin %r: on_error failed for tool %r", plugin, call.name, exc_info=exc)
+                ctx.meta.plugin_errors.append(
+                    {"plugin": plugin, "hook": "on_error", "error": f"{type(exc).__name__}: {exc}"}
+                )
+                continue
+            if res is not None:
+                return res, plugin
+        return None, ""
+
+    async def _run_after(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> ToolResult:
+        for invoke, is_async, plugin in self._after:
+            try:
+                res = invoke(call, result, ctx)
+                if is_async:
+                    res = await res
+            except Exception as exc:
+                log.error(
+                    "plugin %r: after_call failed for tool %r; the result is kept",
+                    plugin,
+                    call.name,
+                    exc_info=exc,
+                )
+                result.meta.plugin_errors.append(
+                    {
+                        "plugin": plugin,
+                        "hook": "after_call",
+                        "error": f"{type(exc).__name__}: {exc}",
+                    }
+                )
+                continue
+            if res is None:
+                continue
+            if isinstance(res, ToolResult):
+                if res.meta is not result.meta:
+                    self._adopt(res, ctx)
+                result = res
+            else:
+                result.meta.plugin_errors.append(
+                    {
+                        "plugin": plugin,
+                        "hook": "after_call",
+                        "error": f"returned {type(res).__name__}, expected ToolResult or None (ignored)",
+                    }
+                )
+        return result
+
+    # ------------------------------------------------------------ config
+    @classmethod
+    def from_config(cls, config: ToolwireConfig | str | None = None, **overrides: Any) -> Kernel:
+        """Build a kernel from a ``toolwire.toml`` (path) or a loaded config.
+
+        Loads the enabled plugins from entry points, validates their sections,
+        and adds the configured tool modules.
+        """
+        from ._config import build_kernel, load_config
+
+        cfg = config if config is not None and not isinstance(config, str) else load_config(config)
+        return build_kernel(cls, cfg, **overrides)

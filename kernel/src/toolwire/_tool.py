@@ -1,0 +1,346 @@
+"""Built-in tool sources: ``@tool`` functions, ``ToolSet`` classes, modules."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+import types
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, get_type_hints, overload
+
+import anyio.to_thread
+import pydantic
+from pydantic import ConfigDict, Field, create_model
+
+from ._types import CallContext, Tool, ToolAnnotations
+
+__all__ = ["ToolSet", "ToolSpec", "build_tool", "tool", "tools_from_module", "tools_from_object"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_ATTR = "__toolwire_tool__"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """What ``@tool`` recorded about a function; turned into a ``Tool`` on registration."""
+
+    name: str | None = None
+    description: str | None = None
+    timeout: float | None = None
+    serial: bool = False
+    tags: frozenset[str] = frozenset()
+    annotations: ToolAnnotations = field(default_factory=ToolAnnotations)
+    settings: Mapping[str, Any] = field(default_factory=dict)
+
+
+@overload
+def tool(fn: F, /) -> F: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    serial: bool = False,
+    tags: Iterable[str] = (),
+    title: str | None = None,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
+    idempotent: bool | None = None,
+    open_world: bool | None = None,
+    annotations: ToolAnnotations | None = None,
+    **settings: Any,
+) -> Callable[[F], F]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    timeout: float | None = None,
+    serial: bool = False,
+    tags: Iterable[str] = (),
+    title: str | None = None,
+    read_only: bool | None = None,
+    destructive: bool | None = None,
+    idempotent: bool | None = None,
+    open_world: bool | None = None,
+    annotations: ToolAnnotations | None = None,
+    **settings: Any,
+) -> Any:
+    """Mark a sync or async function (or a ``ToolSet`` method) as a tool.
+
+    The input schema comes from the type hints (via pydantic), the description
+    and per-parameter docs from the docstring (Google ``Args:`` or Sphinx
+    ``:param x:`` style). A parameter annotated ``CallContext`` receives the
+    call's context and is not part of the schema. The function itself is
+    returned unchanged, so it can still be called directly.
+
+    Args:
+        name: tool name (default: the function name).
+        description: overrides the docstring summary.
+        timeout: per-call timeout in seconds.
+        serial: run calls of this tool one at a time.
+        tags: free-form tags for discovery and policies.
+        title, read_only, destructive, idempotent, open_world: MCP annotations.
+        annotations: a full ``ToolAnnotations`` instead of the flags above.
+        settings: free-form per-tool settings plugins may read (e.g. ``approval="REQUIRED"``).
+    """
+    ann = annotations or ToolAnnotations(
+        title=title,
+        readOnlyHint=read_only,
+        destructiveHint=destructive,
+        idempotentHint=idempotent,
+        openWorldHint=open_world,
+    )
+    spec = ToolSpec(
+        name=name,
+        description=description,
+        timeout=timeout,
+        serial=serial,
+        tags=frozenset(tags),
+        annotations=ann,
+        settings=dict(settings),
+    )
+
+    def mark(f: F) -> F:
+        if not callable(f):
+            raise TypeError(f"@tool expects a function, got {type(f).__name__}")
+        setattr(f, _ATTR, spec)
+        return f
+
+    if fn is not None:
+        return mark(fn)
+    return mark
+
+
+# --------------------------------------------------------------- docstrings
+_SECTION = re.compile(
+    r"^\s*(Args|Arguments|Parameters|Params|Returns?|Raises|Yields|Examples?|Notes?)\s*:\s*$"
+)
+_GOOGLE_PARAM = re.compile(r"^\s*\**(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+_SPHINX_PARAM = re.compile(r"^\s*:param\s+(?:[^:]*\s)?(\w+)\s*:\s*(.*)$")
+
+
+def parse_docstring(doc: str | None) -> tuple[str, dict[str, str]]:
+    """Split a docstring into (description, {param: doc})."""
+    if not doc:
+        return "", {}
+    lines = inspect.cleandoc(doc).splitlines()
+    desc: list[str] = []
+    params: dict[str, str] = {}
+    section: str | None = None
+    current: str | None = None
+    for line in lines:
+        m = _SECTION.match(line)
+        if m:
+            section = m.group(1).lower()
+            current = None
+            continue
+        sm = _SPHINX_PARAM.match(line)
+        if sm:
+            current = sm.group(1)
+            params[current] = sm.group(2).strip()
+            section = "args"
+            continue
+        if line.lstrip().startswith(":") and section == "args":
+            current = None  # :returns: / :raises: lines
+            continue
+        if section is None:
+            desc.append(line)
+        elif section in ("args", "arguments", "parameters", "params"):
+            gm = _GOOGLE_PARAM.match(line)
+            indent = len(line) - len(line.lstrip())
+            if gm and (current is None or indent <= _param_indent(lines, current)):
+                current = gm.group(1)
+                params[current] = gm.group(2).strip()
+            elif current and line.strip():
+                params[current] = (params[current] + " " + line.strip()).strip()
+    return "\n".join(desc).strip(), params
+
+
+def _param_indent(lines: list[str], name: str) -> int:
+    for line in lines:
+        if _GOOGLE_PARAM.match(line) and line.strip().startswith(name):
+            return len(line) - len(line.lstrip())
+    return 0
+
+
+# ------------------------------------------------------------- construction
+def _is_context(annotation: Any) -> bool:
+    return annotation is CallContext or (
+        isinstance(annotation, str) and annotation.split(".")[-1] == "CallContext"
+    )
+
+
+def build_tool(
+    fn: Callable[..., Any],
+    *,
+    spec: ToolSpec | None = None,
+    source: str = "local",
+    name: str | None = None,
+    serial_key: object | None = None,
+) -> Tool:
+    """Build a ``Tool`` from a (possibly bound) function and its ``ToolSpec``."""
+    spec = spec or getattr(fn, _ATTR, None) or ToolSpec()
+    tool_name = name or spec.name or fn.__name__
+    description, param_docs = parse_docstring(inspect.getdoc(fn))
+    if spec.description:
+        description = spec.description
+    try:
+        hints = get_type_hints(fn, include_extras=True)
+    except Exception as exc:  # unresolvable forward refs
+        raise TypeError(f"tool {tool_name!r}: cannot resolve type hints: {exc}") from exc
+    sig = inspect.signature(fn)
+    fields: dict[str, Any] = {}
+    ctx_param: str | None = None
+    for pname, param in sig.parameters.items():
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            raise TypeError(
+                f"tool {tool_name!r}: *args/**kwargs parameters are not supported; "
+                f"declare each argument"
+            )
+        annotation = hints.get(pname, param.annotation)
+        if _is_context(annotation):
+            ctx_param = pname
+            continue
+        if annotation is inspect.Parameter.empty:
+            annotation = Any
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
+    model: type[pydantic.BaseModel] = create_model(
+        f"{tool_name}_args",
+        __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
+        **fields,
+    )
+    schema = model.model_json_schema()
+    schema.pop("title", None)
+    for prop in schema.get("properties", {}).values():
+        if isinstance(prop, dict):
+            prop.pop("title", None)
+    validate = model.__pydantic_validator__.validate_python
+
+    def validator(args: Mapping[str, Any]) -> dict[str, Any]:
+        return validate(args).__dict__  # type: ignore[no-any-return]
+
+    output_schema = _output_schema(hints.get("return", inspect.Signature.empty))
+    target = fn
+    executor: Callable[[dict[str, Any], CallContext], Awaitable[Any]]
+    if inspect.iscoroutinefunction(target):
+        # A plain function returning the coroutine: no extra coroutine frame per call.
+        if ctx_param is None:
+            executor = lambda args, ctx: target(**args)  # noqa: E731
+        else:
+            cp = ctx_param
+            executor = lambda args, ctx: target(**args, **{cp: ctx})  # noqa: E731
+    else:
+
+        async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+            call = functools.partial(target, **args)
+            if ctx_param is not None:
+                call = functools.partial(call, **{ctx_param: ctx})
+            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+
+    return Tool(
+        name=tool_name,
+        description=description or tool_name,
+        input_schema=schema,
+        executor=executor,
+        output_schema=output_schema,
+        validator=validator,
+        tags=spec.tags,
+        source=source,
+        annotations=spec.annotations,
+        timeout_s=spec.timeout,
+        serial_key=serial_key if serial_key is not None else (fn if spec.serial else None),
+        settings=dict(spec.settings),
+    )
+
+
+def _output_schema(annotation: Any) -> dict[str, Any] | None:
+    if annotation in (inspect.Signature.empty, Any, None, type(None)):
+        return None
+    try:
+        schema = pydantic.TypeAdapter(annotation).json_schema(mode="serialization")
+    except Exception:
+        return None
+    if schema.get("type") == "object" and "additionalProperties" not in schema.get(
+        "properties", {}
+    ):
+        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
+            return schema
+        if schema.get("properties"):
+            return schema
+    return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+
+
+# ------------------------------------------------------------------ ToolSet
+class ToolSet:
+    """Base class for a stateful group of tools.
+
+    Each ``@tool``-decorated method of an instance becomes a tool bound to that
+    instance. With ``serial = True`` on the class, calls to all of the
+    instance's tools run one at a time (e.g. a browser session or a REPL).
+    ``namespace`` (class attr) prefixes the tool names: ``<namespace>_<name>``.
+    """
+
+    serial: bool = False
+    namespace: str | None = None
+
+    def __toolwire_tools__(self, source: str | None = None) -> list[Tool]:
+        """The tools of this instance."""
+        return tools_from_object(self, source=source)
+
+
+def tools_from_object(obj: object, *, source: str | None = None) -> list[Tool]:
+    """Tools from the ``@tool`` methods of an instance (usually a ``ToolSet``)."""
+    cls = type(obj)
+    src = source or cls.__name__
+    serial = bool(getattr(obj, "serial", False))
+    ns = getattr(obj, "namespace", None)
+    out: list[Tool] = []
+    for attr in sorted(dir(cls)):
+        raw = getattr(cls, attr, None)
+        spec = getattr(raw, _ATTR, None)
+        if not isinstance(spec, ToolSpec):
+            continue
+        bound = getattr(obj, attr)
+        name = spec.name or attr
+        if ns:
+            name = f"{ns}_{name}"
+        key = obj if (serial or spec.serial) else None
+        out.append(build_tool(bound, spec=spec, source=src, name=name, serial_key=key))
+    return out
+
+
+def tools_from_module(
+    module: str | types.ModuleType, *, namespace: str | None = None, source: str | None = None
+) -> list[Tool]:
+    """Every ``@tool`` function defined in a module, and the tools of its ``ToolSet`` instances."""
+    mod = importlib.import_module(module) if isinstance(module, str) else module
+    src = source or mod.__name__
+    out: list[Tool] = []
+    for attr, value in sorted(vars(mod).items()):
+        if isinstance(value, ToolSet):
+            for t in value.__toolwire_tools__(source=src):
+                if namespace:
+                    t.name = f"{namespace}_{t.name}"
+                out.append(t)
+            continue
+        spec = getattr(value, _ATTR, None)
+        if not isinstance(spec, ToolSpec) or not callable(value):
+            continue
+        if getattr(value, "__module__", mod.__name__) != mod.__name__:
+            continue  # re-exported from elsewhere
+        name = spec.name or attr
+        if namespace:
+            name = f"{namespace}_{name}"
+        out.append(build_tool(value, spec=spec, source=src, name=name))
+    return out

@@ -1,0 +1,491 @@
+"""Core types: tools, calls, results, errors and on_error decisions.
+
+The hot-path objects (``ToolCall``, ``CallContext``, ``ToolResult``,
+``ErrorInfo``, ``Attempt``) are slotted dataclasses rather than pydantic models:
+a call creates several of them and pydantic construction would cost more than
+the whole kernel budget (see docs/design-notes.md). pydantic still validates and
+serializes them (``pydantic.TypeAdapter(ToolResult)`` works) and builds the
+tools' argument validators.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+import pydantic
+import pydantic_core
+
+if TYPE_CHECKING:
+    from ._kernel import Kernel
+
+__all__ = [
+    "Attempt",
+    "CallContext",
+    "CallRejected",
+    "Decision",
+    "ErrorInfo",
+    "ErrorKind",
+    "Fallback",
+    "Recover",
+    "ResultMeta",
+    "Retry",
+    "Tool",
+    "ToolAnnotations",
+    "ToolCall",
+    "ToolError",
+    "ToolResult",
+    "normalize_content",
+]
+
+JSON = dict[str, Any]
+
+# Lets pydantic validate/serialize ErrorInfo: the exception is kept as-is and dumped as None.
+_Exc = Annotated[
+    BaseException | None,
+    pydantic.PlainValidator(lambda v: v),
+    pydantic.PlainSerializer(lambda v: None),
+    pydantic.WithJsonSchema({"type": "null"}),
+]
+
+
+class ErrorKind(enum.StrEnum):
+    """The error kinds the kernel and the first-party plugins use.
+
+    ``ErrorInfo.kind`` is a plain ``str``: third-party plugins may use their own
+    kinds, but should prefer these.
+    """
+
+    INVALID_ARGS = "invalid_args"
+    NOT_FOUND = "not_found"
+    DENIED = "denied"
+    TIMEOUT = "timeout"
+    RATE_LIMIT = "rate_limit"
+    QUOTA = "quota"
+    AUTH = "auth"
+    UNAVAILABLE = "unavailable"
+    CONFLICT = "conflict"
+    CANCELLED = "cancelled"
+    TOOL_ERROR = "tool_error"
+    INTERNAL = "internal"
+    CONFIG_ERROR = "config_error"
+
+
+@dataclass(slots=True)
+class ErrorInfo:
+    """What went wrong. Mutable on purpose: ``on_error`` classifiers refine it.
+
+    ``retryable`` is False unless a classification plugin sets it: an
+    unclassified error is terminal (the safety gate). ``exception`` keeps the
+    original exception for classifiers; it is never serialized.
+    """
+
+    kind: str
+    message: str
+    retryable: bool = False
+    retry_after_s: float | None = None
+    source: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    exception: _Exc = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> JSON:
+        """JSON-compatible form (without the exception)."""
+        return {
+            "kind": str(self.kind),
+            "message": self.message,
+            "retryable": self.retryable,
+            "retry_after_s": self.retry_after_s,
+            "source": self.source,
+            "details": _jsonable(self.details),
+        }
+
+
+class ToolError(Exception):
+    """Raise from a tool (or a tool source) to fail with a given kind.
+
+    Any other exception a tool raises becomes kind ``tool_error``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: str = ErrorKind.TOOL_ERROR,
+        retry_after_s: float | None = None,
+        details: dict[str, Any] | None = None,
+        status: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after_s = retry_after_s
+        self.details = dict(details or {})
+        if status is not None:
+            self.details.setdefault("status", status)
+
+    def to_info(self, source: str | None = None) -> ErrorInfo:
+        """The ErrorInfo this exception stands for."""
+        return ErrorInfo(
+            kind=self.kind,
+            message=str(self),
+            retry_after_s=self.retry_after_s,
+            source=source,
+            details=dict(self.details),
+            exception=self,
+        )
+
+
+class CallRejected(Exception):
+    """Raised by a ``before_call`` hook to stop a call before the tool runs.
+
+    The call ends with an error result of this ``kind`` (e.g. ``denied``);
+    ``after_call`` hooks still see it.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        retry_after_s: float | None = None,
+        details: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.retryable = retryable
+        self.retry_after_s = retry_after_s
+        self.details = dict(details or {})
+
+
+# --------------------------------------------------------------------- tools
+@dataclass(slots=True, frozen=True)
+class ToolAnnotations:
+    """MCP tool annotations (hints, not guarantees)."""
+
+    title: str | None = None
+    readOnlyHint: bool | None = None
+    destructiveHint: bool | None = None
+    idempotentHint: bool | None = None
+    openWorldHint: bool | None = None
+
+    def to_dict(self) -> JSON:
+        """Only the hints that are set."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+Executor = Callable[[dict[str, Any], "CallContext"], Awaitable[Any]]
+ArgsValidator = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(slots=True)
+class Tool:
+    """A callable tool in the kernel's catalog.
+
+    ``executor(args, ctx)`` runs the tool with validated args and returns any
+    JSON-compatible value (normalized into ``ToolResult.content``).
+    ``validator(args)`` returns the validated (possibly coerced) args or raises
+    ``pydantic.ValidationError``; None means "validate against input_schema
+    with the kernel's minimal JSON-Schema checker".
+    """
+
+    name: str
+    description: str
+    input_schema: JSON
+    executor: Executor
+    output_schema: JSON | None = None
+    validator: ArgsValidator | None = None
+    tags: frozenset[str] = frozenset()
+    source: str = "local"
+    annotations: ToolAnnotations = field(default_factory=ToolAnnotations)
+    timeout_s: float | None = None
+    serial_key: object | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def definition(self) -> JSON:
+        """The tool's public definition (name, description, schemas, hints)."""
+        out: JSON = {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": self.input_schema,
+            "source": self.source,
+            "tags": sorted(self.tags),
+        }
+        if self.output_schema is not None:
+            out["output_schema"] = self.output_schema
+        ann = self.annotations.to_dict()
+        if ann:
+            out["annotations"] = ann
+        return out
+
+
+# --------------------------------------------------------------------- calls
+@dataclass(slots=True)
+class ToolCall:
+    """One requested call. ``args`` are the validated args once validation ran."""
+
+    name: str
+    args: dict[str, Any]
+    call_id: str | None = None
+    session_id: str | None = None
+    tenant: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One execution attempt of a tool inside a call."""
+
+    tool: str
+    duration_ms: float
+    error_kind: str | None = None
+    decision: str | None = None
+
+    def to_dict(self) -> JSON:
+        """JSON-compatible form."""
+        return {
+            "tool": self.tool,
+            "duration_ms": self.duration_ms,
+            "error_kind": self.error_kind,
+            "decision": self.decision,
+        }
+
+
+@dataclass(slots=True)
+class ResultMeta:
+    """Facts about how a result came to be.
+
+    ``extra`` is where plugins put their own facts (``meta.extra["profiling"]``);
+    ``plugin_errors`` lists hooks that raised (plugin, hook, message).
+    """
+
+    call_id: str | None = None
+    tool: str | None = None
+    duration_ms: float = 0.0
+    attempts: list[Attempt] = field(default_factory=list)
+    replayed: bool = False
+    served_by: str | None = None
+    approval: dict[str, Any] | None = None
+    started_at: float | None = None
+    plugin_errors: list[dict[str, str]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> JSON:
+        """JSON-compatible form."""
+        return {
+            "call_id": self.call_id,
+            "tool": self.tool,
+            "duration_ms": self.duration_ms,
+            "attempts": [a.to_dict() for a in self.attempts],
+            "replayed": self.replayed,
+            "served_by": self.served_by,
+            "approval": self.approval,
+            "started_at": self.started_at,
+            "plugin_errors": list(self.plugin_errors),
+            "extra": _jsonable(self.extra),
+        }
+
+
+@dataclass(slots=True)
+class ToolResult:
+    """The normalized outcome of a call: always a JSON object in ``content``."""
+
+    content: JSON
+    is_error: bool = False
+    error: ErrorInfo | None = None
+    meta: ResultMeta = field(default_factory=ResultMeta)
+
+    @classmethod
+    def ok(cls, value: Any = None, **meta: Any) -> ToolResult:
+        """A success result from any value (normalized like a tool's return)."""
+        return cls(content=normalize_content(value), meta=ResultMeta(**meta))
+
+    @classmethod
+    def fail(cls, kind: str, message: str, **fields: Any) -> ToolResult:
+        """An error result; ``fields`` go to ``ErrorInfo``."""
+        info = ErrorInfo(kind=kind, message=message, **fields)
+        return cls.from_error(info)
+
+    @classmethod
+    def from_error(cls, info: ErrorInfo, meta: ResultMeta | None = None) -> ToolResult:
+        """An error result carrying ``info``."""
+        return cls(
+            content={"error": {"kind": str(info.kind), "message": info.message}},
+            is_error=True,
+            error=info,
+            meta=meta if meta is not None else ResultMeta(),
+        )
+
+    def raise_for_error(self) -> ToolResult:
+        """Raise ``ToolCallError`` for an error result; return self otherwise."""
+        if self.is_error:
+            from ._errors import ToolCallError
+
+            raise ToolCallError(self)
+        return self
+
+    def to_dict(self) -> JSON:
+        """JSON-compatible form: content, is_error, error, meta."""
+        return {
+            "content": self.content,
+            "is_error": self.is_error,
+            "error": self.error.to_dict() if self.error else None,
+            "meta": self.meta.to_dict(),
+        }
+
+
+# ----------------------------------------------------------------- decisions
+@dataclass(slots=True, frozen=True)
+class Retry:
+    """on_error decision: run the same tool again after ``after_s`` seconds.
+
+    ``args`` replaces the args (validated again) when given.
+    """
+
+    after_s: float = 0.0
+    args: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Fallback:
+    """on_error decision: run another tool instead (args validated for it)."""
+
+    tool: str
+    args: dict[str, Any] | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True, frozen=True)
+class Recover:
+    """on_error decision: end the call successfully with this value."""
+
+    result: Any
+    reason: str | None = None
+
+
+Decision = Retry | Fallback | Recover
+
+
+# ------------------------------------------------------------------- context
+@dataclass(slots=True)
+class CallContext:
+    """Per-call state shared by the hooks of one call.
+
+    Plugins keep their per-call state in ``ctx.state[plugin_name]``, never on
+    the plugin object (plugins serve concurrent calls).
+    """
+
+    kernel: Kernel
+    call: ToolCall
+    tool: Tool | None = None
+    attempt: int = 0
+    attempts: list[Attempt] = field(default_factory=list)
+    deadline: float | None = None
+    started_at: float = 0.0
+    state: dict[str, Any] = field(default_factory=dict)
+    meta: ResultMeta = field(default_factory=ResultMeta)
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+
+    def time_left(self) -> float | None:
+        """Seconds left before the call's overall deadline (None: no deadline)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - self.kernel.clock.monotonic()
+
+    async def report_progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report progress; forwarded to the caller's progress handler if any."""
+        if self.progress is not None:
+            await self.progress(progress, total, message)
+
+
+# ------------------------------------------------------------ normalization
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _is_plain_json(value: Any, depth: int = 0) -> bool:
+    """Fast check that value is made of JSON-native Python types only (finite floats)."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return bool(value - value == 0.0)  # False for nan and +-inf
+    if depth > 64:
+        return False
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str:
+                return False
+            tv = type(v)
+            if tv is str or tv is int or tv is bool or v is None:
+                continue
+            if not _is_plain_json(v, depth + 1):
+                return False
+        return True
+    if t is list:
+        for v in value:
+            tv = type(v)
+            if tv is str or tv is int or tv is bool or v is None:
+                continue
+            if not _is_plain_json(v, depth + 1):
+                return False
+        return True
+    return False
+
+
+def _jsonable(value: Any) -> Any:
+    """value as JSON-native types; raises NotJSONError when impossible."""
+    if _is_plain_json(value):
+        return value
+    try:
+        out = pydantic_core.to_jsonable_python(value)
+    except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
+        raise NotJSONError(type(value).__name__, str(exc)) from exc
+    return _finite(out)
+
+
+def _finite(value: Any) -> Any:
+    """Non-finite floats (not representable in JSON) become "NaN"/"Infinity"/"-Infinity"."""
+    t = type(value)
+    if t is float and not math.isfinite(value):
+        return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+    if t is dict:
+        return {k: _finite(v) for k, v in value.items()}
+    if t is list:
+        return [_finite(v) for v in value]
+    return value
+
+
+class NotJSONError(TypeError):
+    """A tool returned a value that cannot be turned into JSON."""
+
+    def __init__(self, type_name: str, detail: str) -> None:
+        super().__init__(f"value of type {type_name} is not JSON-serializable ({detail})")
+        self.type_name = type_name
+
+
+def normalize_content(value: Any) -> JSON:
+    """Normalize a tool's return value into a JSON object.
+
+    - a dict passes through (made JSON-compatible),
+    - a pydantic model or dataclass is dumped to a dict,
+    - anything else (scalars, lists, None) becomes ``{"result": value}``.
+
+    Raises ``NotJSONError`` for values that cannot be encoded.
+    """
+    if type(value) is dict and _is_plain_json(value):
+        return value
+    if hasattr(value, "model_dump") or hasattr(value, "__dataclass_fields__"):
+        dumped = _jsonable(value)
+        if isinstance(dumped, dict):
+            return dumped
+        return {"result": dumped}
+    out = _jsonable(value)
+    if isinstance(out, dict) and isinstance(value, Mapping):
+        return out
+    return {"result": out}

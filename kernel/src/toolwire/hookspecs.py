@@ -1,0 +1,157 @@
+"""The hooks a toolwire plugin can implement.
+
+A plugin is any object with hook implementations marked ``@toolwire.hookimpl``
+(or a module of such functions). Implementations may be ``def`` or
+``async def`` and may accept any subset of a hook's parameters, by name
+(pluggy's rule). They run sorted by the plugin's ``order`` (then its name):
+ascending for ``before_call``, ``on_error``, ``discover`` and ``startup``;
+descending for ``after_call`` and ``shutdown``.
+
+The kernel calls these hooks with its own async-aware caller (pluggy has
+none): each implementation is awaited before the next one runs. Do not mark
+them ``firstresult``, ``wrapper`` or ``hookwrapper``: the kernel rejects such
+implementations at registration.
+
+Every hook in this module is documented in docs/hooks.md; a test fails when one
+is missing there.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ._kernel import Kernel
+    from ._types import CallContext, Decision, ErrorInfo, Tool, ToolCall, ToolResult
+
+PROJECT = "toolwire"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+__all__ = [
+    "after_call",
+    "before_call",
+    "discover",
+    "hookimpl",
+    "hookspec",
+    "on_error",
+    "shutdown",
+    "startup",
+]
+
+
+@hookspec
+def startup(kernel: Kernel) -> None:
+    """Called once when the kernel starts (``async with kernel`` or the first call).
+
+    Open connections, pools, background tasks. ``kernel.state`` is open.
+
+    :param kernel: the kernel being started.
+    :return: ignored.
+
+    Order: ascending. May be async. An exception aborts the start with a
+    ``PluginError`` naming the plugin (fail-closed: a plugin that cannot start
+    must not be silently absent).
+    """
+
+
+@hookspec
+def shutdown(kernel: Kernel) -> None:
+    """Called once when the kernel closes; release what ``startup`` opened.
+
+    :param kernel: the kernel being closed.
+    :return: ignored.
+
+    Order: descending. May be async. Exceptions are logged and the remaining
+    plugins still shut down.
+    """
+
+
+@hookspec
+def discover(kernel: Kernel, query: str | None) -> list[Tool] | None:
+    """Contribute tools to the catalog (tool sources implement this).
+
+    Called at startup and on ``await kernel.refresh_tools()`` with
+    ``query=None`` (return every tool the source has), and by
+    ``await kernel.discover(query)`` with a search string (a source backed by a
+    large remote registry may return only the matching tools; others return
+    None).
+
+    :param kernel: the kernel building its catalog.
+    :param query: None for a full listing, or the user's search string.
+    :return: a list of ``Tool`` objects, or None for nothing. Each tool's
+        ``source`` should name the contributing source. Two sources giving the
+        same tool name is a ``ToolCollisionError`` naming both; sources avoid
+        it by namespacing their tool names.
+
+    Order: ascending. May be async. An exception names the plugin and aborts
+    the refresh (the previous catalog stays in place).
+    """
+
+
+@hookspec
+def before_call(call: ToolCall, ctx: CallContext) -> ToolResult | None:
+    """Called once per call, after argument validation, before the tool runs.
+
+    :param call: the call; ``call.args`` are the validated args. A hook may
+        replace ``call.args`` (they are NOT validated again; validate yourself).
+    :param ctx: per-call context (``ctx.tool``, ``ctx.state`` for per-call
+        plugin state, ``ctx.meta`` for facts that end in the result).
+    :return: None to continue; a ``ToolResult`` to short-circuit (the tool does
+        not run; later ``before_call`` hooks are skipped; ``after_call`` hooks
+        of every plugin still run). Raise ``CallRejected(kind, message)`` to end
+        the call with an error (e.g. ``denied``).
+
+    Order: ascending. May be async. Any other exception ends the call with kind
+    ``internal`` naming the plugin; the tool does not run (fail-closed).
+    """
+
+
+@hookspec
+def on_error(call: ToolCall, error: ErrorInfo, ctx: CallContext) -> Decision | None:
+    """Called after each failed attempt; decide what happens next.
+
+    :param call: the call (``call.name`` is the tool of the failed attempt,
+        which differs from the requested tool after a fallback).
+    :param error: the failure. Mutable: a classifier refines ``kind``,
+        ``retryable`` and ``retry_after_s`` and returns None so that later
+        plugins decide on the classified error. ``error.exception`` is the
+        original exception, if any.
+    :param ctx: per-call context; ``ctx.attempts`` lists the attempts so far.
+    :return: None (no opinion), or a Decision: ``Retry(after_s, args=None)``,
+        ``Fallback(tool, args=None)`` or ``Recover(result)``. The first
+        non-None decision wins and the remaining hooks are skipped. With no
+        decision the call fails with ``error``.
+
+    The kernel enforces its guards on any decision: ``max_attempts``, the
+    overall deadline, cancellation. Order: ascending. May be async. An
+    exception is recorded in ``result.meta.plugin_errors`` and counts as None.
+    """
+
+
+@hookspec
+def after_call(call: ToolCall, result: ToolResult, ctx: CallContext) -> ToolResult | None:
+    """Called exactly once per call with the final result, success or error.
+
+    Also called with a ``cancelled`` error result when the call is cancelled,
+    so plugins can release what they hold; the cancellation is then re-raised
+    and that result is never returned (do not store it).
+
+    :param call: the call as requested.
+    :param result: the final result (``result.meta`` is complete).
+    :param ctx: per-call context.
+    :return: None, or a replacement ``ToolResult`` that later hooks see.
+
+    Order: descending (the outermost plugin sees the result last). May be
+    async. An exception is logged and recorded in ``result.meta.plugin_errors``;
+    the result is still returned.
+    """
+
+
+def all_hook_names() -> list[str]:
+    """Names of every hook declared here."""
+    return sorted(
+        name for name, obj in globals().items() if hasattr(obj, f"{PROJECT}_spec") and callable(obj)
+    )

@@ -1,0 +1,548 @@
+"""Kernel.call: the call lifecycle of DESIGN §1, step by step."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from toolwire import (
+    CallContext,
+    CallRejected,
+    ErrorInfo,
+    Fallback,
+    Kernel,
+    PluginError,
+    Recover,
+    Retry,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    hookimpl,
+    tool,
+)
+from toolwire.testing import FakeClock, FakeTool, RecordingPlugin
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+async def add(a: int, b: int) -> int:
+    """Add."""
+    return a + b
+
+
+@tool
+def greet(name: str) -> str:
+    """Greet."""
+    return f"hi {name}"
+
+
+def make_kernel(*tools: Any, plugins: tuple[object, ...] = (), **kw: Any) -> Kernel:
+    kw.setdefault("clock", FakeClock())
+    return Kernel(tools=tools or (add, greet), plugins=plugins, **kw)
+
+
+# ------------------------------------------------------------ resolve/validate
+async def test_success_result_and_meta() -> None:
+    k = make_kernel()
+    r = await k.call("add", {"a": 1, "b": 2}, call_id="c1")
+    assert r.content == {"result": 3}
+    assert not r.is_error and r.error is None
+    assert r.meta.call_id == "c1" and r.meta.tool == "add" and r.meta.served_by == "add"
+    assert len(r.meta.attempts) == 1 and r.meta.attempts[0].error_kind is None
+    assert r.meta.duration_ms >= r.meta.attempts[0].duration_ms >= 0
+    assert r.meta.started_at == 1_700_000_000.0
+
+
+async def test_unknown_tool_is_not_found_with_close_names() -> None:
+    r = await make_kernel().call("ad", {})
+    assert r.is_error and r.error is not None
+    assert r.error.kind == "not_found"
+    assert "'add'" in r.error.message
+    assert r.error.details["close_matches"] == ["add"]
+
+
+async def test_invalid_args_name_the_field_and_the_tool_never_runs() -> None:
+    fake = FakeTool(
+        "t",
+        input_schema={
+            "type": "object",
+            "properties": {"n": {"type": "integer"}},
+            "required": ["n"],
+        },
+    )
+    k = make_kernel(add, fake.tool)
+    r = await k.call("add", {"a": "x", "b": 2})
+    assert r.error is not None and r.error.kind == "invalid_args"
+    assert "field 'a'" in r.error.message and "integer" in r.error.message
+    r = await k.call("add", {"a": 1})
+    assert r.error is not None and "field 'b': field required" in r.error.message
+    r = await k.call("add", {"a": 1, "b": 2, "c": 3})
+    assert r.error is not None and "field 'c': unexpected argument" in r.error.message
+    # JSON-schema-only tools are validated by the kernel's subset checker
+    r = await k.call("t", {"n": "seven"})
+    assert r.error is not None and r.error.kind == "invalid_args"
+    assert "field 'n': expected integer" in r.error.message
+    assert fake.calls == []
+
+
+async def test_validated_args_are_coerced_and_passed_to_hooks() -> None:
+    seen: list[dict[str, Any]] = []
+
+    class P:
+        name = "p"
+
+        @hookimpl
+        def before_call(self, call: ToolCall) -> None:
+            seen.append(call.args)
+
+    k = make_kernel(plugins=(P(),))
+    r = await k.call("add", {"a": "1", "b": 2})
+    assert r.content == {"result": 3}
+    assert seen == [{"a": 1, "b": 2}]
+
+
+# ------------------------------------------------------------------ before_call
+async def test_before_call_short_circuit_skips_tool_and_later_hooks() -> None:
+    fake = FakeTool("t")
+    log: list[tuple[str, str, str]] = []
+
+    class Replay:
+        name = "replay"
+        order = 10
+
+        @hookimpl
+        async def before_call(self, call: ToolCall) -> ToolResult:
+            r = ToolResult.ok({"cached": True})
+            r.meta.replayed = True
+            return r
+
+    k = make_kernel(fake.tool, plugins=(Replay(), RecordingPlugin("later", 20, log)))
+    r = await k.call("t", {}, call_id="x")
+    assert r.content == {"cached": True} and r.meta.replayed
+    assert r.meta.call_id == "x" and r.meta.tool == "t"
+    assert fake.calls == []
+    assert log == [("later", "after_call", "t")]  # after_call still runs for everyone
+
+
+async def test_call_rejected_ends_with_that_kind() -> None:
+    fake = FakeTool("t")
+
+    class Deny:
+        name = "approval"
+
+        @hookimpl
+        def before_call(self) -> None:
+            raise CallRejected("denied", "a human said no", details={"rule": "send_*"})
+
+    r = await make_kernel(fake.tool, plugins=(Deny(),)).call("t", {})
+    assert r.error is not None
+    assert (r.error.kind, r.error.message, r.error.source) == (
+        "denied",
+        "a human said no",
+        "approval",
+    )
+    assert r.error.details == {"rule": "send_*"}
+    assert fake.calls == []
+
+
+async def test_plugin_raising_in_before_call_is_internal_naming_it_and_tool_not_run() -> None:
+    fake = FakeTool("t")
+
+    class Broken:
+        name = "broken"
+
+        @hookimpl
+        def before_call(self) -> None:
+            raise RuntimeError("db down")
+
+    r = await make_kernel(fake.tool, plugins=(Broken(),)).call("t", {})
+    assert r.error is not None and r.error.kind == "internal"
+    assert "plugin 'broken'" in r.error.message and "db down" in r.error.message
+    assert "was not run" in r.error.message
+    assert r.meta.plugin_errors[0]["plugin"] == "broken"
+    assert fake.calls == []
+
+
+async def test_before_call_returning_garbage_is_internal() -> None:
+    class Odd:
+        name = "odd"
+
+        @hookimpl
+        def before_call(self) -> str:
+            return "yes"
+
+    r = await make_kernel(plugins=(Odd(),)).call("add", {"a": 1, "b": 1})
+    assert r.error is not None and r.error.kind == "internal" and "'odd'" in r.error.message
+
+
+# ------------------------------------------------------------------- after_call
+async def test_after_call_runs_once_in_reverse_order_and_may_replace() -> None:
+    log: list[tuple[str, str, str]] = []
+
+    class Replace:
+        name = "replace"
+        order = 50
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            log.append(("replace", "after_call", "-"))
+            return ToolResult.ok({"wrapped": result.content})
+
+    plugins = (RecordingPlugin("b", 200, log), Replace(), RecordingPlugin("a", 100, log))
+    r = await make_kernel(plugins=plugins).call("add", {"a": 1, "b": 1})
+    assert [x[0] for x in log if x[1] == "before_call"] == ["a", "b"]
+    assert [x[0] for x in log if x[1] == "after_call"] == ["b", "a", "replace"]
+    assert r.content == {"wrapped": {"result": 2}}
+    assert r.meta.tool == "add"  # the replacement keeps the call's identity
+
+
+async def test_after_call_exception_is_logged_and_result_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken:
+        name = "broken"
+
+        @hookimpl
+        async def after_call(self) -> None:
+            raise ValueError("disk full")
+
+    with caplog.at_level(logging.ERROR, logger="toolwire"):
+        r = await make_kernel(plugins=(Broken(),)).call("add", {"a": 2, "b": 3})
+    assert r.content == {"result": 5} and not r.is_error
+    assert r.meta.plugin_errors == [
+        {"plugin": "broken", "hook": "after_call", "error": "ValueError: disk full"}
+    ]
+    assert "plugin 'broken': after_call failed" in caplog.text
+
+
+# ------------------------------------------------------------------ attempts
+class Decider:
+    """on_error plugin returning scripted decisions."""
+
+    name = "decider"
+
+    def __init__(self, *decisions: Any) -> None:
+        self.decisions = list(decisions)
+        self.errors: list[ErrorInfo] = []
+
+    @hookimpl
+    def on_error(self, call: ToolCall, error: ErrorInfo, ctx: CallContext) -> Any:
+        self.errors.append(error)
+        return self.decisions.pop(0) if self.decisions else None
+
+
+async def test_failure_without_decision_is_terminal_tool_error() -> None:
+    fake = FakeTool("t", script=[RuntimeError("boom")])
+    r = await make_kernel(fake.tool).call("t", {})
+    assert r.error is not None
+    assert r.error.kind == "tool_error" and r.error.message == "RuntimeError: boom"
+    assert r.error.retryable is False
+    assert isinstance(r.error.exception, RuntimeError)
+    assert r.content == {"error": {"kind": "tool_error", "message": "RuntimeError: boom"}}
+    assert len(fake.calls) == 1
+
+
+async def test_tool_error_kind_and_details_are_kept() -> None:
+    fake = FakeTool(
+        "t", script=[ToolError("slow down", kind="rate_limit", retry_after_s=2, status=429)]
+    )
+    r = await make_kernel(fake.tool).call("t", {})
+    assert r.error is not None
+    assert (r.error.kind, r.error.retry_after_s, r.error.details) == (
+        "rate_limit",
+        2,
+        {"status": 429},
+    )
+
+
+async def test_retry_then_success_records_attempts_and_sleeps_on_the_clock() -> None:
+    clock = FakeClock()
+    fake = FakeTool(
+        "t",
+        script=[
+            ToolError("busy", kind="unavailable"),
+            ToolError("busy", kind="unavailable"),
+            {"ok": 1},
+        ],
+    )
+    d = Decider(Retry(after_s=0.5), Retry(after_s=1.0))
+    r = await make_kernel(fake.tool, plugins=(d,), clock=clock).call("t", {"x": 1})
+    assert r.content == {"ok": 1}
+    assert [a.error_kind for a in r.meta.attempts] == ["unavailable", "unavailable", None]
+    assert [a.decision for a in r.meta.attempts] == ["retry", "retry", None]
+    assert clock.sleeps == [0.5, 1.0]
+    assert fake.calls == [{"x": 1}] * 3
+
+
+async def test_retry_with_new_args_revalidates() -> None:
+    fake = FakeTool(
+        "t",
+        script=[ToolError("too big"), lambda a: a],
+        input_schema={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    r = await make_kernel(fake.tool, plugins=(Decider(Retry(args={"n": 1})),)).call("t", {"n": 100})
+    assert r.content == {"n": 1}
+    r = await make_kernel(
+        FakeTool("t", script=[ToolError("x")], input_schema=fake.input_schema).tool,
+        plugins=(Decider(Retry(args={"n": "bad"})),),
+    ).call("t", {"n": 1})
+    assert r.error is not None and r.error.kind == "invalid_args"
+
+
+async def test_fallback_runs_other_tool_and_on_error_sees_it() -> None:
+    primary = FakeTool("primary", script=[ToolError("down", kind="unavailable")])
+    backup = FakeTool("backup", script=[{"from": "backup"}])
+    d = Decider(Fallback("backup"))
+    r = await make_kernel(primary.tool, backup.tool, plugins=(d,)).call("primary", {"q": 1})
+    assert r.content == {"from": "backup"}
+    assert r.meta.served_by == "backup" and r.meta.tool == "primary"
+    assert [(a.tool, a.error_kind, a.decision) for a in r.meta.attempts] == [
+        ("primary", "unavailable", "fallback"),
+        ("backup", None, None),
+    ]
+    assert backup.calls == [{"q": 1}]
+
+
+async def test_fallback_to_unknown_tool_gives_up_with_the_error() -> None:
+    fake = FakeTool("t", script=[ToolError("down", kind="unavailable")])
+    r = await make_kernel(fake.tool, plugins=(Decider(Fallback("nope")),)).call("t", {})
+    assert r.error is not None and r.error.kind == "unavailable"
+    assert "'nope'" in r.error.details["gave_up"]
+
+
+async def test_recover_ends_successfully() -> None:
+    fake = FakeTool("t", script=[ToolError("x")])
+    r = await make_kernel(fake.tool, plugins=(Decider(Recover([1, 2])),)).call("t", {})
+    assert r.content == {"result": [1, 2]} and not r.is_error
+    assert r.meta.served_by == "recovered:decider"
+
+
+async def test_max_attempts_guard_overrides_plugins() -> None:
+    fake = FakeTool("t", script=[ToolError("x", kind="unavailable")])
+    d = Decider(*[Retry(0)] * 20)
+    r = await make_kernel(fake.tool, plugins=(d,), max_attempts=3).call("t", {})
+    assert r.error is not None and r.error.details["gave_up"] == "max_attempts (3) reached"
+    assert len(fake.calls) == 3 and len(r.meta.attempts) == 3
+
+
+async def test_default_max_attempts_is_five() -> None:
+    fake = FakeTool("t", script=[ToolError("x")])
+    await make_kernel(fake.tool, plugins=(Decider(*[Retry(0)] * 20),)).call("t", {})
+    assert len(fake.calls) == 5
+
+
+async def test_deadline_guard_stops_a_retry_that_would_pass_it() -> None:
+    fake = FakeTool("t", script=[ToolError("x")])
+    clock = FakeClock()
+    r = await make_kernel(fake.tool, plugins=(Decider(Retry(0.5), Retry(5)),), clock=clock).call(
+        "t", {}, timeout=2
+    )
+    assert r.error is not None and r.error.details["gave_up"].startswith("deadline")
+    assert clock.sleeps == [0.5]
+    assert len(fake.calls) == 2
+
+
+async def test_per_tool_timeout_gives_timeout_kind() -> None:
+    fake = FakeTool("t", delay=5, timeout_s=0.05)
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[fake.tool]).call("t", {})
+    assert r.error is not None and r.error.kind == "timeout"
+    assert "timed out" in r.error.message
+
+
+async def test_kernel_default_timeout_and_overall_deadline_apply_to_attempts() -> None:
+    fake = FakeTool("t", delay=5)
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[fake.tool], default_timeout_s=0.05).call("t", {})
+        assert r.error is not None and r.error.kind == "timeout"
+        r = await Kernel(tools=[fake.tool]).call("t", {}, timeout=0.05)
+        assert r.error is not None and r.error.kind == "timeout"
+
+
+async def test_non_json_return_is_a_clear_tool_error() -> None:
+    @tool
+    def bad() -> object:
+        """Returns junk."""
+        return object()
+
+    r = await Kernel(tools=[bad]).call("bad")
+    assert r.error is not None and r.error.kind == "tool_error"
+    assert "not JSON-serializable" in r.error.message and "return a dict" in r.error.message
+
+
+async def test_on_error_classifier_mutates_error_before_the_decider() -> None:
+    class Classify:
+        name = "classify"
+        order = 400
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            error.kind = "rate_limit"
+            error.retryable = True
+
+    fake = FakeTool("t", script=[RuntimeError("429")])
+    d = Decider()
+    d.order = 500  # type: ignore[attr-defined]
+    r = await make_kernel(fake.tool, plugins=(d, Classify())).call("t", {})
+    assert d.errors[0].kind == "rate_limit"
+    assert r.error is not None and r.error.kind == "rate_limit" and r.error.retryable
+    assert r.meta.attempts[0].error_kind == "tool_error"  # as observed before classification
+
+
+async def test_on_error_exception_is_recorded_and_skipped() -> None:
+    class Broken:
+        name = "broken"
+        order = 1
+
+        @hookimpl
+        def on_error(self) -> None:
+            raise KeyError("k")
+
+    fake = FakeTool("t", script=[ToolError("x"), {"ok": True}])
+    r = await make_kernel(fake.tool, plugins=(Broken(), Decider(Retry(0)))).call("t", {})
+    assert r.content == {"ok": True}
+    assert r.meta.plugin_errors[0]["plugin"] == "broken"
+
+
+# ----------------------------------------------------------------- cancellation
+async def test_cancellation_propagates_and_after_call_sees_cancelled() -> None:
+    seen: list[ToolResult] = []
+
+    class Watch:
+        name = "watch"
+
+        @hookimpl
+        async def after_call(self, result: ToolResult) -> None:
+            await anyio.lowlevel.checkpoint()  # must work although the scope is cancelled (shielded)
+            seen.append(result)
+
+    fake = FakeTool("t", delay=10)
+    k = make_kernel(fake.tool, plugins=(Watch(),))
+    returned: list[ToolResult] = []
+    with anyio.move_on_after(0.05) as scope:
+        returned.append(await k.call("t", {}))
+    assert scope.cancelled_caught
+    assert returned == []
+    assert len(seen) == 1 and seen[0].error is not None and seen[0].error.kind == "cancelled"
+
+
+# ------------------------------------------------------------------ ordering
+async def test_ordering_by_order_then_name_regardless_of_install_order() -> None:
+    log: list[tuple[str, str, str]] = []
+    a = RecordingPlugin("alpha", 300, log)
+    b = RecordingPlugin("beta", 100, log)
+    c = RecordingPlugin("gamma", 300, log)
+    for plugins in [(a, b, c), (c, b, a)]:
+        log.clear()
+        fake = FakeTool("t", script=[ToolError("x")])
+        await make_kernel(fake.tool, plugins=plugins).call("t", {})
+        assert [x[0] for x in log if x[1] == "before_call"] == ["beta", "alpha", "gamma"]
+        assert [x[0] for x in log if x[1] == "on_error"] == ["beta", "alpha", "gamma"]
+        assert [x[0] for x in log if x[1] == "after_call"] == ["gamma", "alpha", "beta"]
+
+
+async def test_wrappers_and_unknown_hooks_are_rejected() -> None:
+    class Wrapper:
+        name = "w"
+
+        @hookimpl(wrapper=True)
+        def before_call(self) -> Any:
+            return (yield)
+
+    with pytest.raises(PluginError, match="wrapper"):
+        Kernel(plugins=[Wrapper()])
+
+    class Typo:
+        name = "typo"
+
+        @hookimpl
+        def befor_call(self) -> None: ...
+
+    with pytest.raises(PluginError, match="typo"):
+        Kernel(plugins=[Typo()])
+
+    with pytest.raises(PluginError, match="already registered"):
+        Kernel(plugins=[RecordingPlugin("x"), RecordingPlugin("x")])
+
+
+# --------------------------------------------------------------------- events
+async def test_events_for_embedders() -> None:
+    fake = FakeTool("t", script=[ToolError("x", kind="unavailable"), {"ok": 1}])
+    k = make_kernel(fake.tool, FakeTool("u").tool, plugins=(Decider(Retry(0.1)),))
+    got: list[tuple[str, dict[str, Any]]] = []
+    unsubscribe = k.events.subscribe(lambda e: got.append((e.kind, e.data)))
+    async_got: list[str] = []
+
+    async def on_finished(e: Any) -> None:
+        async_got.append(e.call.name)
+
+    k.events.subscribe(on_finished, kinds=["call_finished"])
+    await k.call("t", {})
+    assert [g[0] for g in got] == ["call_started", "attempt_failed", "retry", "call_finished"]
+    assert got[1][1]["error"]["kind"] == "unavailable"
+    assert got[2][1] == {"after_s": 0.1, "decided_by": "decider", "attempt": 1}
+    assert got[3][1]["result"]["content"] == {"ok": 1}
+    assert async_got == ["t"]
+    unsubscribe()
+    got.clear()
+    await k.call("u", {})
+    assert got == []
+
+
+async def test_failing_event_subscriber_does_not_affect_the_call() -> None:
+    k = make_kernel()
+
+    def boom(e: Any) -> None:
+        raise RuntimeError("subscriber bug")
+
+    k.events.subscribe(boom)
+    r = await k.call("add", {"a": 1, "b": 1})
+    assert r.content == {"result": 2}
+
+
+# -------------------------------------------------------------- lifecycle/trio
+async def test_startup_and_shutdown_hooks_and_failing_startup_names_plugin() -> None:
+    calls: list[str] = []
+
+    class Life:
+        name = "life"
+
+        @hookimpl
+        async def startup(self, kernel: Kernel) -> None:
+            calls.append("up")
+
+        @hookimpl
+        def shutdown(self) -> None:
+            calls.append("down")
+
+    async with make_kernel(plugins=(Life(),)) as k:
+        await k.call("add", {"a": 1, "b": 1})
+    assert calls == ["up", "down"]
+
+    class Bad:
+        name = "bad"
+        order = 2000
+
+        @hookimpl
+        def startup(self) -> None:
+            raise OSError("port in use")
+
+    calls.clear()
+    with pytest.raises(PluginError, match="plugin 'bad': startup failed: OSError: port in use"):
+        await make_kernel(plugins=(Life(), Bad())).start()
+    assert calls == ["up", "down"]  # what started was shut down again
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_works_on_trio_too(anyio_backend: str) -> None:
+    fake = FakeTool("t", delay=5, timeout_s=0.05)
+    k = Kernel(tools=[add, greet, fake.tool])
+    assert (await k.call("add", {"a": 1, "b": 2})).content == {"result": 3}
+    assert (await k.call("greet", {"name": "x"})).content == {"result": "hi x"}
+    r = await k.call("t", {})
+    assert r.error is not None and r.error.kind == "timeout"

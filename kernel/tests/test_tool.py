@@ -1,0 +1,213 @@
+from __future__ import annotations
+
+import threading
+import time
+from typing import Annotated, Literal
+
+import anyio
+import pytest
+from pydantic import BaseModel, Field
+
+from toolwire import CallContext, Kernel, ToolSet, build_tool, tool, tools_from_module
+from toolwire._tool import parse_docstring
+
+pytestmark = pytest.mark.anyio
+
+
+@tool(tags=["math"], read_only=True, timeout=3, approval="REQUIRED")
+async def add(a: int, b: int = 2) -> int:
+    """Add two integers.
+
+    Longer explanation that stays in the description.
+
+    Args:
+        a: The first number.
+        b: The second number,
+            continued on a second line.
+
+    Returns:
+        The sum.
+    """
+    return a + b
+
+
+def sphinx_style(city: str, units: Literal["c", "f"] = "c") -> str:
+    """Weather for a city.
+
+    :param city: City name.
+    :param units: Temperature units.
+    :returns: a sentence.
+    """
+    return f"{city}:{units}"
+
+
+class Out(BaseModel):
+    total: int
+
+
+def test_schema_description_and_param_docs_from_hints_and_docstring() -> None:
+    t = build_tool(add)
+    assert t.name == "add"
+    assert t.description.startswith("Add two integers.")
+    assert "Longer explanation" in t.description
+    assert "Returns" not in t.description
+    props = t.input_schema["properties"]
+    assert props["a"] == {"type": "integer", "description": "The first number."}
+    assert props["b"]["default"] == 2
+    assert props["b"]["description"] == "The second number, continued on a second line."
+    assert t.input_schema["required"] == ["a"]
+    assert t.input_schema["additionalProperties"] is False
+    assert t.tags == frozenset({"math"})
+    assert t.annotations.readOnlyHint is True
+    assert t.timeout_s == 3
+    assert t.settings == {"approval": "REQUIRED"}
+    assert t.output_schema == {
+        "type": "object",
+        "properties": {"result": {"type": "integer"}},
+        "required": ["result"],
+    }
+
+
+def test_sphinx_docstrings_and_literal_enum() -> None:
+    t = build_tool(sphinx_style)
+    assert t.description == "Weather for a city."
+    assert t.input_schema["properties"]["city"]["description"] == "City name."
+    assert t.input_schema["properties"]["units"]["enum"] == ["c", "f"]
+
+
+def test_pydantic_return_type_gives_object_output_schema() -> None:
+    def f(x: Annotated[int, Field(ge=0)]) -> Out:
+        return Out(total=x)
+
+    t = build_tool(f)
+    assert t.output_schema is not None
+    assert t.output_schema["properties"]["total"]["type"] == "integer"
+    assert t.input_schema["properties"]["x"]["minimum"] == 0
+
+
+def test_docstring_parser_edge_cases() -> None:
+    assert parse_docstring(None) == ("", {})
+    desc, params = parse_docstring("Only a line.")
+    assert (desc, params) == ("Only a line.", {})
+
+
+def test_varargs_are_rejected_with_a_clear_error() -> None:
+    def f(*args: int) -> None: ...
+
+    with pytest.raises(TypeError, match=r"\*args/\*\*kwargs"):
+        build_tool(f)
+
+
+async def test_context_parameter_is_injected_and_hidden_from_schema() -> None:
+    seen: list[CallContext] = []
+
+    @tool
+    async def whoami(ctx: CallContext, x: int) -> str:
+        seen.append(ctx)
+        return ctx.call.name
+
+    k = Kernel(tools=[whoami])
+    assert "ctx" not in k.get_tool("whoami").input_schema["properties"]  # type: ignore[union-attr]
+    r = await k.call("whoami", {"x": 1})
+    assert r.content == {"result": "whoami"}
+    assert seen[0].call.args == {"x": 1}
+
+
+async def test_sync_tool_runs_in_a_worker_thread_without_blocking_the_loop() -> None:
+    main_thread = threading.get_ident()
+    ran_in: list[int] = []
+
+    @tool
+    def slow() -> str:
+        ran_in.append(threading.get_ident())
+        time.sleep(0.3)
+        return "done"
+
+    k = Kernel(tools=[slow])
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        for _ in range(10):
+            await anyio.sleep(0.01)
+            ticks += 1
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        r = await k.call("slow")
+    assert r.content == {"result": "done"}
+    assert ran_in and ran_in[0] != main_thread
+    assert ticks == 10  # the loop kept running while the tool slept
+
+
+class Browser(ToolSet):
+    serial = True
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.max_active = 0
+        self.pages: list[str] = []
+
+    @tool
+    async def open(self, url: str) -> int:
+        """Open a page."""
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        await anyio.sleep(0.01)
+        self.pages.append(url)
+        self.active -= 1
+        return len(self.pages)
+
+    @tool(name="page_count")
+    def count(self) -> int:
+        """How many pages were opened."""
+        return len(self.pages)
+
+    def not_a_tool(self) -> None: ...
+
+
+async def test_toolset_methods_share_one_instance_and_serial_runs_one_at_a_time() -> None:
+    b = Browser()
+    k = Kernel(tools=[b])
+    assert sorted(t.name for t in k.list_tools()) == ["open", "page_count"]
+    async with anyio.create_task_group() as tg:
+        for i in range(5):
+            tg.start_soon(k.call, "open", {"url": f"u{i}"})
+    assert b.max_active == 1
+    assert (await k.call("page_count")).content == {"result": 5}
+
+
+async def test_non_serial_toolset_runs_concurrently() -> None:
+    class Free(Browser):
+        serial = False
+
+    b = Free()
+    k = Kernel(tools=[b])
+    async with anyio.create_task_group() as tg:
+        for i in range(5):
+            tg.start_soon(k.call, "open", {"url": f"u{i}"})
+    assert b.max_active > 1
+
+
+def test_module_loading_with_namespace_and_toolset_instances() -> None:
+    from toolwire import examples
+
+    names = sorted(t.name for t in tools_from_module("toolwire.examples"))
+    assert names == [
+        "add",
+        "counter_get",
+        "counter_increment",
+        "echo",
+        "now",
+        "text_stats",
+        "word_hash",
+    ]
+    ns = sorted(t.name for t in tools_from_module(examples, namespace="ex"))
+    assert ns[0] == "ex_add"
+    assert all(t.source == "toolwire.examples" for t in tools_from_module(examples))
+
+
+def test_decorated_function_is_still_callable() -> None:
+    import asyncio
+
+    assert asyncio.run(add(1, 2)) == 3
