@@ -265,19 +265,19 @@ def build_tool(
 
 
 def _output_schema(annotation: Any) -> dict[str, Any] | None:
+    """The schema of ``ToolResult.content`` for a return annotation.
+
+    Mirrors normalization: objects (dicts, models, dataclasses) are the content
+    itself; anything else is wrapped as ``{"result": ...}``.
+    """
     if annotation in (inspect.Signature.empty, Any, None, type(None)):
         return None
     try:
         schema = pydantic.TypeAdapter(annotation).json_schema(mode="serialization")
     except Exception:
         return None
-    if schema.get("type") == "object" and "additionalProperties" not in schema.get(
-        "properties", {}
-    ):
-        if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
-            return schema
-        if schema.get("properties"):
-            return schema
+    if schema.get("type") == "object":
+        return schema
     return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
 
 

@@ -1,0 +1,113 @@
+"""toolwire-audit: an example third-party plugin writing one JSON line per tool call.
+
+It shows the whole plugin contract: an entry point in group ``toolwire``, a
+pydantic ``Config`` validated from ``[plugins.audit]``, an ``order``, hooks
+(sync and async), startup/shutdown, and per-call state kept in ``ctx.state``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from pathlib import Path
+from typing import IO, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from toolwire import CallContext, Kernel, ToolCall, ToolResult, hookimpl
+
+__all__ = ["AuditPlugin"]
+__version__ = "0.1.0"
+
+
+class AuditConfig(BaseModel):
+    """``[plugins.audit]``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field("-", description="file to append JSON lines to; '-' means stderr")
+    include_args: bool = Field(
+        False, description="record call arguments (may contain personal data)"
+    )
+    include_content: bool = Field(False, description="record result content")
+    only_errors: bool = Field(False, description="record only calls that ended in an error")
+    redact_keys: list[str] = Field(
+        default_factory=lambda: ["password", "token", "api_key", "secret", "authorization"],
+        description="argument keys whose values are replaced by '***'",
+    )
+    level: Literal["call", "attempt"] = Field(
+        "call", description="one line per call, or per attempt too"
+    )
+
+
+class AuditPlugin:
+    """One JSON line per call: time, tool, call id, outcome, error kind, duration, attempts."""
+
+    name = "audit"
+    order = 50  # outermost: sees every call, including replays and denials
+    Config = AuditConfig
+
+    def __init__(self, config: AuditConfig | None = None) -> None:
+        self.config = config or AuditConfig()
+        self._stream: IO[str] | None = None
+        self._lock = threading.Lock()
+
+    # -- lifecycle
+    @hookimpl
+    def startup(self, kernel: Kernel) -> None:
+        if self.config.path == "-":
+            self._stream = sys.stderr
+        else:
+            p = Path(self.config.path)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            self._stream = p.open("a", encoding="utf-8")
+
+    @hookimpl
+    def shutdown(self) -> None:
+        if self._stream is not None and self._stream is not sys.stderr:
+            self._stream.close()
+        self._stream = None
+
+    # -- hooks
+    @hookimpl
+    def before_call(self, call: ToolCall, ctx: CallContext) -> None:
+        ctx.state["audit"] = {"args": self._redact(call.args)} if self.config.include_args else {}
+
+    @hookimpl
+    def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
+        if self.config.only_errors and not result.is_error:
+            return
+        line: dict[str, Any] = {
+            "ts": result.meta.started_at,
+            "tool": call.name,
+            "call_id": call.call_id,
+            "session_id": call.session_id,
+            "tenant": call.tenant,
+            "ok": not result.is_error,
+            "error_kind": result.error.kind if result.error else None,
+            "duration_ms": round(result.meta.duration_ms, 3),
+            "attempts": len(result.meta.attempts),
+            "replayed": result.meta.replayed,
+            "served_by": result.meta.served_by,
+        }
+        line.update(ctx.state.get("audit", {}))
+        if self.config.level == "attempt":
+            line["attempt_log"] = [a.to_dict() for a in result.meta.attempts]
+        if self.config.include_content:
+            line["content"] = result.content
+        self._write(line)
+
+    def _redact(self, args: dict[str, Any]) -> dict[str, Any]:
+        keys = {k.lower() for k in self.config.redact_keys}
+        return {k: ("***" if k.lower() in keys else v) for k, v in args.items()}
+
+    def _write(self, line: dict[str, Any]) -> None:
+        if self._stream is None:
+            raise RuntimeError(
+                "audit plugin used before startup; use `async with kernel` or kernel.start()"
+            )
+        text = json.dumps(line, ensure_ascii=False, default=str)
+        with self._lock:
+            self._stream.write(text + "\n")
+            self._stream.flush()

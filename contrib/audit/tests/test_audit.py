@@ -1,0 +1,70 @@
+"""The audit plugin's behaviour, loaded the way users load it: from toolwire.toml."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolwire import Kernel, ToolError, tool
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@tool
+def login(user: str, password: str) -> str:
+    """Pretend to log in."""
+    if password == "bad":
+        raise ToolError("wrong password", kind="auth")
+    return f"welcome {user}"
+
+
+def kernel_for(tmp_path: Path, body: str) -> tuple[Kernel, Path]:
+    log = tmp_path / "audit.jsonl"
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text(f'enabled_plugins = ["audit"]\n[plugins.audit]\npath = "{log}"\n{body}')
+    k = Kernel.from_config(str(cfg))
+    k.add_tool(login)
+    return k, log
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+async def test_one_line_per_call_with_redacted_args(tmp_path: Path) -> None:
+    k, log = kernel_for(tmp_path, "include_args = true\n")
+    async with k:
+        await k.call("login", {"user": "ann", "password": "s3cret"}, call_id="c1", session_id="s")
+        await k.call("login", {"user": "ann", "password": "bad"}, call_id="c2")
+    got = lines(log)
+    assert len(got) == 2
+    assert got[0]["tool"] == "login" and got[0]["call_id"] == "c1" and got[0]["ok"] is True
+    assert got[0]["args"] == {"user": "ann", "password": "***"}
+    assert got[1]["ok"] is False and got[1]["error_kind"] == "auth"
+    assert "s3cret" not in log.read_text()
+
+
+async def test_only_errors_and_attempt_level(tmp_path: Path) -> None:
+    k, log = kernel_for(tmp_path, 'only_errors = true\nlevel = "attempt"\n')
+    async with k:
+        await k.call("login", {"user": "a", "password": "ok"})
+        await k.call("login", {"user": "a", "password": "bad"})
+    got = lines(log)
+    assert len(got) == 1
+    assert got[0]["attempt_log"][0]["error_kind"] == "auth"  # type: ignore[index]
+
+
+def test_invalid_config_is_rejected(tmp_path: Path) -> None:
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text('enabled_plugins = ["audit"]\n[plugins.audit]\nlevel = "verbose"\n')
+    from toolwire import ConfigError
+
+    with pytest.raises(ConfigError, match=r"plugins\.audit\.level"):
+        Kernel.from_config(str(cfg))

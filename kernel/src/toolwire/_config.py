@@ -1,0 +1,363 @@
+"""``toolwire.toml`` loading, env overrides, secrets and plugin loading (DESIGN §5-6)."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from ._errors import ConfigError, PluginError
+
+if TYPE_CHECKING:
+    from ._kernel import Kernel
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ModuleRef",
+    "ToolsConfig",
+    "ToolwireConfig",
+    "build_kernel",
+    "installed_plugins",
+    "load_config",
+    "resolve_secrets",
+]
+
+log = logging.getLogger("toolwire.config")
+
+ENTRY_POINT_GROUP = "toolwire"
+SECRET_REF = "$secretRef"
+DEFAULT_CONFIG_FILE = "toolwire.toml"
+
+
+class ModuleRef(BaseModel):
+    """A module whose ``@tool`` functions become tools, optionally namespaced."""
+
+    model_config = ConfigDict(extra="forbid")
+    module: str
+    namespace: str | None = None
+
+
+class ToolsConfig(BaseModel):
+    """The ``[tools]`` table."""
+
+    model_config = ConfigDict(extra="forbid")
+    modules: list[str | ModuleRef] = Field(default_factory=list)
+
+    def refs(self) -> list[ModuleRef]:
+        """Modules as ``ModuleRef`` objects."""
+        return [m if isinstance(m, ModuleRef) else ModuleRef(module=m) for m in self.modules]
+
+
+class ToolwireConfig(BaseModel):
+    """The whole ``toolwire.toml``. See docs/config.md for every key."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    state: str | None = None
+    enabled_plugins: list[str] | None = None
+    disabled_plugins: list[str] = Field(default_factory=list)
+    max_attempts: int = Field(5, ge=1, le=100)
+    default_timeout_s: float | None = Field(None, gt=0)
+    deadline_s: float | None = Field(None, gt=0)
+    secrets_file: str | None = None
+    tools: ToolsConfig = Field(default_factory=ToolsConfig)
+    plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict)
+    #: Where the config was read from (not a key of the file).
+    path: str | None = Field(None, exclude=True)
+
+    @field_validator("state")
+    @classmethod
+    def _state_url(cls, v: str | None) -> str | None:
+        if v is not None and "://" not in v:
+            raise ValueError(
+                "expected a URL: 'memory://', 'sqlite:///path/to/state.db' or 'redis://host:6379/0'"
+            )
+        return v
+
+
+# ----------------------------------------------------------------- loading
+def _loc(err: Mapping[str, Any]) -> str:
+    return ".".join(str(p) for p in err.get("loc", ()))
+
+
+def _env_value(raw: str) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    """TOOLWIRE_* variables override file values (see docs/config.md)."""
+    simple = {
+        "TOOLWIRE_STATE": "state",
+        "TOOLWIRE_MAX_ATTEMPTS": "max_attempts",
+        "TOOLWIRE_DEFAULT_TIMEOUT_S": "default_timeout_s",
+        "TOOLWIRE_DEADLINE_S": "deadline_s",
+        "TOOLWIRE_SECRETS_FILE": "secrets_file",
+    }
+    for var, key in simple.items():
+        if var in env and env[var] != "":
+            data[key] = env[var] if key in ("state", "secrets_file") else _env_value(env[var])
+    if "state" not in data and env.get("REDIS_URL"):
+        data["state"] = env["REDIS_URL"]
+    if "TOOLWIRE_LOAD_PLUGINS" in env:
+        raw = env["TOOLWIRE_LOAD_PLUGINS"]
+        data["enabled_plugins"] = [p.strip() for p in raw.split(",") if p.strip()]
+    if env.get("TOOLWIRE_DISABLE_PLUGINS"):
+        extra = [p.strip() for p in env["TOOLWIRE_DISABLE_PLUGINS"].split(",") if p.strip()]
+        data["disabled_plugins"] = [*data.get("disabled_plugins", []), *extra]
+    prefix = "TOOLWIRE_PLUGINS__"
+    for var, raw in env.items():
+        if not var.startswith(prefix):
+            continue
+        parts = var[len(prefix) :].split("__")
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(
+                f"environment variable {var}: expected TOOLWIRE_PLUGINS__<plugin>__<key>[__<subkey>]"
+            )
+        node = data.setdefault("plugins", {})
+        for p in [parts[0].lower(), *[x.lower() for x in parts[1:-1]]]:
+            node = node.setdefault(p, {})
+        node[parts[-1].lower()] = _env_value(raw)
+
+
+def _read_secrets_file(path: Path) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if "=" not in line:
+            raise ConfigError(f"line {n}: expected NAME=value", file=str(path))
+        k, v = line.split("=", 1)
+        k = k.strip().removeprefix("export ").strip()
+        out[k] = v.strip().strip("'\"")
+    return out
+
+
+def resolve_secrets(
+    value: Any,
+    *,
+    env: Mapping[str, str],
+    secrets: Mapping[str, str],
+    file: str | None,
+    key: str = "",
+) -> Any:
+    """Replace every ``{"$secretRef": "NAME"}`` by the secret's value.
+
+    Looked up in the environment first, then in the secrets file. A missing
+    secret is a ``ConfigError`` naming the key and the variable to set.
+    """
+    if isinstance(value, dict):
+        if SECRET_REF in value:
+            if set(value) != {SECRET_REF} or not isinstance(value[SECRET_REF], str):
+                raise ConfigError(
+                    'a secret reference must be exactly {"$secretRef" = "ENV_NAME"}',
+                    file=file,
+                    key=key,
+                )
+            name = value[SECRET_REF]
+            if name in env:
+                return env[name]
+            if name in secrets:
+                return secrets[name]
+            raise ConfigError(
+                f"secret {name!r} is not set; export {name}=... or add it to the secrets file",
+                file=file,
+                key=key,
+            )
+        return {
+            k: resolve_secrets(
+                v, env=env, secrets=secrets, file=file, key=f"{key}.{k}" if key else k
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [
+            resolve_secrets(v, env=env, secrets=secrets, file=file, key=f"{key}[{i}]")
+            for i, v in enumerate(value)
+        ]
+    return value
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    required: bool | None = None,
+) -> ToolwireConfig:
+    """Load and validate ``toolwire.toml``, applying env overrides and secrets.
+
+    With ``path=None``: ``$TOOLWIRE_CONFIG``, else ``./toolwire.toml`` if it
+    exists, else the defaults. An explicit path that does not exist is an error.
+    """
+    env = os.environ if env is None else env
+    explicit = path is not None or bool(env.get("TOOLWIRE_CONFIG"))
+    p = Path(path) if path is not None else Path(env.get("TOOLWIRE_CONFIG") or DEFAULT_CONFIG_FILE)
+    data: dict[str, Any] = {}
+    file: str | None = None
+    if p.exists():
+        file = str(p)
+        try:
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"invalid TOML: {exc}", file=file) from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read: {exc}", file=file) from exc
+    elif explicit if required is None else required:
+        raise ConfigError("config file not found", file=str(p))
+    if isinstance(data.get("plugins"), list):
+        # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
+        data["enabled_plugins"] = data.pop("plugins")
+    _apply_env(data, env)
+    secrets_path = data.get("secrets_file")
+    secrets: dict[str, str] = {}
+    if secrets_path:
+        sp = Path(secrets_path)
+        if file and not sp.is_absolute():
+            sp = Path(file).parent / sp
+        if not sp.exists():
+            raise ConfigError(f"secrets file {str(sp)!r} not found", file=file, key="secrets_file")
+        secrets = _read_secrets_file(sp)
+    data = resolve_secrets(data, env=env, secrets=secrets, file=file)
+    try:
+        cfg = ToolwireConfig.model_validate(data)
+    except pydantic.ValidationError as exc:
+        msgs = []
+        for e in exc.errors(include_url=False):
+            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msgs.append(f"{_loc(e)}: {msg}")
+        raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+    cfg.path = file
+    return cfg
+
+
+# ------------------------------------------------------------ entry points
+def installed_plugins() -> dict[str, md.EntryPoint]:
+    """Plugins installed in this environment: entry-point name -> entry point."""
+    return {ep.name: ep for ep in md.entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return None, None
+    return dist.metadata["Name"], dist.version
+
+
+def _plugin_config(name: str, factory: Any, section: dict[str, Any], file: str | None) -> Any:
+    model = getattr(factory, "Config", None)
+    if model is None:
+        if section:
+            raise ConfigError(
+                f"plugin {name!r} takes no configuration, but keys {sorted(section)} were given",
+                file=file,
+                key=f"plugins.{name}",
+            )
+        return None
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise PluginError(name, "its Config attribute must be a pydantic BaseModel subclass")
+    try:
+        return model.model_validate(section)
+    except pydantic.ValidationError as exc:
+        msgs = []
+        for e in exc.errors(include_url=False):
+            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msgs.append(f"plugins.{name}.{_loc(e)}: {msg}")
+        raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+
+
+def instantiate_plugin(
+    name: str, factory: Any, section: dict[str, Any], file: str | None
+) -> tuple[object, Any, int | None]:
+    """Validate the plugin's section and call its factory; returns (plugin, config, order)."""
+    section = dict(section)
+    order = section.pop("order", None)
+    if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
+        raise ConfigError("must be an integer", file=file, key=f"plugins.{name}.order")
+    cfg = _plugin_config(name, factory, section, file)
+    try:
+        plugin = factory(cfg) if cfg is not None else factory()
+    except (ConfigError, PluginError):
+        raise
+    except Exception as exc:
+        raise PluginError(name, f"failed to start: {type(exc).__name__}: {exc}") from exc
+    return plugin, cfg, order
+
+
+def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any) -> Kernel:
+    """A kernel configured by ``cfg``: state, guards, plugins, tool modules."""
+    file = cfg.path
+    available = installed_plugins()
+    enabled = cfg.enabled_plugins
+    explicit = enabled is not None
+    names = list(enabled) if enabled is not None else sorted(available)
+    for n in [*names, *cfg.disabled_plugins]:
+        if n not in available:
+            raise ConfigError(
+                f"unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'} "
+                f"(pip install toolwire-{n}?)",
+                file=file,
+                key="enabled_plugins" if n in names else "disabled_plugins",
+            )
+    for n in cfg.plugins:
+        if n not in available:
+            raise ConfigError(
+                f"configuration for unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'}",
+                file=file,
+                key=f"plugins.{n}",
+            )
+    names = [n for n in names if n not in set(cfg.disabled_plugins)]
+    kw: dict[str, Any] = {
+        "state": cfg.state or "memory://",
+        "max_attempts": cfg.max_attempts,
+        "default_timeout_s": cfg.default_timeout_s,
+        "deadline_s": cfg.deadline_s,
+    }
+    kw.update(overrides)
+    kernel = kernel_cls(**kw)
+    kernel.config = cfg
+    for n in names:
+        ep = available[n]
+        try:
+            factory = ep.load()
+        except ModuleNotFoundError as exc:
+            dist, _ = _dist_of(ep)
+            hint = (
+                f"pip install '{dist or 'toolwire-' + n}' (its dependency {exc.name!r} is missing)"
+            )
+            if explicit:
+                raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
+            log.warning("plugin %r skipped: %s; %s", n, exc, hint)
+            continue
+        except Exception as exc:
+            raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
+        plugin, pcfg, order = instantiate_plugin(n, factory, cfg.plugins.get(n, {}), file)
+        dist, version = _dist_of(ep)
+        kernel.plugins.register(
+            plugin, name=n, order=order, version=version, dist=dist, config=pcfg
+        )
+    for ref in cfg.tools.refs():
+        try:
+            kernel.add_tool(_import(ref.module), namespace=ref.namespace)
+        except ImportError as exc:
+            raise ConfigError(
+                f"cannot import module {ref.module!r}: {exc}", file=file, key="tools.modules"
+            ) from exc
+    return kernel
+
+
+def _import(module: str) -> Any:
+    import importlib
+
+    return importlib.import_module(module)

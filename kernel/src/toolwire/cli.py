@@ -1,0 +1,179 @@
+"""The ``toolwire`` command line.
+
+Commands: ``plugins``, ``tools``, ``call``, ``config check``. Output is JSON on
+stdout; logs are JSON lines on stderr. Exit codes: 0 ok, 1 the call returned an
+error result, 2 bad usage or configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from ._config import ToolwireConfig, load_config
+from ._errors import KernelError
+from ._kernel import Kernel
+from ._logging import configure_logging
+
+__all__ = ["main"]
+
+EMBEDDED_STATE = "sqlite:///.toolwire/state.db"
+EXAMPLES_MODULE = "toolwire.examples"
+
+
+def _print(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _fail(message: str, code: int = 2) -> int:
+    sys.stderr.write(f"toolwire: error: {message}\n")
+    return code
+
+
+def _load(args: argparse.Namespace) -> ToolwireConfig:
+    cfg = load_config(args.config)
+    if cfg.path is None and not cfg.tools.modules:
+        # No config file: the embedded defaults serve the bundled example tools.
+        cfg.tools.modules = [EXAMPLES_MODULE]
+    return cfg
+
+
+def build_cli_kernel(cfg: ToolwireConfig) -> Kernel:
+    """A kernel for the CLI: the embedded SQLite state unless configured otherwise."""
+    overrides: dict[str, Any] = {}
+    if cfg.state is None:
+        overrides["state"] = EMBEDDED_STATE
+    return Kernel.from_config(cfg, **overrides)
+
+
+async def _cmd_plugins(args: argparse.Namespace) -> int:
+    kernel = build_cli_kernel(_load(args))
+    _print(
+        [
+            {
+                "name": p.name,
+                "version": p.version,
+                "distribution": p.dist,
+                "order": p.order,
+                "hooks": p.hooks(),
+            }
+            for p in kernel.plugins.ordered()
+        ]
+    )
+    return 0
+
+
+async def _cmd_tools(args: argparse.Namespace) -> int:
+    kernel = build_cli_kernel(_load(args))
+    async with kernel:
+        if args.query:
+            tools = kernel.find_tools(
+                args.query, mode=args.mode, limit=args.limit, format=args.format
+            )
+        else:
+            tools = kernel.list_tools(format=args.format)
+    if args.format == "tool":
+        tools = [t.definition() for t in tools]
+    _print(tools)
+    return 0
+
+
+async def _cmd_call(args: argparse.Namespace) -> int:
+    try:
+        call_args = json.loads(args.args) if args.args else {}
+    except json.JSONDecodeError as exc:
+        return _fail(f"--args is not valid JSON: {exc}")
+    if not isinstance(call_args, dict):
+        return _fail("--args must be a JSON object, e.g. --args '{\"a\": 1}'")
+    kernel = build_cli_kernel(_load(args))
+    async with kernel:
+        result = await kernel.call(
+            args.name,
+            call_args,
+            call_id=args.call_id,
+            session_id=args.session_id,
+            tenant=args.tenant,
+        )
+    _print(result.to_dict())
+    return 1 if result.is_error else 0
+
+
+async def _cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    kernel = build_cli_kernel(cfg)
+    async with kernel:
+        summary = {
+            "ok": True,
+            "config_file": cfg.path,
+            "state": kernel.state.backend,
+            "plugins": [p.name for p in kernel.plugins.ordered()],
+            "tools": len(kernel.list_tools()),
+        }
+    _print(summary)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="toolwire", description="toolwire: middleware for agent tool calls"
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        help="path to toolwire.toml (default: $TOOLWIRE_CONFIG or ./toolwire.toml)",
+    )
+    p.add_argument(
+        "--log-level", default="WARNING", help="log level for stderr JSON logs (default WARNING)"
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("plugins", help="list loaded plugins as JSON (name, version, order, hooks)")
+    sp.set_defaults(fn=_cmd_plugins)
+
+    st = sub.add_parser("tools", help="list the tools (JSON), or search them with --query")
+    st.add_argument("--query", "-q", help="search string")
+    st.add_argument("--mode", choices=["explicit", "semantic", "hybrid"], default="hybrid")
+    st.add_argument("--limit", type=int, default=10)
+    st.add_argument("--format", choices=["tool", "openai", "anthropic", "mcp"], default="tool")
+    st.set_defaults(fn=_cmd_tools)
+
+    sc = sub.add_parser("call", help="call a tool and print the normalized result as JSON")
+    sc.add_argument("name", help="tool name")
+    sc.add_argument("--args", "-a", default="{}", help="arguments as a JSON object")
+    sc.add_argument(
+        "--call-id", help="call id (replays with the same id are de-duplicated by idempotency)"
+    )
+    sc.add_argument("--session-id")
+    sc.add_argument("--tenant")
+    sc.set_defaults(fn=_cmd_call)
+
+    scfg = sub.add_parser("config", help="configuration commands")
+    cfg_sub = scfg.add_subparsers(dest="config_command", required=True)
+    chk = cfg_sub.add_parser(
+        "check", help="load and validate the config, load the plugins, print a summary"
+    )
+    chk.set_defaults(fn=_cmd_config_check)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``toolwire`` command."""
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level.upper())
+    try:
+        code: int = anyio.run(args.fn, args)
+    except KernelError as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,162 @@
+"""Test kit for toolwire and its plugins (a pytest plugin, entry point ``pytest11``).
+
+Fixtures (available in any project that installs toolwire):
+
+- ``fake_clock``: a ``FakeClock``; ``await clock.sleep(s)`` advances time at once.
+- ``kernel``: a fresh ``Kernel`` on ``memory://`` state using ``fake_clock``.
+- ``register_plugin``: ``register_plugin(plugin, name=None, order=None)`` adds a
+  plugin to ``kernel`` for the current test only.
+
+Helpers: ``FakeClock``, ``FakeTool`` (a scripted tool that records its calls),
+``RecordingPlugin`` (records every hook call, for ordering assertions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from ._clock import Clock
+from ._kernel import Kernel
+from ._types import CallContext, ErrorInfo, Tool, ToolAnnotations, ToolCall, ToolResult
+from .hookspecs import hookimpl
+
+__all__ = ["FakeClock", "FakeTool", "RecordingPlugin", "fake_clock", "kernel", "register_plugin"]
+
+
+class FakeClock(Clock):
+    """A clock that only moves when told to (or when something sleeps on it).
+
+    ``sleep(s)`` advances the clock by ``s`` and yields once, so retry
+    back-offs and deadlines are tested without waiting. Per-attempt timeouts
+    still use real time (they are enforced by the event loop).
+    """
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._mono = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        """Fake monotonic seconds."""
+        return self._mono
+
+    def time(self) -> float:
+        """Fake wall-clock seconds."""
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        """Move both clocks forward."""
+        self._now += seconds
+        self._mono += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        """Record the sleep, advance the clock, and yield to the event loop once."""
+        self.sleeps.append(seconds)
+        self.advance(seconds)
+        await anyio.lowlevel.checkpoint()
+
+
+@dataclass
+class FakeTool:
+    """A scripted tool. ``script`` items are returned in turn (exceptions raised).
+
+    The last item repeats. ``calls`` records the args of every execution.
+    ``delay`` (real seconds) makes each execution sleep first.
+    """
+
+    name: str = "fake"
+    script: list[Any] = field(default_factory=lambda: [{"ok": True}])
+    description: str = "A scripted test tool."
+    input_schema: dict[str, Any] = field(
+        default_factory=lambda: {"type": "object", "properties": {}, "additionalProperties": True}
+    )
+    delay: float = 0.0
+    read_only: bool | None = None
+    timeout_s: float | None = None
+    source: str = "test"
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tool(self) -> Tool:
+        """The ``Tool`` to add to a kernel."""
+
+        async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+            self.calls.append(dict(args))
+            if self.delay:
+                await anyio.sleep(self.delay)
+            item = self.script[min(len(self.calls), len(self.script)) - 1]
+            if isinstance(item, BaseException):
+                raise item
+            if callable(item):
+                return item(args)
+            return item
+
+        return Tool(
+            name=self.name,
+            description=self.description,
+            input_schema=self.input_schema,
+            executor=executor,
+            source=self.source,
+            annotations=ToolAnnotations(readOnlyHint=self.read_only),
+            timeout_s=self.timeout_s,
+        )
+
+
+class RecordingPlugin:
+    """Records every hook call as (plugin name, hook, tool name) in ``log``.
+
+    Pass ``log`` to share one list between several instances (ordering tests).
+    """
+
+    def __init__(
+        self, name: str, order: int = 1000, log: list[tuple[str, str, str]] | None = None
+    ) -> None:
+        self.name = name
+        self.order = order
+        self.log: list[tuple[str, str, str]] = log if log is not None else []
+
+    @hookimpl
+    def before_call(self, call: ToolCall) -> None:
+        self.log.append((self.name, "before_call", call.name))
+
+    @hookimpl
+    async def on_error(self, call: ToolCall, error: ErrorInfo) -> None:
+        self.log.append((self.name, "on_error", call.name))
+
+    @hookimpl
+    def after_call(self, call: ToolCall, result: ToolResult) -> None:
+        self.log.append((self.name, "after_call", call.name))
+
+
+@pytest.fixture
+def fake_clock() -> FakeClock:
+    """A fresh ``FakeClock``."""
+    return FakeClock()
+
+
+@pytest.fixture
+def kernel(fake_clock: FakeClock) -> Kernel:
+    """A fresh kernel on in-memory state with the fake clock (it starts on first call)."""
+    return Kernel(state="memory://", clock=fake_clock)
+
+
+@pytest.fixture
+def register_plugin(kernel: Kernel) -> Iterator[Callable[..., Any]]:
+    """Register a plugin on the ``kernel`` fixture for this test only."""
+    names: list[str] = []
+
+    def register(plugin: object, name: str | None = None, order: int | None = None) -> object:
+        info = kernel.register(plugin, name=name, order=order)
+        names.append(info.name)
+        return plugin
+
+    yield register
+    for n in names:
+        if n in kernel.plugins.plugins:
+            kernel.unregister(n)

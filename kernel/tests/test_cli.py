@@ -1,0 +1,120 @@
+"""The `toolwire` command line, run in-process (and once as a real subprocess)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolwire.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith("TOOLWIRE_") or var == "REDIS_URL":
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")  # no installed plugins unless a test says so
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, object, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, (json.loads(out) if out.strip() else None), err
+
+
+def test_tools_lists_bundled_examples_on_embedded_defaults(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = run(capsys, "tools")
+    assert code == 0
+    assert isinstance(out, list)
+    names = [t["name"] for t in out]
+    assert "add" in names and "counter_increment" in names
+    add = next(t for t in out if t["name"] == "add")
+    assert add["input_schema"]["required"] == ["a", "b"]
+    assert (tmp_path / ".toolwire" / "state.db").exists()  # embedded SQLite state
+
+
+def test_tools_query_and_formats(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "tools", "--query", "hash a text", "--format", "openai", "--limit", "2"
+    )
+    assert code == 0 and isinstance(out, list)
+    assert out[0]["type"] == "function" and out[0]["function"]["name"] == "word_hash"
+
+
+def test_call_prints_result_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "call", "add", "--args", '{"a": 2, "b": 3}', "--call-id", "c1")
+    assert code == 0 and isinstance(out, dict)
+    assert out["content"] == {"result": 5.0} and out["meta"]["call_id"] == "c1"
+    code, out, _ = run(capsys, "call", "add", "--args", '{"a": "x", "b": 3}')
+    assert code == 1 and isinstance(out, dict)
+    assert out["error"]["kind"] == "invalid_args" and "field 'a'" in out["error"]["message"]
+    code, out, _ = run(capsys, "call", "nope")
+    assert code == 1 and isinstance(out, dict) and out["error"]["kind"] == "not_found"
+
+
+def test_call_with_bad_json_args(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "call", "add", "--args", "{not json")
+    assert code == 2 and "--args is not valid JSON" in err
+    code, _, err = run(capsys, "call", "add", "--args", "[1]")
+    assert code == 2 and "must be a JSON object" in err
+
+
+def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run(capsys, "config", "check")
+    assert code == 0 and isinstance(out, dict) and out["ok"] and out["state"] == "sqlite"
+    bad = tmp_path / "bad.toml"
+    bad.write_text('state = "memory://"\nunknown_key = 1\n')
+    code, out, err = run(capsys, "--config", str(bad), "config", "check")
+    assert code == 2 and out is None
+    assert str(bad) in err and "unknown_key: unknown key" in err
+
+
+def test_plugins_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
+    code, out, _ = run(capsys, "plugins")
+    assert code == 0
+    assert out == [
+        {
+            "name": "audit",
+            "version": "0.1.0",
+            "distribution": "toolwire-audit",
+            "order": 50,
+            "hooks": ["after_call", "before_call", "shutdown", "startup"],
+        }
+    ]
+
+
+def test_real_subprocess_keeps_stdout_for_json_and_logs_on_stderr(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env["TOOLWIRE_LOAD_PLUGINS"] = ""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolwire.cli",
+            "--log-level",
+            "debug",
+            "call",
+            "echo",
+            "--args",
+            '{"message": "hi"}',
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["content"] == {"message": "hi"}
+    for line in proc.stderr.splitlines():
+        json.loads(line)  # every log line is JSON

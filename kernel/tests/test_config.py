@@ -1,0 +1,279 @@
+"""toolwire.toml loading, env overrides, secrets, and entry-point plugin loading."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from toolwire import ConfigError, Kernel, PluginError, hookimpl, load_config
+from toolwire import _config as config_mod
+
+pytestmark = pytest.mark.anyio
+
+
+def write(tmp_path: Path, text: str, name: str = "toolwire.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text), encoding="utf-8")
+    return p
+
+
+# ---------------------------------------------------------------- loading
+def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(env={})
+    assert cfg.path is None
+    assert cfg.state is None and cfg.max_attempts == 5 and cfg.enabled_plugins is None
+
+
+def test_full_file(tmp_path: Path) -> None:
+    p = write(
+        tmp_path,
+        """
+        state = "sqlite:///state.db"
+        enabled_plugins = ["a"]
+        max_attempts = 3
+        default_timeout_s = 10
+        deadline_s = 60
+
+        [tools]
+        modules = ["toolwire.examples", {module = "json", namespace = "j"}]
+
+        [plugins.a]
+        x = 1
+        """,
+    )
+    cfg = load_config(p, env={})
+    assert cfg.path == str(p)
+    assert (cfg.state, cfg.enabled_plugins, cfg.max_attempts) == ("sqlite:///state.db", ["a"], 3)
+    assert [(m.module, m.namespace) for m in cfg.tools.refs()] == [
+        ("toolwire.examples", None),
+        ("json", "j"),
+    ]
+    assert cfg.plugins == {"a": {"x": 1}}
+
+
+def test_short_form_plugins_list(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, 'plugins = ["audit"]\n'), env={})
+    assert cfg.enabled_plugins == ["audit"]
+
+
+def test_broken_toml_names_the_file(tmp_path: Path) -> None:
+    p = write(tmp_path, "state = \n")
+    with pytest.raises(ConfigError, match=r"toolwire\.toml: invalid TOML"):
+        load_config(p, env={})
+
+
+def test_unknown_key_and_bad_value_name_file_and_key(tmp_path: Path) -> None:
+    p = write(tmp_path, 'stat = "memory://"\nmax_attempts = 0\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, env={})
+    msg = str(ei.value)
+    assert str(p) in msg
+    assert "stat: unknown key" in msg
+    assert "max_attempts: Input should be greater than or equal to 1" in msg
+
+
+def test_state_must_be_a_url(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"state: .*expected a URL"):
+        load_config(write(tmp_path, 'state = "redis"\n'), env={})
+
+
+def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.toml", env={})
+
+
+# ------------------------------------------------------------------- env
+def test_env_overrides(tmp_path: Path) -> None:
+    p = write(tmp_path, 'state = "memory://"\nmax_attempts = 2\n[plugins.a]\nx = 1\n')
+    env = {
+        "TOOLWIRE_STATE": "sqlite:///x.db",
+        "TOOLWIRE_MAX_ATTEMPTS": "7",
+        "TOOLWIRE_PLUGINS__a__x": "2",
+        "TOOLWIRE_PLUGINS__a__nested__flag": "true",
+        "TOOLWIRE_PLUGINS__b__name": "plain text",
+        "TOOLWIRE_LOAD_PLUGINS": "a, b",
+        "TOOLWIRE_DISABLE_PLUGINS": "b",
+    }
+    cfg = load_config(p, env=env)
+    assert cfg.state == "sqlite:///x.db" and cfg.max_attempts == 7
+    assert cfg.plugins == {"a": {"x": 2, "nested": {"flag": True}}, "b": {"name": "plain text"}}
+    assert cfg.enabled_plugins == ["a", "b"] and cfg.disabled_plugins == ["b"]
+
+
+def test_empty_load_plugins_means_none(tmp_path: Path) -> None:
+    cfg = load_config(write(tmp_path, ""), env={"TOOLWIRE_LOAD_PLUGINS": ""})
+    assert cfg.enabled_plugins == []
+
+
+def test_redis_url_is_the_state_when_none_is_configured(tmp_path: Path) -> None:
+    assert (
+        load_config(write(tmp_path, ""), env={"REDIS_URL": "redis://h:1/0"}).state
+        == "redis://h:1/0"
+    )
+    p = write(tmp_path, 'state = "memory://"\n')
+    assert load_config(p, env={"REDIS_URL": "redis://h:1/0"}).state == "memory://"
+
+
+def test_malformed_plugin_env_var() -> None:
+    with pytest.raises(ConfigError, match="TOOLWIRE_PLUGINS__x"):
+        load_config(None, env={"TOOLWIRE_PLUGINS__x": "1"}, required=False)
+
+
+# ---------------------------------------------------------------- secrets
+def test_secret_refs_from_env_and_secrets_file(tmp_path: Path) -> None:
+    (tmp_path / "app.secrets.env").write_text("# comment\nexport B_KEY='from-file'\n")
+    p = write(
+        tmp_path,
+        """
+        secrets_file = "app.secrets.env"
+        [plugins.a]
+        key = {"$secretRef" = "A_KEY"}
+        keys = [{"$secretRef" = "B_KEY"}]
+        """,
+    )
+    cfg = load_config(p, env={"A_KEY": "from-env"})
+    assert cfg.plugins["a"] == {"key": "from-env", "keys": ["from-file"]}
+
+
+def test_missing_secret_names_key_and_variable(tmp_path: Path) -> None:
+    p = write(tmp_path, '[plugins.a]\nkey = {"$secretRef" = "NOPE_KEY"}\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, env={})
+    assert "plugins.a.key" in str(ei.value) and "export NOPE_KEY" in str(ei.value)
+
+
+# ----------------------------------------------------------- entry points
+class DemoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    greeting: str = "hello"
+
+
+class DemoPlugin:
+    order = 42
+    Config = DemoConfig
+
+    def __init__(self, config: DemoConfig) -> None:
+        self.config = config
+
+    @hookimpl
+    def after_call(self, result: Any) -> None:
+        result.meta.extra["demo"] = self.config.greeting
+
+
+class NoConfigPlugin:
+    @hookimpl
+    def before_call(self) -> None:
+        return None
+
+
+def _failing_factory() -> object:
+    raise RuntimeError("kaput")
+
+
+def fake_eps(monkeypatch: pytest.MonkeyPatch, **targets: str) -> None:
+    eps = {n: md.EntryPoint(n, v, "toolwire") for n, v in targets.items()}
+    monkeypatch.setattr(config_mod, "installed_plugins", lambda: eps)
+
+
+HERE = __name__
+
+
+def test_plugins_load_from_entry_points_with_validated_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
+    p = write(tmp_path, '[plugins.demo]\ngreeting = "hi"\norder = 7\n')
+    k = Kernel.from_config(str(p))
+    infos = {i.name: i for i in k.plugins.ordered()}
+    assert set(infos) == {"demo", "plain"}  # no list: every installed plugin
+    assert infos["demo"].order == 7 and infos["plain"].order == 1000
+    assert isinstance(infos["demo"].config, DemoConfig) and infos["demo"].config.greeting == "hi"
+
+
+async def test_configured_plugin_acts_on_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin")
+    p = write(
+        tmp_path,
+        'enabled_plugins = ["demo"]\n[tools]\nmodules = ["toolwire.examples"]\n[plugins.demo]\ngreeting = "salut"\n',
+    )
+    async with Kernel.from_config(str(p)) as k:
+        r = await k.call("add", {"a": 1, "b": 2})
+    assert r.content == {"result": 3.0}
+    assert r.meta.extra["demo"] == "salut"
+
+
+def test_enable_and_disable_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
+    k = Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["plain"]\n')))
+    assert [i.name for i in k.plugins.ordered()] == ["plain"]
+    k = Kernel.from_config(str(write(tmp_path, 'disabled_plugins = ["plain"]\n')))
+    assert [i.name for i in k.plugins.ordered()] == ["demo"]
+    k = Kernel.from_config(str(write(tmp_path, "enabled_plugins = []\n")))
+    assert k.plugins.ordered() == []
+
+
+def test_unknown_plugin_names_are_startup_errors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin")
+    with pytest.raises(ConfigError, match=r"unknown plugin 'nope'; installed plugins: \['demo'\]"):
+        Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["nope"]\n')))
+    with pytest.raises(ConfigError, match=r"plugins\.typo: configuration for unknown plugin 'typo'"):
+        Kernel.from_config(str(write(tmp_path, "[plugins.typo]\nx = 1\n")))
+
+
+def test_invalid_plugin_config_names_file_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
+    p = write(tmp_path, "[plugins.demo]\ngreting = 1\n")
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(str(p))
+    assert str(p) in str(ei.value) and "plugins.demo.greting: unknown key" in str(ei.value)
+    with pytest.raises(ConfigError, match="plugin 'plain' takes no configuration"):
+        Kernel.from_config(str(write(tmp_path, "[plugins.plain]\nx = 1\n")))
+
+
+def test_missing_optional_dependency_is_skipped_with_pip_hint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_eps(
+        monkeypatch,
+        needsdep="toolwire_tests_missing_dep_xyz:Plugin",
+        plain=f"{HERE}:NoConfigPlugin",
+    )
+    with caplog.at_level("WARNING", logger="toolwire"):
+        k = Kernel.from_config(str(write(tmp_path, "")))
+    assert [i.name for i in k.plugins.ordered()] == ["plain"]
+    assert "plugin 'needsdep' skipped" in caplog.text and "pip install" in caplog.text
+    # named explicitly, the same plugin is a fatal error that says what to install
+    with pytest.raises(PluginError, match=r"plugin 'needsdep': cannot be loaded.*pip install"):
+        Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["needsdep"]\n')))
+
+
+def test_any_other_load_error_is_fatal_and_names_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_eps(monkeypatch, broken=f"{HERE}:_failing_factory")
+    with pytest.raises(PluginError, match="plugin 'broken': failed to start: RuntimeError: kaput"):
+        Kernel.from_config(str(write(tmp_path, "")))
+    fake_eps(monkeypatch, broken=f"{HERE}:DoesNotExist")
+    with pytest.raises(PluginError, match="plugin 'broken': cannot be loaded"):
+        Kernel.from_config(str(write(tmp_path, "")))
+
+
+def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_eps(monkeypatch)
+    p = write(tmp_path, '[tools]\nmodules = ["no_such_module_abc"]\n')
+    with pytest.raises(
+        ConfigError, match=r"tools\.modules: cannot import module 'no_such_module_abc'"
+    ):
+        Kernel.from_config(str(p))

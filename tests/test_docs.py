@@ -1,0 +1,69 @@
+"""The docs keep up with the code: every hook, config key, env var and CLI command
+is documented, and the README's embedding example runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from toolwire import hookspecs
+from toolwire._config import ToolsConfig, ToolwireConfig
+from toolwire.cli import _parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def test_every_hookspec_is_in_the_hook_reference() -> None:
+    text = (DOCS / "hooks.md").read_text()
+    names = hookspecs.all_hook_names()
+    assert set(names) == {
+        "startup",
+        "shutdown",
+        "discover",
+        "before_call",
+        "on_error",
+        "after_call",
+    }
+    missing = [n for n in names if not re.search(rf"^## `{n}\(", text, re.M)]
+    assert not missing, f"hooks missing from docs/hooks.md: {missing}"
+
+
+def test_every_config_key_is_documented() -> None:
+    text = (DOCS / "config.md").read_text()
+    keys = [k for k in ToolwireConfig.model_fields if k not in ("path", "tools", "plugins")]
+    keys += list(ToolsConfig.model_fields)
+    missing = [k for k in keys if f"`{k}`" not in text]
+    assert not missing, f"config keys missing from docs/config.md: {missing}"
+
+
+def test_every_env_var_read_by_the_kernel_is_documented() -> None:
+    src = "\n".join(p.read_text() for p in (ROOT / "kernel/src/toolwire").rglob("*.py"))
+    tests = "\n".join(p.read_text() for p in (ROOT / "kernel/tests").rglob("*.py"))
+    found = set(re.findall(r'"((?:TOOLWIRE|REDIS)_[A-Z_]+)', src + tests))
+    text = (DOCS / "config.md").read_text()
+    missing = sorted(v for v in found if v not in text)
+    assert not missing, f"environment variables missing from docs/config.md: {missing}"
+
+
+def test_every_cli_command_is_documented() -> None:
+    text = (DOCS / "cli.md").read_text()
+    sub = next(a for a in _parser()._actions if a.dest == "command")
+    commands = list(sub.choices)  # type: ignore[union-attr]
+    assert commands
+    missing = [c for c in commands if f"## `toolwire {c}" not in text]
+    assert not missing, f"CLI commands missing from docs/cli.md: {missing}"
+
+
+def test_readme_embedding_example_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "Kernel(" in b)
+    assert len(block.splitlines()) <= 40
+    proc = subprocess.run(
+        [sys.executable, "-c", block], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "{'city': 'Lyon', 'days': 1, 'sky': 'clear'}" in proc.stdout
+    assert "unavailable ['unavailable', 'unavailable']" in proc.stdout
