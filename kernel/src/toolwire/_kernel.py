@@ -175,8 +175,14 @@ class Kernel:
             if prev is not None:
                 raise ToolCollisionError(n, prev.source, t.source)
             cat[n] = t
-        self._catalog = cat
-        self._index = None
+        old, self._catalog = self._catalog, cat
+        index = self._index
+        if index is not None:  # incremental: ~40 µs per changed tool instead of a rebuild
+            for n in old.keys() - cat.keys():
+                index.remove(n)
+            for n, t in cat.items():
+                if old.get(n) is not t:
+                    index.add(t)
 
     async def refresh_tools(self) -> list[Tool]:
         """Ask every tool source (``discover`` hook, query=None) for its tools.
@@ -268,22 +274,25 @@ class Kernel:
         )
         return self._export(found, format)
 
+    def use_ranker(self, ranker: Any) -> None:
+        """Replace the lexical ranker behind ``find_tools`` (semantic/hybrid modes).
+
+        ``ranker`` implements ``toolwire._discovery.Ranker`` (``rebuild``,
+        ``add``, ``remove``, ``search``); it is rebuilt from the catalog now and
+        kept up to date incrementally afterwards.
+        """
+        ranker.rebuild(self._catalog.values())
+        self._index = ranker
+
     @staticmethod
     def _export(tools: list[Tool], format: str) -> list[Any]:
         if format == "tool":
             return tools
-        from . import _discovery
+        if format not in ("openai", "anthropic", "mcp"):
+            raise ValueError(f"unknown format {format!r}; use 'tool', 'openai', 'anthropic' or 'mcp'")
+        from ._discovery import export_tool
 
-        fn = {
-            "openai": _discovery.to_openai,
-            "anthropic": _discovery.to_anthropic,
-            "mcp": _discovery.to_mcp,
-        }.get(format)
-        if fn is None:
-            raise ValueError(
-                f"unknown format {format!r}; use 'tool', 'openai', 'anthropic' or 'mcp'"
-            )
-        return [fn(t) for t in tools]
+        return [export_tool(t, format) for t in tools]  # type: ignore[arg-type]
 
     # ---------------------------------------------------------- lifecycle
     async def start(self) -> None:

@@ -1,14 +1,23 @@
 """The ``toolwire`` command line.
 
-Commands: ``plugins``, ``tools``, ``call``, ``config check``. Output is JSON on
-stdout; logs are JSON lines on stderr. Exit codes: 0 ok, 1 the call returned an
-error result, 2 bad usage or configuration.
+Commands: ``plugins``, ``tools``, ``call``, ``config check``, plus the commands
+plugin distributions register through the entry-point group ``toolwire.cli``
+(``serve``, ``stats``...). Output is JSON on stdout; logs are JSON lines on
+stderr. Exit codes: 0 ok, 1 the call returned an error result, 2 bad usage or
+configuration.
+
+A command entry point names a function ``register(subparsers)`` that adds an
+``argparse`` sub-parser and sets ``fn`` to ``async def fn(args) -> int``; the
+function builds its kernel with ``load_cli_config(args)`` and
+``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata as md
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +29,10 @@ from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
 
-__all__ = ["main"]
+__all__ = ["CLI_ENTRY_POINT_GROUP", "build_cli_kernel", "load_cli_config", "main"]
+
+CLI_ENTRY_POINT_GROUP = "toolwire.cli"
+log = logging.getLogger("toolwire.cli")
 
 EMBEDDED_STATE = "sqlite:///.toolwire/state.db"
 EXAMPLES_MODULE = "toolwire.examples"
@@ -36,7 +48,11 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _load(args: argparse.Namespace) -> ToolwireConfig:
+def load_cli_config(args: argparse.Namespace) -> ToolwireConfig:
+    """The config for a CLI command: ``--config``, else the usual lookup, else defaults.
+
+    With no config file, the bundled example tools are served.
+    """
     cfg = load_config(args.config)
     if cfg.path is None and not cfg.tools.modules:
         # No config file: the embedded defaults serve the bundled example tools.
@@ -53,7 +69,7 @@ def build_cli_kernel(cfg: ToolwireConfig) -> Kernel:
 
 
 async def _cmd_plugins(args: argparse.Namespace) -> int:
-    kernel = build_cli_kernel(_load(args))
+    kernel = build_cli_kernel(load_cli_config(args))
     _print(
         [
             {
@@ -70,7 +86,7 @@ async def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 async def _cmd_tools(args: argparse.Namespace) -> int:
-    kernel = build_cli_kernel(_load(args))
+    kernel = build_cli_kernel(load_cli_config(args))
     async with kernel:
         if args.query:
             tools = kernel.find_tools(
@@ -91,7 +107,7 @@ async def _cmd_call(args: argparse.Namespace) -> int:
         return _fail(f"--args is not valid JSON: {exc}")
     if not isinstance(call_args, dict):
         return _fail("--args must be a JSON object, e.g. --args '{\"a\": 1}'")
-    kernel = build_cli_kernel(_load(args))
+    kernel = build_cli_kernel(load_cli_config(args))
     async with kernel:
         result = await kernel.call(
             args.name,
@@ -105,7 +121,7 @@ async def _cmd_call(args: argparse.Namespace) -> int:
 
 
 async def _cmd_config_check(args: argparse.Namespace) -> int:
-    cfg = _load(args)
+    cfg = load_cli_config(args)
     kernel = build_cli_kernel(cfg)
     async with kernel:
         summary = {
@@ -159,7 +175,17 @@ def _parser() -> argparse.ArgumentParser:
         "check", help="load and validate the config, load the plugins, print a summary"
     )
     chk.set_defaults(fn=_cmd_config_check)
+    _plugin_commands(sub)
     return p
+
+
+def _plugin_commands(sub: Any) -> None:
+    """Commands contributed by installed distributions (entry points ``toolwire.cli``)."""
+    for ep in sorted(md.entry_points(group=CLI_ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # a broken add-on must not break the whole CLI
+            log.warning("CLI command %r from %r could not be registered: %s", ep.name, ep.value, exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,130 @@
+"""The catalog: local tools, tool sources via `discover`, collisions, exports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from toolwire import Kernel, PluginError, Tool, ToolCollisionError, hookimpl, tool
+from toolwire.testing import FakeTool
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+def ping() -> str:
+    """Reply pong."""
+    return "pong"
+
+
+class Source:
+    """A tool source plugin contributing namespaced tools."""
+
+    def __init__(self, name: str, tools: list[str], *, by_query: dict[str, list[str]] | None = None) -> None:
+        self.name = name
+        self.tools = tools
+        self.by_query = by_query or {}
+        self.calls: list[str | None] = []
+
+    def _make(self, n: str) -> Tool:
+        return FakeTool(n, script=[{"from": self.name, "tool": n}], source=self.name).tool
+
+    @hookimpl
+    async def discover(self, query: str | None) -> list[Tool] | None:
+        self.calls.append(query)
+        if query is None:
+            return [self._make(n) for n in self.tools]
+        names = self.by_query.get(query)
+        return [self._make(n) for n in names] if names else None
+
+
+async def test_sources_contribute_tools_at_start_and_calls_reach_them() -> None:
+    src = Source("remote", ["remote_search", "remote_fetch"])
+    async with Kernel(tools=[ping], plugins=[src]) as k:
+        assert sorted(t.name for t in k.list_tools()) == ["ping", "remote_fetch", "remote_search"]
+        r = await k.call("remote_search", {})
+        assert r.content == {"from": "remote", "tool": "remote_search"}
+        assert k.get_tool("remote_fetch").source == "remote"  # type: ignore[union-attr]
+
+
+async def test_collision_between_sources_names_both() -> None:
+    k = Kernel(plugins=[Source("alpha", ["search"]), Source("beta", ["search"])])
+    with pytest.raises(ToolCollisionError) as ei:
+        await k.start()
+    assert "'search'" in str(ei.value) and "'alpha'" in str(ei.value) and "'beta'" in str(ei.value)
+
+
+async def test_collision_with_a_local_tool_names_both() -> None:
+    k = Kernel(tools=[ping], plugins=[Source("remote", ["ping"])])
+    with pytest.raises(ToolCollisionError, match="'local'.*'remote'|'remote'.*'local'"):
+        await k.start()
+
+
+def test_local_collision_and_namespacing() -> None:
+    k = Kernel(tools=[ping])
+    with pytest.raises(ToolCollisionError):
+        k.add_tool(FakeTool("ping").tool)
+    k.add_tool(FakeTool("ping").tool, namespace="other")
+    assert sorted(t.name for t in k.list_tools()) == ["other_ping", "ping"]
+
+
+async def test_refresh_keeps_the_old_catalog_when_a_source_fails() -> None:
+    class Flaky(Source):
+        fail = False
+
+        @hookimpl
+        async def discover(self, query: str | None) -> list[Tool] | None:
+            if self.fail:
+                raise ConnectionError("registry down")
+            return await super().discover(query)
+
+    src = Flaky("reg", ["reg_a"])
+    async with Kernel(plugins=[src]) as k:
+        src.fail = True
+        with pytest.raises(PluginError, match="plugin 'reg': discover failed: ConnectionError"):
+            await k.refresh_tools()
+        assert [t.name for t in k.list_tools()] == ["reg_a"]
+
+
+async def test_query_time_discovery_adds_matching_tools() -> None:
+    src = Source("reg", ["reg_a"], by_query={"weather": ["reg_weather"]})
+    async with Kernel(plugins=[src]) as k:
+        found = await k.discover("weather")
+        assert [t.name for t in found] == ["reg_weather"]
+        assert k.get_tool("reg_weather") is not None
+        assert (await k.call("reg_weather", {})).content["tool"] == "reg_weather"
+        assert await k.discover("nothing") == []
+    assert src.calls == [None, "weather", "nothing"]
+
+
+async def test_discover_returning_garbage_names_the_plugin() -> None:
+    class Bad:
+        name = "bad"
+
+        @hookimpl
+        def discover(self) -> Any:
+            return ["not a tool"]
+
+    with pytest.raises(PluginError, match="plugin 'bad': discover must return"):
+        await Kernel(plugins=[Bad()]).start()
+
+
+def test_exports_in_three_shapes() -> None:
+    k = Kernel(tools=[ping])
+    assert k.list_tools(format="openai")[0]["function"]["name"] == "ping"
+    assert k.list_tools(format="anthropic")[0]["input_schema"]["type"] == "object"
+    assert "inputSchema" in k.list_tools(format="mcp")[0]
+    with pytest.raises(ValueError, match="unknown format"):
+        k.list_tools(format="xml")  # type: ignore[arg-type]
+
+
+def test_find_tools_over_the_catalog_and_after_changes() -> None:
+    from toolwire import examples
+
+    k = Kernel(tools=[examples])
+    assert k.find_tools("add two numbers", limit=1)[0].name == "add"
+    k.add_tool(FakeTool("translate_text", description="Translate text between languages.").tool)
+    assert k.find_tools("translate a sentence into French", limit=1)[0].name == "translate_text"
+    k.remove_tool("translate_text")
+    assert all(t.name != "translate_text" for t in k.find_tools("translate", limit=5))
