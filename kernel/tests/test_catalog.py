@@ -21,7 +21,9 @@ def ping() -> str:
 class Source:
     """A tool source plugin contributing namespaced tools."""
 
-    def __init__(self, name: str, tools: list[str], *, by_query: dict[str, list[str]] | None = None) -> None:
+    def __init__(
+        self, name: str, tools: list[str], *, by_query: dict[str, list[str]] | None = None
+    ) -> None:
         self.name = name
         self.tools = tools
         self.by_query = by_query or {}
@@ -57,7 +59,7 @@ async def test_collision_between_sources_names_both() -> None:
 
 async def test_collision_with_a_local_tool_names_both() -> None:
     k = Kernel(tools=[ping], plugins=[Source("remote", ["ping"])])
-    with pytest.raises(ToolCollisionError, match="'local'.*'remote'|'remote'.*'local'"):
+    with pytest.raises(ToolCollisionError, match=r"'local'.*'remote'|'remote'.*'local'"):
         await k.start()
 
 

@@ -226,7 +226,9 @@ def test_unknown_plugin_names_are_startup_errors(
     fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin")
     with pytest.raises(ConfigError, match=r"unknown plugin 'nope'; installed plugins: \['demo'\]"):
         Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["nope"]\n')))
-    with pytest.raises(ConfigError, match=r"plugins\.typo: configuration for unknown plugin 'typo'"):
+    with pytest.raises(
+        ConfigError, match=r"plugins\.typo: configuration for unknown plugin 'typo'"
+    ):
         Kernel.from_config(str(write(tmp_path, "[plugins.typo]\nx = 1\n")))
 
 

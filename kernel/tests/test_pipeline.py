@@ -418,7 +418,9 @@ async def test_cancellation_propagates_and_after_call_sees_cancelled() -> None:
 
         @hookimpl
         async def after_call(self, result: ToolResult) -> None:
-            await anyio.lowlevel.checkpoint()  # must work although the scope is cancelled (shielded)
+            await (
+                anyio.lowlevel.checkpoint()
+            )  # must work although the scope is cancelled (shielded)
             seen.append(result)
 
     fake = FakeTool("t", delay=10)

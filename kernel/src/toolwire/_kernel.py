@@ -86,7 +86,13 @@ class Kernel:
         self.default_timeout_s = default_timeout_s
         self.deadline_s = deadline_s
         self.clock: Clock = clock or SystemClock()
-        self.state: StateStore = open_store(state) if isinstance(state, str) else state
+        if isinstance(state, str):
+            # memory/SQLite expiry follows the kernel's clock (a FakeClock in tests);
+            # Redis always uses the server's clock.
+            local = state.split(":", 1)[0].lower() in ("memory", "sqlite")
+            self.state: StateStore = open_store(state, clock=self.clock.time if local else None)
+        else:
+            self.state = state
         self.events = EventBus()
         self.plugins = PluginRegistry()
         self.plugins.on_change(self._on_plugins_changed)
@@ -289,7 +295,9 @@ class Kernel:
         if format == "tool":
             return tools
         if format not in ("openai", "anthropic", "mcp"):
-            raise ValueError(f"unknown format {format!r}; use 'tool', 'openai', 'anthropic' or 'mcp'")
+            raise ValueError(
+                f"unknown format {format!r}; use 'tool', 'openai', 'anthropic' or 'mcp'"
+            )
         from ._discovery import export_tool
 
         return [export_tool(t, format) for t in tools]  # type: ignore[arg-type]

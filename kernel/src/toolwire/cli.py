@@ -185,7 +185,9 @@ def _plugin_commands(sub: Any) -> None:
         try:
             ep.load()(sub)
         except Exception as exc:  # a broken add-on must not break the whole CLI
-            log.warning("CLI command %r from %r could not be registered: %s", ep.name, ep.value, exc)
+            log.warning(
+                "CLI command %r from %r could not be registered: %s", ep.name, ep.value, exc
+            )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -290,10 +290,23 @@ def _is_int_value(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+_JSON_TYPE_NAMES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    float: "a float",
+    type(None): "null",
+}
+
+
 def _not_int_error(key: str, value: Any) -> StateStoreError:
+    kind = _JSON_TYPE_NAMES.get(type(value), type(value).__name__)
+    shown = json.dumps(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
     return StateStoreError(
-        f"cannot incr state key {key!r}: its value is a {type(value).__name__} "
-        f"({json.dumps(value)[:60]}), not an integer"
+        f"cannot incr state key {key!r}: its value is {kind} ({shown}), not an integer"
     )
 
 

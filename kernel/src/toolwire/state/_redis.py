@@ -1,0 +1,737 @@
+"""Redis state store: shared by every process and host that reaches one Redis.
+
+Layout: one Redis *hash* per logical record, at exactly the key the caller
+gave (no prefix), so every operation touches a single key and works on Redis
+Cluster too::
+
+    v    the value, as JSON text
+    ver  the version (decimal int)
+    o    the owner (field absent: no owner)
+    x    the expiry, ms since the epoch (field absent: no expiry); the key
+         also carries the same PEXPIREAT, so Redis itself hides and evicts it
+
+Every write is one Lua script (atomic), which also PUBLISHes on
+``toolwire:changed:<key>`` so ``wait_for_change`` wakes at once. Versions of a
+new key start at the server time in nanoseconds (microseconds * 1000) and go up
+by one per write, so a key deleted or expired and created again never gets an
+old version back (that would take 1000 writes per microsecond to one key, or
+the server clock stepping back). All arithmetic on versions is done by Redis
+(HINCRBY) on 64-bit integers, never in Lua doubles. TTLs use the Redis
+server's clock. Needs Redis >= 5 (scripts read TIME before writing).
+
+``redis.asyncio`` only runs under asyncio: so does this backend (a clear
+:class:`StateStoreError` is raised under trio).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import re
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+
+from ._base import (
+    ANY,
+    Entry,
+    StateStore,
+    StateStoreError,
+    _changed,
+    _check_amount,
+    _check_expected,
+    _check_key,
+    _check_timeout,
+    _check_ttl,
+    _decode,
+    _encode,
+    _not_int_error,
+)
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+    from redis.asyncio.client import PubSub
+    from redis.commands.core import AsyncScript
+
+__all__ = ["RedisStore", "redact_url"]
+
+_log = logging.getLogger(__name__)
+
+#: Channel a write publishes on; the key follows the prefix verbatim.
+CHANNEL_PREFIX = "toolwire:changed:"
+
+_INSTALL_HINT = "pip install 'toolwire[redis]'"
+
+# Fallback poll of waiters: fast while pub/sub is not confirmed, slow once it is.
+_POLL_MIN, _POLL_MAX = 0.05, 0.25
+_POLL_SUBSCRIBED = 1.0
+_CONFIRM_TIMEOUT = 1.0  # max wait for a SUBSCRIBE confirmation before polling
+_LISTEN_TIMEOUT = 0.5  # the listener's read timeout (also its housekeeping period)
+_SCAN_BATCH = 500
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (user-info or ``?password=``) replaced by ``***``."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return _QUERY_PASSWORD.sub(r"\1***", url)
+    cut = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    netloc, tail = rest[:cut], rest[cut:]
+    if "@" in netloc:
+        userinfo, _, hostport = netloc.rpartition("@")
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        elif userinfo:
+            userinfo = "***"  # redis://secret@host: a bare password
+        netloc = f"{userinfo}@{hostport}"
+    return scheme + sep + netloc + _QUERY_PASSWORD.sub(r"\1***", tail)
+
+
+_QUERY_PASSWORD = re.compile(r"(?i)([?&;]password=)[^&;#]*")
+
+
+# -- Lua ---------------------------------------------------------------------
+# Return convention of the write scripts: false (nil) when the condition
+# failed, else {ver, owner|false, expires_ms|false}.
+_LUA_PRELUDE = """
+local k = KEYS[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function bump(existed)
+  if existed then
+    redis.call('HINCRBY', k, 'ver', 1)
+  else
+    local t = redis.call('TIME')
+    redis.call('HSET', k, 'ver', t[1] .. string.format('%06d', tonumber(t[2])) .. '000')
+  end
+end
+local function apply_owner(mode, owner)
+  if mode == 'set' then
+    redis.call('HSET', k, 'o', owner)
+  elseif mode == 'clear' then
+    redis.call('HDEL', k, 'o')
+  end
+end
+local function apply_ttl(ttl_ms)
+  if ttl_ms == '' then
+    redis.call('HDEL', k, 'x')
+    redis.call('PERSIST', k)
+  else
+    local at = string.format('%.0f', now_ms() + tonumber(ttl_ms))
+    redis.call('HSET', k, 'x', at)
+    redis.call('PEXPIREAT', k, at)
+  end
+end
+local function matches(existed, ev_mode, ev, eo_mode, eo)
+  if ev_mode == 'absent' then
+    if existed then return false end
+  elseif ev_mode == 'eq' then
+    if not existed or redis.call('HGET', k, 'ver') ~= ev then return false end
+  end
+  if eo_mode ~= 'any' then
+    if not existed then return false end
+    local o = redis.call('HGET', k, 'o')
+    if eo_mode == 'none' then
+      if o then return false end
+    elseif o ~= eo then
+      return false
+    end
+  end
+  return true
+end
+local function done(chan)
+  local r = redis.call('HMGET', k, 'ver', 'o', 'x')
+  redis.call('PUBLISH', chan, r[1])
+  return r
+end
+"""
+
+# ARGV: chan, value, owner_mode, owner, ttl_ms
+_LUA_SET = """
+bump(redis.call('EXISTS', k) == 1)
+redis.call('HSET', k, 'v', ARGV[2])
+apply_owner(ARGV[3], ARGV[4])
+apply_ttl(ARGV[5])
+return done(ARGV[1])
+"""
+
+# ARGV: chan, value, owner_mode, owner, ttl_ms
+_LUA_SET_IF_ABSENT = """
+if redis.call('EXISTS', k) == 1 then return false end
+bump(false)
+redis.call('HSET', k, 'v', ARGV[2])
+apply_owner(ARGV[3], ARGV[4])
+apply_ttl(ARGV[5])
+return done(ARGV[1])
+"""
+
+# ARGV: chan, value, ev_mode, ev, eo_mode, eo, owner_mode, owner, ttl_ms
+_LUA_CAS = """
+local existed = redis.call('EXISTS', k) == 1
+if not matches(existed, ARGV[3], ARGV[4], ARGV[5], ARGV[6]) then return false end
+bump(existed)
+redis.call('HSET', k, 'v', ARGV[2])
+apply_owner(ARGV[7], ARGV[8])
+apply_ttl(ARGV[9])
+return done(ARGV[1])
+"""
+
+# ARGV: chan, ev_mode, ev, eo_mode, eo
+_LUA_CAD = """
+local existed = redis.call('EXISTS', k) == 1
+if not existed or not matches(existed, ARGV[2], ARGV[3], ARGV[4], ARGV[5]) then return 0 end
+redis.call('DEL', k)
+redis.call('PUBLISH', ARGV[1], '')
+return 1
+"""
+
+# ARGV: chan
+_LUA_DELETE = """
+local n = redis.call('DEL', k)
+if n > 0 then redis.call('PUBLISH', ARGV[1], '') end
+return n
+"""
+
+# ARGV: chan, amount, ttl_ms -> {'ok', value} | {'notint', value} | {'overflow', value}
+_LUA_INCR = """
+if redis.call('EXISTS', k) == 1 then
+  local v = redis.call('HGET', k, 'v')
+  if not v or not string.match(v, '^%-?%d+$') then return {'notint', v or 'null'} end
+  local r = redis.pcall('HINCRBY', k, 'v', ARGV[2])
+  if type(r) == 'table' and r.err then return {'overflow', v} end
+  bump(true)
+else
+  bump(false)
+  redis.call('HSET', k, 'v', ARGV[2])
+  if ARGV[3] ~= '' then apply_ttl(ARGV[3]) end
+end
+local v = redis.call('HGET', k, 'v')
+redis.call('PUBLISH', ARGV[1], redis.call('HGET', k, 'ver'))
+return {'ok', v}
+"""
+
+
+def _ttl_ms(ttl: float | None) -> str:
+    return "" if ttl is None else str(max(1, math.ceil(ttl * 1000)))
+
+
+def _owner_args(owner: object) -> list[str]:
+    if owner is ANY:
+        return ["keep", ""]
+    if owner is None:
+        return ["clear", ""]
+    return ["set", str(owner)]
+
+
+def _expect_args(expected_version: object, expected_owner: object) -> list[str]:
+    if expected_version is ANY:
+        ev = ["any", ""]
+    elif expected_version is None:
+        ev = ["absent", ""]
+    else:
+        ev = ["eq", str(expected_version)]
+    if expected_owner is ANY:
+        eo = ["any", ""]
+    elif expected_owner is None:
+        eo = ["none", ""]
+    else:
+        eo = ["eq", str(expected_owner)]
+    return ev + eo
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "\\*?[]" else c for c in text)
+
+
+def _channel(key: str) -> str:
+    return CHANNEL_PREFIX + key
+
+
+class _Notifier:
+    """One pub/sub connection per store, shared by all its waiters (asyncio only).
+
+    A waiter subscribes to its key's channel (reference-counted) and waits for
+    the server's confirmation before reading the key, so no change published
+    after that read is missed. A listener task dispatches messages; when the
+    connection breaks it wakes every waiter (they re-read and keep polling).
+    """
+
+    def __init__(self, client: Redis) -> None:
+        self._pubsub: PubSub = client.pubsub()
+        self._lock = asyncio.Lock()
+        self._refs: dict[str, int] = {}
+        self._events: dict[str, set[asyncio.Event]] = {}
+        self._ready: dict[str, asyncio.Event] = {}  # set once SUBSCRIBE is confirmed
+        self._pending: dict[str, deque[asyncio.Event]] = {}  # confirmations in order
+        self._unsubscribe: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: False while the pub/sub connection is failing (waiters then poll fast).
+        self.healthy = True
+
+    async def watch(self, channel: str, event: asyncio.Event) -> asyncio.Event:
+        """Start delivering ``channel`` to ``event``; returns the 'subscribed' event.
+
+        Always pair with :meth:`unwatch` (synchronous, so safe in ``finally``).
+        """
+        self._events.setdefault(channel, set()).add(event)
+        self._refs[channel] = self._refs.get(channel, 0) + 1
+        self._unsubscribe.discard(channel)
+        ready = self._ready.get(channel)
+        if ready is not None:
+            return ready
+        ready = self._ready[channel] = asyncio.Event()
+        self._pending.setdefault(channel, deque()).append(ready)
+        async with self._lock:
+            try:
+                await self._pubsub.subscribe(channel)
+            except BaseException:
+                if self._ready.get(channel) is ready:
+                    del self._ready[channel]
+                pending = self._pending.get(channel)
+                if pending is not None and ready in pending:
+                    pending.remove(ready)
+                raise
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(
+                    self._listen(), name="toolwire-redis-state-listener"
+                )
+        return ready
+
+    def unwatch(self, channel: str, event: asyncio.Event) -> None:
+        """Stop delivering to ``event``; the listener unsubscribes unused channels."""
+        events = self._events.get(channel)
+        if events is not None:
+            events.discard(event)
+            if not events:
+                del self._events[channel]
+        refs = self._refs.get(channel, 0) - 1
+        if refs > 0:
+            self._refs[channel] = refs
+        else:
+            self._refs.pop(channel, None)
+            self._ready.pop(channel, None)
+            self._unsubscribe.add(channel)
+
+    def _wake_all(self) -> None:
+        for events in self._events.values():
+            for event in events:
+                event.set()
+
+    async def _listen(self) -> None:
+        backoff = 0.1
+        while not self._closed:
+            try:
+                msg = await self._pubsub.get_message(timeout=_LISTEN_TIMEOUT)
+                backoff = 0.1
+                self.healthy = True
+                if msg is not None:
+                    self._dispatch(msg)
+                if self._unsubscribe:
+                    async with self._lock:
+                        stale = [c for c in self._unsubscribe if c not in self._refs]
+                        self._unsubscribe.clear()
+                        if stale:
+                            await self._pubsub.unsubscribe(*stale)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Connection lost (or worse): waiters fall back to polling;
+                # redis-py resubscribes when it reconnects.
+                _log.debug("redis state store: pub/sub listener error: %r", exc)
+                self.healthy = False
+                self._wake_all()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("type")
+        channel = msg.get("channel")
+        if not isinstance(channel, str):
+            return
+        if kind == "message":
+            for event in self._events.get(channel, ()):
+                event.set()
+        elif kind == "subscribe":
+            pending = self._pending.get(channel)
+            if pending:
+                pending.popleft().set()
+                if not pending:
+                    del self._pending[channel]
+
+    async def aclose(self) -> None:
+        """Stop the listener and drop the connection; wakes waiters."""
+        self._closed = True
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})  # never raises the task's CancelledError
+        self._wake_all()
+        with contextlib.suppress(Exception):
+            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+
+class RedisStore(StateStore):
+    """State in Redis (``redis://``, ``rediss://`` or ``unix://`` URL); asyncio only.
+
+    Safe across tasks, processes and hosts: conditional operations are Lua
+    scripts, one key per record (Redis Cluster compatible key layout; this
+    client itself talks to a single server). ``wait_for_change`` uses pub/sub
+    with a polling fallback (one extra connection per store while anybody waits).
+
+    Connections come from a bounded pool (50 by default) that makes callers
+    queue for up to 20 s rather than fail. redis-py's URL query parameters
+    override the defaults, e.g. ``?max_connections=100&timeout=5&socket_timeout=5``.
+    """
+
+    backend = "redis"
+
+    def __init__(self, url: str, **client_options: Any) -> None:
+        try:
+            import redis.asyncio  # noqa: F401  (fail early, not at first use)
+        except ImportError as exc:
+            raise StateStoreError(
+                f"state store {redact_url(url)} needs the redis client library, which is "
+                f"not installed: {_INSTALL_HINT}"
+            ) from exc
+        self.url = url
+        self.safe_url = redact_url(url)
+        self._client_options = client_options
+        self._client: Redis | None = None
+        self._notifier: _Notifier | None = None
+        self._state: Literal["new", "open", "closed"] = "new"
+        self._open_lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the client lives on
+        self._scripts: dict[str, AsyncScript] = {}
+
+    def __repr__(self) -> str:
+        return f"RedisStore({self.safe_url!r})"
+
+    # -- lifecycle ---------------------------------------------------------
+    def _require_asyncio(self) -> asyncio.AbstractEventLoop:
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            raise StateStoreError(
+                f"redis state store at {self.safe_url} needs asyncio (redis.asyncio does not "
+                "run under trio or without an event loop); use the sqlite:// or memory:// "
+                "state store under trio"
+            ) from None
+
+    async def open(self) -> None:
+        """Connect and check the server answers (PING). Idempotent."""
+        loop = self._require_asyncio()
+        if self._loop is not loop:
+            # First use, or a new event loop (another asyncio.run): connections
+            # of the old loop cannot be used from this one, so start afresh.
+            self._loop = loop
+            self._open_lock = asyncio.Lock()
+            if self._state == "open":
+                self._state = "new"
+                self._client = self._notifier = None
+        assert self._open_lock is not None
+        async with self._open_lock:
+            if self._state == "open":
+                return
+            import redis.asyncio
+            from redis.asyncio.retry import Retry
+            from redis.backoff import EqualJitterBackoff
+
+            options: dict[str, Any] = {
+                "decode_responses": True,
+                # keys written by others may not be UTF-8: keep them round-trippable
+                "encoding_errors": "surrogateescape",
+                "socket_connect_timeout": 5.0,
+                "socket_timeout": 10.0,
+                "retry": Retry(EqualJitterBackoff(cap=0.25, base=0.01), 3),
+                # a bounded pool that queues callers instead of failing at once
+                "max_connections": 50,
+                "timeout": 20.0,
+                **self._client_options,
+            }
+            try:
+                pool = redis.asyncio.BlockingConnectionPool.from_url(self.url, **options)
+            except (ValueError, TypeError) as exc:
+                raise StateStoreError(
+                    f"redis state store URL {self.safe_url} is invalid: {exc}; "
+                    "fix `state` in toolwire.toml"
+                ) from exc
+            client = redis.asyncio.Redis.from_pool(pool)
+            try:
+                with self._errors(None):
+                    await client.ping()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
+                raise
+            self._client = client
+            self._scripts = {
+                name: client.register_script(_LUA_PRELUDE + body)
+                for name, body in (
+                    ("set", _LUA_SET),
+                    ("set_if_absent", _LUA_SET_IF_ABSENT),
+                    ("cas", _LUA_CAS),
+                    ("cad", _LUA_CAD),
+                    ("delete", _LUA_DELETE),
+                    ("incr", _LUA_INCR),
+                )
+            }
+            self._notifier = _Notifier(client)
+            self._state = "open"
+
+    async def close(self) -> None:
+        """Close the connections; wakes waiters. Idempotent."""
+        if self._state != "open":
+            self._state = "closed"
+            return
+        self._state = "closed"
+        notifier, self._notifier = self._notifier, None
+        client, self._client = self._client, None
+        with anyio.CancelScope(shield=True):
+            if notifier is not None:
+                await notifier.aclose()
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+
+    async def _ready(self) -> Redis:
+        loop = self._require_asyncio()
+        if self._state == "new" or (self._state == "open" and self._loop is not loop):
+            await self.open()
+        if self._state != "open" or self._client is None:
+            raise StateStoreError(f"redis state store at {self.safe_url} is closed")
+        return self._client
+
+    @contextlib.contextmanager
+    def _errors(self, key: str | None) -> Iterator[None]:
+        """Turn redis-py / socket errors into StateStoreError naming the server."""
+        from redis import exceptions as rx
+
+        try:
+            yield
+        except rx.ConnectionError as exc:
+            # pool exhausted: MaxConnectionsError (a ConnectionError, redis-py >= 6)
+            # or, from the blocking pool, ConnectionError("No connection available.")
+            if type(exc).__name__ == "MaxConnectionsError" or "No connection available" in str(exc):
+                raise StateStoreError(
+                    f"redis state store at {self.safe_url}: every pooled connection stayed "
+                    f"busy ({exc}); raise ?max_connections= / ?timeout= in the URL or lower "
+                    "the concurrency"
+                ) from exc
+            raise StateStoreError(
+                f"redis state store at {self.safe_url} is unreachable: {exc}; "
+                "start redis-server or fix `state` in toolwire.toml"
+            ) from exc
+        except (rx.TimeoutError, OSError) as exc:
+            raise StateStoreError(
+                f"redis state store at {self.safe_url} is unreachable: {exc}; "
+                "start redis-server or fix `state` in toolwire.toml"
+            ) from exc
+        except rx.RedisError as exc:
+            what = "" if key is None else f" on key {key!r}"
+            hint = ""
+            if "WRONGTYPE" in str(exc):
+                hint = " (the key holds data that is not a toolwire state entry)"
+            raise StateStoreError(
+                f"redis state store at {self.safe_url}: command{what} failed: {exc}{hint}"
+            ) from exc
+
+    async def _script(self, name: str, key: str, args: list[str]) -> Any:
+        await self._ready()
+        with self._errors(key):
+            return await self._scripts[name](keys=[key], args=[_channel(key), *args])
+
+    @staticmethod
+    def _entry(key: str, text: str, reply: list[Any]) -> Entry:
+        ver, owner, expires = reply
+        return Entry(key, _decode(text), int(ver), owner, int(expires) / 1000 if expires else None)
+
+    # -- reads -------------------------------------------------------------
+    async def get_entry(self, key: str) -> Entry | None:
+        """The live entry at ``key``, or None when absent or expired."""
+        _check_key(key)
+        client = await self._ready()
+        with self._errors(key):
+            fields = await client.hmget(key, ["v", "ver", "o", "x"])
+        return _from_fields(key, fields)
+
+    async def scan(self, prefix: str, *, limit: int | None = None) -> list[Entry]:
+        """Live entries whose key starts with ``prefix``, sorted by key.
+
+        Uses SCAN over the whole database, so it costs O(number of keys).
+        Keys that are not toolwire entries (other data types) are skipped.
+        """
+        _check_key(prefix)
+        if limit is not None and limit < 0:
+            raise ValueError(f"scan limit must be >= 0 or None, not {limit}")
+        client = await self._ready()
+        out: list[Entry] = []
+        if limit == 0:
+            return out
+        with self._errors(None):
+            keys: set[str] = set()
+            async for k in client.scan_iter(match=_glob_escape(prefix) + "*", count=1000):
+                if k.startswith(prefix):
+                    keys.add(k)
+            ordered = sorted(keys)
+            for start in range(0, len(ordered), _SCAN_BATCH):
+                batch = ordered[start : start + _SCAN_BATCH]
+                async with client.pipeline(transaction=False) as pipe:
+                    for k in batch:
+                        pipe.hmget(k, ["v", "ver", "o", "x"])
+                    replies = await pipe.execute(raise_on_error=False)
+                for k, fields in zip(batch, replies, strict=True):
+                    if isinstance(fields, Exception):
+                        continue  # e.g. WRONGTYPE: not ours
+                    entry = _from_fields(k, fields)
+                    if entry is not None:
+                        out.append(entry)
+                        if limit is not None and len(out) >= limit:
+                            return out
+        return out
+
+    # -- writes ------------------------------------------------------------
+    async def set(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> Entry:
+        """Write unconditionally; returns the new entry (with its new version)."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+        reply = await self._script("set", key, [text, *_owner_args(owner), _ttl_ms(ttl)])
+        return self._entry(key, text, reply)
+
+    async def set_if_absent(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> Entry | None:
+        """Create ``key`` only if it is absent (or expired); None when it exists."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+        reply = await self._script("set_if_absent", key, [text, *_owner_args(owner), _ttl_ms(ttl)])
+        return None if reply is None else self._entry(key, text, reply)
+
+    async def compare_and_set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = ANY,
+        expected_owner: str | None = ANY,
+        ttl: float | None = None,
+        owner: str | None = ANY,
+    ) -> Entry | None:
+        """Replace the entry only if it matches; returns the new entry or None."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(expected_version, expected_owner, owner)
+        text = _encode(key, value)
+        args = [
+            text,
+            *_expect_args(expected_version, expected_owner),
+            *_owner_args(owner),
+            _ttl_ms(ttl),
+        ]
+        reply = await self._script("cas", key, args)
+        return None if reply is None else self._entry(key, text, reply)
+
+    async def compare_and_delete(
+        self, key: str, *, expected_version: int | None = ANY, expected_owner: str | None = ANY
+    ) -> bool:
+        """Delete only if the live entry matches; True when it was deleted."""
+        _check_key(key)
+        _check_expected(expected_version, expected_owner, ANY)
+        reply = await self._script("cad", key, _expect_args(expected_version, expected_owner))
+        return bool(reply)
+
+    async def delete(self, key: str) -> bool:
+        """Delete unconditionally; True when a live entry was there."""
+        _check_key(key)
+        reply = await self._script("delete", key, [])
+        return bool(reply)
+
+    async def incr(self, key: str, amount: int = 1, *, ttl: float | None = None) -> int:
+        """Add ``amount`` to an integer value (absent counts as 0); returns the new value.
+
+        The result must fit in a signed 64-bit integer (Redis HINCRBY).
+        """
+        _check_key(key)
+        _check_amount(amount)
+        ttl = _check_ttl(ttl)
+        status, text = await self._script("incr", key, [str(amount), _ttl_ms(ttl)])
+        if status == "notint":
+            raise _not_int_error(key, _decode(text))
+        if status == "overflow":
+            raise StateStoreError(
+                f"cannot incr state key {key!r} by {amount}: the result does not fit in the "
+                "64-bit integers Redis counts with"
+            )
+        return int(text)
+
+    # -- waiting -----------------------------------------------------------
+    async def wait_for_change(
+        self,
+        key: str,
+        *,
+        version: int | None,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Entry | None:
+        """Wait until the key's version is no longer ``version``, at most ``timeout`` s.
+
+        Subscribes to the key's change channel (one shared pub/sub connection
+        per store), then re-reads the key on every notification; polls as a
+        fallback (expiry publishes nothing, and pub/sub may drop).
+        """
+        _check_key(key)
+        timeout = _check_timeout(timeout)
+        await self._ready()
+        deadline = anyio.current_time() + timeout
+        notifier = self._notifier
+        assert notifier is not None
+        channel = _channel(key)
+        event = asyncio.Event()
+        subscribed = False
+        try:
+            try:
+                with self._errors(key):
+                    ready = await notifier.watch(channel, event)
+                with anyio.move_on_after(min(_CONFIRM_TIMEOUT, timeout)):
+                    await ready.wait()
+                subscribed = ready.is_set()
+            except StateStoreError:
+                pass  # no pub/sub: poll
+            poll = _POLL_MIN
+            while True:
+                event.clear()
+                entry = await self.get_entry(key)
+                if _changed(entry, version):
+                    return entry
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return entry
+                fast = not (subscribed and notifier.healthy)
+                delay = min(remaining, poll if fast else _POLL_SUBSCRIBED)
+                if entry is not None and entry.expires_at is not None:
+                    # Server clock vs ours: the poll above bounds any skew.
+                    delay = min(delay, max(entry.expires_at - time.time(), 0.0) + 0.002)
+                with anyio.move_on_after(delay):
+                    await event.wait()
+                poll = min(poll * 1.5, _POLL_MAX)
+        finally:
+            notifier.unwatch(channel, event)
+
+
+def _from_fields(key: str, fields: list[Any]) -> Entry | None:
+    text, ver, owner, expires = fields
+    if text is None or ver is None:
+        return None
+    return Entry(key, _decode(text), int(ver), owner, int(expires) / 1000 if expires else None)

@@ -1,0 +1,506 @@
+"""SQLite state store: one database file shared by the processes of one host."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from ._base import (
+    ANY,
+    Entry,
+    StateStore,
+    StateStoreError,
+    _changed,
+    _check_amount,
+    _check_expected,
+    _check_key,
+    _check_timeout,
+    _check_ttl,
+    _decode,
+    _encode,
+    _is_int_value,
+    _matches,
+    _not_int_error,
+)
+
+__all__ = ["SQLiteStore"]
+
+T = TypeVar("T")
+
+_TABLE = "toolwire_state"
+_META = "toolwire_state_meta"
+
+_SCHEMA = (
+    f"""CREATE TABLE IF NOT EXISTS {_TABLE} (
+        key TEXT PRIMARY KEY NOT NULL,
+        value TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        owner TEXT,
+        expires_at REAL
+    ) WITHOUT ROWID""",
+    f"""CREATE INDEX IF NOT EXISTS {_TABLE}_expires_at
+        ON {_TABLE} (expires_at) WHERE expires_at IS NOT NULL""",
+    f"""CREATE TABLE IF NOT EXISTS {_META} (
+        name TEXT PRIMARY KEY NOT NULL,
+        value INTEGER NOT NULL
+    ) WITHOUT ROWID""",
+)
+
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+_SELECT_ONE = f"SELECT value, version, owner, expires_at FROM {_TABLE} WHERE key = ? AND {_LIVE}"
+
+#: Poll interval of ``wait_for_change`` for writes by other processes / store
+#: objects: starts at the first value, grows by 1.5x up to the second.
+_POLL_MIN, _POLL_MAX = 0.05, 0.25
+
+#: Expired rows are purged (besides being invisible) every this many writes.
+_PURGE_EVERY = 1000
+
+_Row = tuple[str, int, "str | None", "float | None"]
+
+
+def _prefix_upper_bound(prefix: str) -> str | None:
+    """The smallest string greater than every string starting with ``prefix``.
+
+    SQLite compares TEXT as UTF-8 bytes, which orders like Python's code-point
+    comparison, so ``prefix <= key < bound`` selects exactly the prefixed keys
+    (and uses the primary-key index).
+    """
+    chars = list(prefix)
+    while chars:
+        code = ord(chars[-1]) + 1
+        if code <= 0x10FFFF:
+            if 0xD800 <= code <= 0xDFFF:  # surrogates cannot be stored
+                code = 0xE000
+            chars[-1] = chr(code)
+            return "".join(chars)
+        chars.pop()
+    return None
+
+
+class SQLiteStore(StateStore):
+    """State in one SQLite file, safe across the tasks and processes of a host.
+
+    One ``sqlite3`` connection per store object, used from worker threads via
+    ``anyio.to_thread.run_sync`` one call at a time (the event loop never
+    blocks). The file is in WAL mode; conditional writes run in
+    ``BEGIN IMMEDIATE`` transactions so concurrent processes serialise on the
+    database lock (waiting up to ``busy_timeout`` seconds, then
+    :class:`StateStoreError`). Versions come from a counter stored in the
+    file, so they are never reused. ``wait_for_change`` wakes at once for
+    writes through this object and polls (50 ms growing to 250 ms) for writes
+    by other processes. Works under asyncio and trio.
+
+    ``clock`` returns wall-clock seconds (default ``time.time``) and decides
+    expiry; all processes sharing a file should use the same clock.
+    """
+
+    backend = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] | None = None,
+        busy_timeout: float = 5.0,
+    ) -> None:
+        self.path = os.fspath(path)
+        self._clock: Callable[[], float] = clock or time.time
+        self._busy_timeout = float(busy_timeout)
+        self._conn: sqlite3.Connection | None = None
+        self._state: Literal["new", "open", "closed"] = "new"
+        # anyio primitives belong to one event loop: made (again) per loop, see _loop_primitives
+        self._primitives: tuple[object, anyio.Lock, anyio.CapacityLimiter] | None = None
+        self._thread_lock = threading.Lock()  # one thread on the connection at a time
+        self._waiters: dict[str, set[anyio.Event]] = {}
+        self._writes = 0
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({self.path!r})"
+
+    # -- lifecycle ---------------------------------------------------------
+    def _loop_primitives(self) -> tuple[anyio.Lock, anyio.CapacityLimiter]:
+        """The open/close lock and the connection's limiter (one thread at a time).
+
+        Re-created when the store is used from another event loop (another
+        ``anyio.run``, or trio after asyncio); ``_thread_lock`` still serialises
+        the connection across loops.
+        """
+        token = anyio.lowlevel.current_token()
+        if self._primitives is None or self._primitives[0] != token:
+            self._primitives = (token, anyio.Lock(), anyio.CapacityLimiter(1))
+        return self._primitives[1], self._primitives[2]
+
+    @property
+    def _limiter(self) -> anyio.CapacityLimiter:
+        return self._loop_primitives()[1]
+
+    async def open(self) -> None:
+        """Open the file (creating it, its parent directories and tables). Idempotent."""
+        async with self._loop_primitives()[0]:
+            if self._state == "open":
+                return
+            conn = await anyio.to_thread.run_sync(self._connect, limiter=self._limiter)
+            with self._thread_lock:
+                self._conn = conn
+            self._state = "open"
+
+    async def close(self) -> None:
+        """Close the connection (after the call in progress); wakes waiters. Idempotent."""
+        async with self._loop_primitives()[0]:
+            if self._state != "open":
+                self._state = "closed"
+                return
+            self._state = "closed"
+            await anyio.to_thread.run_sync(self._disconnect, limiter=self._limiter)
+        for key in list(self._waiters):
+            self._notify(key)
+
+    def _disconnect(self) -> None:
+        with self._thread_lock:
+            conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        if self.path != ":memory:":
+            parent = os.path.dirname(os.path.abspath(self.path))
+            try:
+                os.makedirs(parent, exist_ok=True)
+            except OSError as exc:
+                raise StateStoreError(
+                    f"sqlite state store at {self.path}: cannot create directory {parent}: "
+                    f"{exc}; fix `state` in toolwire.toml"
+                ) from exc
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = sqlite3.connect(
+                    self.path,
+                    timeout=self._busy_timeout,
+                    isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+                    check_same_thread=False,  # used from anyio worker threads, one at a time
+                )
+                conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("BEGIN IMMEDIATE")
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                # Versions start at the creation time in microseconds: a file
+                # deleted and created again does not reuse the old versions.
+                conn.execute(
+                    f"INSERT OR IGNORE INTO {_META} (name, value) VALUES ('version', ?)",
+                    (time.time_ns() // 1000,),
+                )
+                conn.execute(f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),))
+                conn.execute("COMMIT")
+                return conn
+            except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                # Switching to WAL while another process opens the file can
+                # fail fast with "locked" instead of waiting: retry a while.
+                if _is_locked(exc) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    continue
+                raise self._error(exc) from exc
+
+    async def _ensure_open(self) -> None:
+        if self._state == "open":
+            return
+        if self._state == "closed":
+            raise StateStoreError(f"sqlite state store at {self.path} is closed; call open() first")
+        await self.open()
+
+    # -- plumbing ----------------------------------------------------------
+    def _error(self, exc: sqlite3.Error) -> StateStoreError:
+        if _is_locked(exc):
+            return StateStoreError(
+                f"sqlite state store at {self.path} is locked: another connection kept it "
+                f"busy longer than the {self._busy_timeout:g}s busy timeout ({exc}); look for "
+                "a stuck process using that file, or put each deployment on its own file"
+            )
+        return StateStoreError(
+            f"sqlite state store at {self.path} failed: {exc}; check that the file is a "
+            "writable toolwire state database, or fix `state` in toolwire.toml"
+        )
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._thread_lock:
+            conn = self._conn
+            if conn is None:
+                raise StateStoreError(f"sqlite state store at {self.path} is closed")
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass
+                raise self._error(exc) from exc
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn(conn)`` in a worker thread; not abandoned on cancellation."""
+        await self._ensure_open()
+        return await anyio.to_thread.run_sync(self._in_thread, fn, limiter=self._limiter)
+
+    def _write_tx(self, conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
+        """``fn()`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn()
+            if self._writes >= _PURGE_EVERY:
+                self._writes = 0
+                conn.execute(f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        return result
+
+    def _put(
+        self,
+        conn: sqlite3.Connection,
+        key: str,
+        text: str,
+        owner: str | None,
+        expires_at: float | None,
+    ) -> Entry:
+        """Store a row with a fresh version (inside a write transaction)."""
+        conn.execute(f"UPDATE {_META} SET value = value + 1 WHERE name = 'version'")
+        (version,) = conn.execute(f"SELECT value FROM {_META} WHERE name = 'version'").fetchone()
+        conn.execute(
+            f"INSERT OR REPLACE INTO {_TABLE} (key, value, version, owner, expires_at) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (key, text, version, owner, expires_at),
+        )
+        self._writes += 1
+        return Entry(key, _decode(text), int(version), owner, expires_at)
+
+    def _select(self, conn: sqlite3.Connection, key: str, now: float) -> _Row | None:
+        row: _Row | None = conn.execute(_SELECT_ONE, (key, now)).fetchone()
+        return row
+
+    def _notify(self, key: str) -> None:
+        for event in self._waiters.pop(key, ()):
+            event.set()
+
+    def _expiry(self, ttl: float | None) -> float | None:
+        return None if ttl is None else self._clock() + ttl
+
+    # -- reads -------------------------------------------------------------
+    async def get_entry(self, key: str) -> Entry | None:
+        """The live entry at ``key``, or None when absent or expired."""
+        _check_key(key)
+
+        def op(conn: sqlite3.Connection) -> Entry | None:
+            row = self._select(conn, key, self._clock())
+            return None if row is None else Entry(key, _decode(row[0]), *row[1:])
+
+        return await self._run(op)
+
+    async def scan(self, prefix: str, *, limit: int | None = None) -> list[Entry]:
+        """Live entries whose key starts with ``prefix``, sorted by key."""
+        _check_key(prefix)
+        if limit is not None and limit < 0:
+            raise ValueError(f"scan limit must be >= 0 or None, not {limit}")
+        upper = _prefix_upper_bound(prefix)
+
+        def op(conn: sqlite3.Connection) -> list[Entry]:
+            sql = f"SELECT key, value, version, owner, expires_at FROM {_TABLE} WHERE key >= ?"
+            args: list[Any] = [prefix]
+            if upper is not None:
+                sql += " AND key < ?"
+                args.append(upper)
+            sql += f" AND {_LIVE} ORDER BY key LIMIT ?"
+            args += [self._clock(), -1 if limit is None else limit]
+            return [
+                Entry(k, _decode(v), ver, o, x)
+                for k, v, ver, o, x in conn.execute(sql, args)
+                if k.startswith(prefix)
+            ]
+
+        return await self._run(op)
+
+    # -- writes ------------------------------------------------------------
+    async def set(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> Entry:
+        """Write unconditionally; returns the new entry (with its new version)."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+
+        def op(conn: sqlite3.Connection) -> Entry:
+            return self._write_tx(
+                conn, lambda: self._put(conn, key, text, owner, self._expiry(ttl))
+            )
+
+        entry = await self._run(op)
+        self._notify(key)
+        return entry
+
+    async def set_if_absent(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> Entry | None:
+        """Create ``key`` only if it is absent (or expired); None when it exists."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+
+        def body(conn: sqlite3.Connection) -> Entry | None:
+            if self._select(conn, key, self._clock()) is not None:
+                return None
+            return self._put(conn, key, text, owner, self._expiry(ttl))
+
+        entry = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        if entry is not None:
+            self._notify(key)
+        return entry
+
+    async def compare_and_set(
+        self,
+        key: str,
+        value: Any,
+        *,
+        expected_version: int | None = ANY,
+        expected_owner: str | None = ANY,
+        ttl: float | None = None,
+        owner: str | None = ANY,
+    ) -> Entry | None:
+        """Replace the entry only if it matches; returns the new entry or None."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(expected_version, expected_owner, owner)
+        text = _encode(key, value)
+
+        def body(conn: sqlite3.Connection) -> Entry | None:
+            row = self._select(conn, key, self._clock())
+            current = None if row is None else Entry(key, None, row[1], row[2])
+            if not _matches(current, expected_version, expected_owner):
+                return None
+            new_owner = (None if current is None else current.owner) if owner is ANY else owner
+            return self._put(conn, key, text, new_owner, self._expiry(ttl))
+
+        entry = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        if entry is not None:
+            self._notify(key)
+        return entry
+
+    async def compare_and_delete(
+        self, key: str, *, expected_version: int | None = ANY, expected_owner: str | None = ANY
+    ) -> bool:
+        """Delete only if the live entry matches; True when it was deleted."""
+        _check_key(key)
+        _check_expected(expected_version, expected_owner, ANY)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            row = self._select(conn, key, self._clock())
+            if row is None:
+                return False
+            if not _matches(Entry(key, None, row[1], row[2]), expected_version, expected_owner):
+                return False
+            conn.execute(f"DELETE FROM {_TABLE} WHERE key = ?", (key,))
+            return True
+
+        deleted = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        if deleted:
+            self._notify(key)
+        return deleted
+
+    async def delete(self, key: str) -> bool:
+        """Delete unconditionally; True when a live entry was there."""
+        _check_key(key)
+
+        def body(conn: sqlite3.Connection) -> bool:
+            live = self._select(conn, key, self._clock()) is not None
+            conn.execute(f"DELETE FROM {_TABLE} WHERE key = ?", (key,))
+            return live
+
+        deleted = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        if deleted:
+            self._notify(key)
+        return deleted
+
+    async def incr(self, key: str, amount: int = 1, *, ttl: float | None = None) -> int:
+        """Add ``amount`` to an integer value (absent counts as 0); returns the new value."""
+        _check_key(key)
+        _check_amount(amount)
+        ttl = _check_ttl(ttl)
+
+        def body(conn: sqlite3.Connection) -> int:
+            row = self._select(conn, key, self._clock())
+            if row is None:
+                self._put(conn, key, str(amount), None, self._expiry(ttl))
+                return amount
+            current = _decode(row[0])
+            if not _is_int_value(current):
+                raise _not_int_error(key, current)
+            new = int(current) + amount
+            self._put(conn, key, str(new), row[2], row[3])
+            return new
+
+        result = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        self._notify(key)
+        return result
+
+    # -- waiting -----------------------------------------------------------
+    async def wait_for_change(
+        self,
+        key: str,
+        *,
+        version: int | None,
+        timeout: float,  # noqa: ASYNC109
+    ) -> Entry | None:
+        """Wait until the key's version is no longer ``version``, at most ``timeout`` s.
+
+        Writes through this store object wake the waiter at once; writes by
+        other processes (or other store objects) are seen by polling every
+        50-250 ms.
+        """
+        _check_key(key)
+        timeout = _check_timeout(timeout)
+        deadline = anyio.current_time() + timeout
+        poll = _POLL_MIN
+        while True:
+            # Register before reading: a write finishing after the read sets it.
+            event = anyio.Event()
+            self._waiters.setdefault(key, set()).add(event)
+            try:
+                entry = await self.get_entry(key)
+                if _changed(entry, version):
+                    return entry
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    return entry
+                delay = min(remaining, poll)
+                if entry is not None and entry.expires_at is not None:
+                    delay = min(delay, max(entry.expires_at - self._clock(), 0.0) + 0.001)
+                with anyio.move_on_after(delay):
+                    await event.wait()
+            finally:
+                waiters = self._waiters.get(key)
+                if waiters is not None:
+                    waiters.discard(event)
+                    if not waiters:
+                        del self._waiters[key]
+            poll = min(poll * 1.5, _POLL_MAX)
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)

@@ -1,0 +1,174 @@
+"""Fixtures of the state-store conformance suite.
+
+Every test that takes ``store`` (or ``backend``) runs against each backend:
+memory and sqlite under asyncio *and* trio (with a fake clock), and redis under
+asyncio against a real server. A test module may restrict the backends with
+``STATE_BACKENDS = ("sqlite", "redis")``.
+
+Redis: the URL comes from ``TOOLWIRE_REDIS_URL`` (default
+``redis://127.0.0.1:6379/15``). THAT DATABASE IS FLUSHED before every redis
+test. Without a reachable server the redis tests are skipped, unless
+``TOOLWIRE_REQUIRE_REDIS=1``, which turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from toolwire.state import MemoryStore, RedisStore, SQLiteStore, StateStore
+
+REDIS_URL = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/15")
+ALL_BACKENDS = ("memory", "sqlite", "redis")
+
+# (store backend, anyio backend)
+_SPECS = [
+    pytest.param(("memory", "asyncio"), id="memory-asyncio"),
+    pytest.param(("memory", "trio"), id="memory-trio"),
+    pytest.param(("sqlite", "asyncio"), id="sqlite-asyncio"),
+    pytest.param(("sqlite", "trio"), id="sqlite-trio"),
+    pytest.param(("redis", "asyncio"), id="redis", marks=pytest.mark.redis),
+]
+
+
+class FakeClock:
+    """A wall clock that only moves when told to (starts at the real time)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@functools.cache
+def _redis_problem(url: str) -> str | None:
+    try:
+        import redis
+    except ImportError:
+        return "redis-py is not installed (pip install 'toolwire[redis]')"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        return f"no Redis answers at {url} ({exc})"
+    finally:
+        client.close()
+    return None
+
+
+def redis_url() -> str:
+    """The test Redis URL, or skip (fail under TOOLWIRE_REQUIRE_REDIS=1) without one."""
+    problem = _redis_problem(REDIS_URL)
+    if problem is not None:
+        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
+            pytest.fail(
+                f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. Start one with "
+                "`redis-server --port 6379 --save '' --appendonly no --daemonize yes` "
+                "or point TOOLWIRE_REDIS_URL at one.",
+                pytrace=False,
+            )
+        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
+    return REDIS_URL
+
+
+def flush_redis(url: str) -> None:
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+
+
+@dataclass
+class Backend:
+    """A store under test plus what a test needs to drive it."""
+
+    name: str  # "memory" | "sqlite" | "redis"
+    store: StateStore
+    clock: FakeClock | None  # None: real (Redis server) time
+    url: str  # for open_store / other processes ("memory://" for memory)
+    make_store: Callable[[], StateStore] | None  # another object on the same data
+
+    async def pass_time(self, seconds: float) -> None:
+        """Let ``seconds`` of store time pass (fake clock: instantly)."""
+        if self.clock is not None:
+            self.clock.advance(seconds)
+            await anyio.lowlevel.checkpoint()
+        else:
+            await anyio.sleep(seconds)
+
+    def now(self) -> float:
+        return self.clock() if self.clock is not None else time.time()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend_spec" in metafunc.fixturenames:
+        wanted = getattr(metafunc.module, "STATE_BACKENDS", ALL_BACKENDS)
+        specs = [p for p in _SPECS if p.values[0][0] in wanted]  # type: ignore[index]
+        metafunc.parametrize("backend_spec", specs, indirect=True)
+
+
+@pytest.fixture
+def backend_spec(request: pytest.FixtureRequest) -> tuple[str, str]:
+    spec: tuple[str, str] = request.param
+    return spec
+
+
+@pytest.fixture
+def anyio_backend(backend_spec: tuple[str, str]) -> str:
+    return backend_spec[1]
+
+
+@pytest.fixture
+async def backend(backend_spec: tuple[str, str], tmp_path: Path) -> AsyncIterator[Backend]:
+    name = backend_spec[0]
+    if name == "memory":
+        clock = FakeClock()
+        b = Backend(name, MemoryStore(clock=clock), clock, "memory://", None)
+    elif name == "sqlite":
+        clock = FakeClock()
+        path = tmp_path / "state.db"
+        b = Backend(
+            name,
+            SQLiteStore(path, clock=clock),
+            clock,
+            f"sqlite:///{path}",
+            lambda: SQLiteStore(path, clock=clock),
+        )
+    else:
+        url = redis_url()
+        flush_redis(url)
+        b = Backend(name, RedisStore(url), None, url, lambda: RedisStore(url))
+    await b.store.open()
+    try:
+        yield b
+    finally:
+        await b.store.close()
+
+
+@pytest.fixture
+def fresh_redis_url() -> str:
+    """A reachable Redis URL whose database was just flushed (skips/fails otherwise)."""
+    url = redis_url()
+    flush_redis(url)
+    return url
+
+
+@pytest.fixture
+def store(backend: Backend) -> StateStore:
+    """The store under test (opened), one per backend."""
+    return backend.store

@@ -1,0 +1,242 @@
+"""Redis-specific behaviour: errors naming the server, key layout, pub/sub, asyncio only."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from functools import partial
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import anyio
+import anyio.abc
+import pytest
+
+from toolwire.state import Entry, RedisStore, StateStoreError, open_store
+from toolwire.state._redis import CHANNEL_PREFIX, redact_url
+
+pytestmark = pytest.mark.anyio
+
+redis_asyncio = pytest.importorskip("redis.asyncio")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@contextlib.asynccontextmanager
+async def raw_client(url: str) -> AsyncIterator[Any]:
+    client = redis_asyncio.Redis.from_url(url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# -- errors ---------------------------------------------------------------------
+
+
+async def test_dead_redis_names_the_url(free_tcp_port: int) -> None:
+    url = f"redis://127.0.0.1:{free_tcp_port}/0"  # nothing listens there
+    store = RedisStore(url)
+    with pytest.raises(StateStoreError) as info:
+        await store.open()
+    message = str(info.value)
+    assert f"redis state store at {url} is unreachable" in message
+    assert "start redis-server or fix `state` in toolwire.toml" in message
+    assert info.value.__cause__ is not None
+
+    # lazily opened stores fail the same way, on any operation
+    with pytest.raises(StateStoreError, match="is unreachable"):
+        await open_store(url).set("k", 1)
+
+
+async def test_dead_redis_error_redacts_the_password(free_tcp_port: int) -> None:
+    url = f"redis://:hunter2@127.0.0.1:{free_tcp_port}/0"
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert "hunter2" not in message
+    assert f"redis://:***@127.0.0.1:{free_tcp_port}/0" in message
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_trio_is_refused_clearly() -> None:
+    store = RedisStore("redis://127.0.0.1:6379/15")
+    with pytest.raises(StateStoreError, match="needs asyncio"):
+        await store.open()
+    with pytest.raises(StateStoreError, match="sqlite:// or memory://"):
+        await store.get("k")
+
+
+def test_redact_url() -> None:
+    assert redact_url("redis://:pw@h:1/0") == "redis://:***@h:1/0"
+    assert redact_url("redis://user:pw@h:1/0") == "redis://user:***@h:1/0"
+    assert redact_url("rediss://pw@h/0") == "rediss://***@h/0"
+    assert redact_url("redis://h:1/0") == "redis://h:1/0"
+    assert redact_url("unix:///s.sock?db=1&password=pw") == "unix:///s.sock?db=1&password=***"
+    assert "pw" not in redact_url("redis://u:pw@[::1]:6379/0?password=pw")
+
+
+class Proxy:
+    """A TCP proxy to the test Redis that can be killed (a Redis 'dying')."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.scope = anyio.CancelScope()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[int]) -> None:
+        with self.scope:
+            listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+            async with listener:
+                task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
+                await listener.serve(self.handle)
+
+    async def handle(self, client: anyio.abc.SocketStream) -> None:
+        async with (
+            client,
+            await anyio.connect_tcp(self.host, self.port) as upstream,
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(self.pump, client, upstream, tg.cancel_scope)
+            tg.start_soon(self.pump, upstream, client, tg.cancel_scope)
+
+    @staticmethod
+    async def pump(
+        src: anyio.abc.SocketStream, dst: anyio.abc.SocketStream, scope: anyio.CancelScope
+    ) -> None:
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            async for chunk in src:
+                await dst.send(chunk)
+        scope.cancel()
+
+
+@pytest.mark.redis
+async def test_redis_dying_mid_use(fresh_redis_url: str) -> None:
+    parts = urlsplit(fresh_redis_url)
+    if parts.scheme != "redis" or parts.hostname is None:
+        pytest.skip("needs a redis://host:port URL")
+    proxy = Proxy(parts.hostname, parts.port or 6379)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        netloc = f"{parts.netloc.rpartition('@')[0]}@" if "@" in parts.netloc else ""
+        url = urlunsplit(("redis", f"{netloc}127.0.0.1:{port}", parts.path, parts.query, ""))
+        store = RedisStore(url)
+        async with store:
+            entry = await store.set("k", 1)
+            outcome: list[BaseException | Entry | None] = []
+
+            async def wait() -> None:
+                try:
+                    outcome.append(
+                        await store.wait_for_change("k", version=entry.version, timeout=20)
+                    )
+                except StateStoreError as exc:
+                    outcome.append(exc)
+
+            with anyio.fail_after(15):
+                async with anyio.create_task_group() as waiters:
+                    waiters.start_soon(wait)
+                    await anyio.sleep(0.2)
+                    proxy.scope.cancel()  # Redis is gone: connections drop, new ones are refused
+            assert len(outcome) == 1
+            assert isinstance(outcome[0], StateStoreError)
+            assert "is unreachable" in str(outcome[0])
+
+            with pytest.raises(StateStoreError) as info:
+                await store.get("k")
+            assert f"redis state store at {redact_url(url)} is unreachable" in str(info.value)
+
+
+# -- layout and pub/sub ------------------------------------------------------------
+
+
+@pytest.mark.redis
+async def test_one_hash_per_record_at_the_exact_key(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        await store.set("toolwire:idempotency:abc", {"r": 1}, ttl=30, owner="w1")
+        await store.set("plain", [1])
+        await store.incr("n")
+        assert sorted(await raw.keys("*")) == ["n", "plain", "toolwire:idempotency:abc"]
+        assert await raw.type("toolwire:idempotency:abc") == "hash"
+        fields = await raw.hgetall("toolwire:idempotency:abc")
+        assert set(fields) == {"v", "ver", "o", "x"}
+        assert fields["v"] == '{"r":1}'
+        assert fields["o"] == "w1"
+        pttl = await raw.pttl("toolwire:idempotency:abc")
+        assert 29_000 < pttl <= 30_000
+        seconds, micros = await raw.time()
+        server_ms = seconds * 1000 + micros // 1000
+        assert abs(int(fields["x"]) - (server_ms + pttl)) < 100  # x is the PEXPIREAT
+        assert await raw.pttl("plain") == -1
+        assert set(await raw.hgetall("plain")) == {"v", "ver"}
+
+
+@pytest.mark.redis
+async def test_foreign_keys_are_reported_or_skipped(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        await raw.set("foreign:str", "x")
+        await raw.hset("foreign:hash", "a", "b")
+        await store.set("foreign:ours", 1)
+        with pytest.raises(StateStoreError, match="foreign:str"):
+            await store.get_entry("foreign:str")
+        with pytest.raises(StateStoreError, match="foreign:str"):
+            await store.set("foreign:str", 1)
+        assert await raw.get("foreign:str") == "x"
+        assert await store.get_entry("foreign:hash") is None
+        assert [e.key for e in await store.scan("foreign:")] == ["foreign:ours"]
+
+
+@pytest.mark.redis
+async def test_incr_overflow(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store:
+        await store.set("big", 2**63 - 1)
+        with pytest.raises(StateStoreError, match="64-bit"):
+            await store.incr("big")
+        assert await store.get("big") == 2**63 - 1
+
+
+@pytest.mark.redis
+async def test_writes_publish_and_waiters_unsubscribe(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        pubsub = raw.pubsub()
+        await pubsub.subscribe(CHANNEL_PREFIX + "pub")
+        assert (await pubsub.get_message(timeout=5))["type"] == "subscribe"
+        e = await store.set("pub", 1)
+        await store.compare_and_set("pub", 2, expected_version=e.version)
+        await store.incr("pub")
+        await store.delete("pub")
+        await store.set_if_absent("pub", 1)
+        await store.compare_and_delete("pub")
+        await store.set_if_absent("pub", 1)
+        assert await store.set_if_absent("pub", 1) is None  # no write: no message
+        got = []
+        while (msg := await pubsub.get_message(timeout=0.5)) is not None:
+            got.append(msg["channel"])
+        assert got == [CHANNEL_PREFIX + "pub"] * 7
+        await pubsub.aclose()
+
+        # while waiting, the store holds a subscription to the key's channel...
+        current = await store.get_entry("pub")
+        assert current is not None
+        async with anyio.create_task_group() as tg:
+            for key, version in (("pub", -1), ("pub", -1), ("other", -1), ("pub", current.version)):
+                tg.start_soon(partial(store.wait_for_change, key, version=version, timeout=0.5))
+            await anyio.sleep(0.2)
+            numsub = dict(await raw.pubsub_numsub(CHANNEL_PREFIX + "pub"))
+            assert numsub[CHANNEL_PREFIX + "pub"] == 1  # one shared connection
+        # ...and drops it once nobody waits any more
+        with anyio.fail_after(5):
+            while await raw.pubsub_channels(CHANNEL_PREFIX + "*"):  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+
+
+@pytest.mark.redis
+async def test_exhausted_pool_says_so(fresh_redis_url: str) -> None:
+    sep = "&" if "?" in fresh_redis_url else "?"
+    # one connection, which the waiter's pub/sub subscription then holds
+    async with RedisStore(f"{fresh_redis_url}{sep}max_connections=1&timeout=0.2") as store:
+        with pytest.raises(StateStoreError, match="max_connections") as info:
+            await store.wait_for_change("k", version=None, timeout=5)
+        assert "busy" in str(info.value)

@@ -1,0 +1,104 @@
+"""SQLite-specific behaviour: locking, bad files, purging, durable versions."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from toolwire.state import SQLiteStore, StateStoreError
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    backend: str = request.param
+    return backend
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_locked_database_beyond_busy_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "locked.db"
+    async with SQLiteStore(path, busy_timeout=0.2) as store:
+        await store.set("k", 1)
+        blocker = sqlite3.connect(path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")  # holds the write lock
+            with pytest.raises(StateStoreError) as info:
+                await store.set("k", 2)
+            message = str(info.value)
+            assert str(path) in message
+            assert "locked" in message
+            assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+            assert await store.get("k") == 1  # WAL: reads go on
+            with pytest.raises(StateStoreError, match="locked"):
+                await store.compare_and_set("k", 3, expected_version=None)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert (await store.set("k", 4)).value == 4  # usable again, nothing half-done
+
+
+async def test_not_a_database(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.db"
+    path.write_bytes(b"this is not an sqlite database" * 100)
+    store = SQLiteStore(path)
+    with pytest.raises(StateStoreError) as info:
+        await store.open()
+    assert str(path) in str(info.value)
+
+
+async def test_directory_cannot_be_created(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("x")
+    path = tmp_path / "file" / "sub" / "state.db"
+    with pytest.raises(StateStoreError) as info:
+        await SQLiteStore(path).get("k")
+    assert str(path) in str(info.value)
+
+
+async def test_wal_mode_and_tables(tmp_path: Path) -> None:
+    path = tmp_path / "wal.db"
+    async with SQLiteStore(path) as store:
+        await store.set("k", {"x": 1})
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert raw.execute("SELECT key, value FROM toolwire_state").fetchall() == [("k", '{"x":1}')]
+    finally:
+        raw.close()
+
+
+async def test_expired_rows_are_purged(tmp_path: Path) -> None:
+    path = tmp_path / "purge.db"
+    clock = Clock()
+    async with SQLiteStore(path, clock=clock) as store:
+        for i in range(5):
+            await store.set(f"t{i}", i, ttl=1)
+        await store.set("keep", 1)
+    clock.now += 2
+    async with SQLiteStore(path, clock=clock) as store:  # open purges
+        assert [e.key for e in await store.scan("")] == ["keep"]
+    raw = sqlite3.connect(path)
+    try:
+        assert raw.execute("SELECT count(*) FROM toolwire_state").fetchone()[0] == 1
+    finally:
+        raw.close()
+
+
+async def test_versions_survive_reopening(tmp_path: Path) -> None:
+    path = tmp_path / "versions.db"
+    seen = set()
+    for _ in range(3):
+        async with SQLiteStore(path) as store:
+            seen.add((await store.set("k", 1)).version)
+            assert await store.delete("k")
+    assert len(seen) == 3
