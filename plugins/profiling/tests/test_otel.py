@@ -1,0 +1,178 @@
+"""OpenTelemetry: execute_tool spans (GenAI conventions), attempt events, metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from opentelemetry.trace import SpanKind, StatusCode
+
+from toolwire import CallContext, Kernel, ToolError, tool
+from toolwire.testing import FakeTool
+from toolwire_profiling import ProfilingConfig, ProfilingPlugin
+
+from .test_plugin import Decide, Deny, Replay
+
+pytestmark = pytest.mark.anyio
+
+
+def kernel_with(otel: Any, *tools: Any, **cfg: Any) -> tuple[Kernel, ProfilingPlugin]:
+    p = ProfilingPlugin(
+        ProfilingConfig(**cfg),
+        tracer_provider=otel.tracer_provider,
+        meter_provider=otel.meter_provider,
+    )
+    k = Kernel(tools=list(tools), plugins=[p, Replay(), Deny(), Decide()])
+    return k, p
+
+
+async def test_one_execute_tool_span_per_call(otel: Any) -> None:
+    k, _ = kernel_with(otel, FakeTool("search").tool)
+    async with k:
+        await k.call("search", {"q": "x"}, call_id="call-1", session_id="conv-9")
+    (span,) = otel.spans()
+    assert span.name == "execute_tool search" and span.kind == SpanKind.INTERNAL
+    assert dict(span.attributes) == {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": "search",
+        "gen_ai.tool.call.id": "call-1",
+        "gen_ai.conversation.id": "conv-9",
+    }
+    assert span.status.status_code == StatusCode.UNSET
+    (event,) = span.events
+    assert event.name == "toolwire.attempt"
+    assert event.attributes["toolwire.attempt.duration_ms"] > 0
+    assert "error.type" not in event.attributes
+    assert span.start_time <= event.timestamp <= span.end_time
+
+
+async def test_attempt_events_retries_fallbacks_and_errors(otel: Any) -> None:
+    flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"ok": 1}])
+    main = FakeTool("main", script=[ToolError("no credits", kind="quota")])
+    backup = FakeTool("backup", script=[ToolError("down too", kind="auth")])
+    k, _ = kernel_with(otel, flaky.tool, main.tool, backup.tool)
+    async with k:
+        await k.call("flaky", {})
+        await k.call("main", {})
+    s1, s2 = otel.spans()
+    assert [dict(e.attributes).get("error.type") for e in s1.events] == ["unavailable", None]
+    assert s1.events[0].attributes["toolwire.attempt.decision"] == "retry"
+    assert s1.events[0].timestamp <= s1.events[1].timestamp
+    assert "error.type" not in s1.attributes and s1.status.status_code == StatusCode.UNSET
+    e1, e2 = s2.events
+    assert e1.attributes["toolwire.attempt.decision"] == "fallback"
+    assert e2.attributes["gen_ai.tool.name"] == "backup" and e2.attributes["error.type"] == "auth"
+    assert s2.attributes["error.type"] == "auth"
+    assert s2.status.status_code == StatusCode.ERROR and "down too" in s2.status.description
+
+
+async def test_replays_denials_unknown_tools_and_cancellation(otel: Any) -> None:
+    k, _ = kernel_with(
+        otel, FakeTool("search").tool, FakeTool("secret").tool, FakeTool("slow", delay=10).tool
+    )
+    async with k:
+        await k.call("search", {}, call_id="dup-7")
+        await k.call("secret", {})
+        await k.call("nope", {}, call_id="c-x")
+        with anyio.move_on_after(0.05):
+            await k.call("slow", {})
+    replay, denied, unknown, cancelled = otel.spans()
+    assert replay.attributes["toolwire.replayed"] is True and not replay.events
+    assert replay.attributes["gen_ai.tool.call.id"] == "dup-7"
+    assert denied.attributes["error.type"] == "denied" and not denied.events
+    assert unknown.name == "execute_tool nope" and unknown.attributes["error.type"] == "not_found"
+    assert unknown.attributes["gen_ai.tool.call.id"] == "c-x"
+    assert unknown.start_time < unknown.end_time
+    assert cancelled.attributes["error.type"] == "cancelled"
+    assert cancelled.status.status_code == StatusCode.ERROR
+
+
+async def test_spans_started_by_the_tool_are_children(otel: Any) -> None:
+    tracer = otel.tracer_provider.get_tracer("my.tool")
+
+    @tool
+    async def fetch(url: str, ctx: CallContext) -> dict[str, str]:
+        """Fetch a URL."""
+        with tracer.start_as_current_span("GET"):
+            await anyio.lowlevel.checkpoint()
+        return {"url": url}
+
+    k, _ = kernel_with(otel, fetch)
+    async with k:
+        with tracer.start_as_current_span("agent turn") as turn:
+            await k.call("fetch", {"url": "http://example.invalid"})
+    get, execute, agent = otel.spans()
+    assert get.name == "GET" and execute.name == "execute_tool fetch" and agent is not None
+    assert get.parent.span_id == execute.context.span_id
+    assert execute.parent.span_id == turn.get_span_context().span_id
+    assert get.context.trace_id == execute.context.trace_id == agent.context.trace_id
+
+
+async def test_metrics(otel: Any) -> None:
+    flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"ok": 1}])
+    k, _ = kernel_with(otel, FakeTool("search").tool, flaky.tool, FakeTool("secret").tool)
+    async with k:
+        for i in range(3):
+            await k.call("search", {}, call_id=f"c{i}")
+        await k.call("search", {}, call_id="dup-1")
+        await k.call("flaky", {})
+        await k.call("secret", {})
+        await k.call("nope", {})
+    m = otel.metrics()
+    hist = {tuple(sorted(a.items())): dp for a, dp in m["toolwire.tool.duration"]}
+    ok = hist[(("gen_ai.tool.name", "search"),)]
+    assert ok.count == 3 and 0 < ok.sum < 1  # seconds
+    assert hist[(("gen_ai.tool.name", "search"), ("toolwire.replayed", True))].count == 1
+    assert hist[(("error.type", "denied"), ("gen_ai.tool.name", "secret"))].count == 1
+    assert hist[(("error.type", "not_found"), ("gen_ai.tool.name", "_unknown"))].count == 1
+    calls = {a["gen_ai.tool.name"]: dp.value for a, dp in m["toolwire.tool.calls"]}
+    assert calls == {"search": 4, "flaky": 1, "secret": 1, "_unknown": 1}
+    errors = {
+        (a["gen_ai.tool.name"], a["error.type"]): dp.value for a, dp in m["toolwire.tool.errors"]
+    }
+    assert errors == {("secret", "denied"): 1, ("_unknown", "not_found"): 1}
+    replays = {a["gen_ai.tool.name"]: dp.value for a, dp in m["toolwire.tool.replays"]}
+    assert replays == {"search": 1}
+    retries = {
+        (a["gen_ai.tool.name"], a["toolwire.decision"]): dp.value
+        for a, dp in m["toolwire.tool.retries"]
+    }
+    assert retries == {("flaky", "retry"): 1}
+    # Counters are cumulative across collections.
+    async with k:
+        await k.call("search", {})
+    calls = {a["gen_ai.tool.name"]: dp.value for a, dp in otel.metrics()["toolwire.tool.calls"]}
+    assert calls["search"] == 5
+
+
+async def test_switches(otel: Any) -> None:
+    k, p = kernel_with(otel, FakeTool("t").tool, tracing="off", metrics="off")
+    async with k:
+        await k.call("t", {})
+    assert otel.spans() == [] and "toolwire.tool.calls" not in otel.metrics()
+    assert p.get_statistics("t")["count"] == 1
+    k, p = kernel_with(otel, FakeTool("t").tool, tracing="on", metrics="off")
+    async with k:
+        await k.call("t", {})
+    assert len(otel.spans()) == 1 and "toolwire.tool.calls" not in otel.metrics()
+
+
+async def test_auto_without_any_provider_is_off() -> None:
+    # No provider passed, none set globally in this test process: nothing to export to.
+    p = ProfilingPlugin()
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[p]) as k:
+        await k.call("t", {})
+    assert not p._tracing and not p._metrics and p._tel is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_spans_and_statistics_under_trio(otel: Any) -> None:
+    flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"ok": 1}])
+    k, p = kernel_with(otel, flaky.tool)
+    async with k:
+        await k.call("flaky", {}, call_id="t-1")
+    (span,) = otel.spans()
+    assert span.attributes["gen_ai.tool.call.id"] == "t-1" and len(span.events) == 2
+    assert p.get_statistics("flaky")["count"] == 2

@@ -1,0 +1,282 @@
+"""Fleet-wide figures: deltas merged into the StateStore by compare-and-set."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from toolwire import Kernel, StateStore
+from toolwire.state import MemoryStore, StateStoreError, open_store
+from toolwire.testing import FakeClock, FakeTool
+from toolwire_profiling import ProfilingConfig, ProfilingPlugin
+
+pytestmark = pytest.mark.anyio
+HERE = Path(__file__).resolve().parent
+
+
+async def eventually(check: Callable[[], Any], within_s: float = 5.0) -> None:
+    """Poll ``check`` (sync, or returning an awaitable) until it gives a truthy value."""
+    for _ in range(int(within_s / 0.01)):
+        got = check()
+        if inspect.isawaitable(got):
+            got = await got
+        if got:
+            return
+        await anyio.sleep(0.01)
+    raise AssertionError("condition not met in time")
+
+
+def cfg(**kw: Any) -> ProfilingConfig:
+    kw.setdefault("tracing", "off")
+    kw.setdefault("metrics", "off")
+    return ProfilingConfig(**kw)
+
+
+async def test_flush_writes_one_document_per_tool() -> None:
+    store = MemoryStore()
+    p = ProfilingPlugin(cfg(), store=store)
+    p.record_execution("a", 10)
+    p.record_execution("a", 20)
+    p.record_execution("b", 5, success=False)
+    await p.flush()
+    keys = [e.key for e in await store.scan("profiling:")]
+    assert keys == ["profiling:v1:a", "profiling:v1:b"]
+    doc = await store.get("profiling:v1:a")
+    assert doc["v"] == 1 and doc["count"] == 2 and doc["ok"] == 2 and doc["updated_at"] > 0
+    # Figures are not counted twice once stored.
+    assert p.get_statistics("a")["count"] == 2
+    await p.flush()
+    assert (await store.get("profiling:v1:a"))["count"] == 2
+
+
+async def test_two_processes_see_fleet_wide_figures(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    s1, s2 = open_store(url), open_store(url)
+    a = ProfilingPlugin(cfg(), store=s1)
+    b = ProfilingPlugin(cfg(), store=s2)
+    async with s1, s2:
+        for _ in range(30):
+            a.record_execution("search", 100)
+        for _ in range(10):
+            b.record_execution("search", 300, success=False)
+        # Before any flush each process sees its own figures only.
+        assert a.get_statistics("search")["count"] == 30
+        assert b.get_statistics("search")["count"] == 10
+        await a.flush()
+        await b.flush()  # b read a's document while merging: b now sees both
+        assert b.get_statistics("search")["count"] == 40
+        await a.refresh()  # a sees b's figures at its next refresh
+        s = a.get_statistics("search")
+        assert s["count"] == 40 and s["success_rate"] == 0.75
+        assert abs(s["p50_time_ms"] - 100) <= 1 and abs(s["p90_time_ms"] - 300) <= 3
+        # Local, unflushed figures are added to the stored ones.
+        a.record_execution("search", 100)
+        assert a.get_statistics("search")["count"] == 41
+
+
+@pytest.mark.parametrize("shared", ["memory", "sqlite"])
+async def test_concurrent_flushes_lose_nothing(tmp_path: Path, shared: str) -> None:
+    if shared == "memory":
+        one = MemoryStore()
+        stores: list[StateStore] = [one] * 6
+    else:
+        url = f"sqlite:///{tmp_path / 'state.db'}"
+        stores = [open_store(url) for _ in range(6)]
+    plugins = [ProfilingPlugin(cfg(), store=s) for s in stores]
+    for s in set(stores):
+        await s.open()
+    try:
+        for round_ in range(3):
+            for i, p in enumerate(plugins):
+                for j in range(10 + i):
+                    p.record_execution("hot", 1 + j + round_, success=j % 4 != 0)
+            async with anyio.create_task_group() as tg:
+                for p in plugins:
+                    tg.start_soon(p.flush)
+        await plugins[0].refresh()
+        s = plugins[0].get_statistics("hot")
+        want = 3 * sum(10 + i for i in range(6))
+        assert s["count"] == want and s["calls"] == want
+        assert s["success_count"] == 3 * sum(
+            sum(1 for j in range(10 + i) if j % 4) for i in range(6)
+        )
+    finally:
+        for s in set(stores):
+            await s.close()
+
+
+async def test_background_flusher_and_shutdown(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    p = ProfilingPlugin(cfg(flush_interval_s=0.02))
+    tool = FakeTool("t")
+    async with Kernel(tools=[tool.tool], plugins=[p], state=url) as k:
+        await k.call("t", {})
+        await eventually(lambda: k.state.get("profiling:v1:t"))
+        await eventually(lambda: not p._flusher_active)  # it stops once nothing is pending
+        # A call right before shutdown is flushed by shutdown.
+        p.config.flush_interval_s = 3600
+        await k.call("t", {})
+    reader = ProfilingPlugin(cfg(), store=open_store(url))
+    async with reader._store:  # type: ignore[union-attr]
+        await reader.refresh()
+    assert reader.get_statistics("t")["calls"] == 2
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_flusher_under_trio(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    p = ProfilingPlugin(cfg(flush_interval_s=0.02))
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[p], state=url) as k:
+        for _ in range(3):
+            await k.call("t", {})
+        await eventually(lambda: k.state.get("profiling:v1:t"))
+        await k.call("t", {})
+    reader = ProfilingPlugin(cfg(), store=open_store(url))
+    async with reader._store:  # type: ignore[union-attr]
+        await reader.refresh()
+    assert reader.get_statistics("t")["count"] == 4
+
+
+class FlakyStore(MemoryStore):
+    """A memory store whose writes fail while ``down`` is set."""
+
+    down = False
+
+    async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+        if self.down:
+            raise StateStoreError("memory: pretend the connection is lost")
+        return await super().compare_and_set(key, value, **kw)
+
+
+async def test_failed_flush_keeps_the_figures_for_the_next_one(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FlakyStore()
+    p = ProfilingPlugin(cfg(), store=store)
+    p.record_execution("t", 10)
+    store.down = True
+    await p.flush()
+    assert "could not store the statistics" in caplog.text
+    assert await store.get("profiling:v1:t") is None
+    p.record_execution("t", 20)
+    assert p.get_statistics("t")["count"] == 2  # still counted locally
+    store.down = False
+    await p.flush()
+    assert (await store.get("profiling:v1:t"))["count"] == 2
+    assert p.get_statistics("t")["count"] == 2
+
+
+async def test_retention_expires_idle_tools() -> None:
+    clock = FakeClock()
+    p = ProfilingPlugin(cfg(retention_s=60))
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[p], clock=clock) as k:
+        await k.call("t", {})
+        await p.flush()
+        assert await k.state.get("profiling:v1:t") is not None
+        clock.advance(61)
+        assert await k.state.get("profiling:v1:t") is None
+
+
+async def test_key_prefix_separates_fleets_and_reset() -> None:
+    store = MemoryStore()
+    a = ProfilingPlugin(cfg(key_prefix="blue"), store=store)
+    b = ProfilingPlugin(cfg(key_prefix="green"), store=store)
+    a.record_execution("t", 1)
+    b.record_execution("t", 1)
+    b.record_execution("u", 1)
+    await a.flush()
+    await b.flush()
+    await a.refresh()
+    assert a.get_statistics("t")["count"] == 1 and a.tools() == ["t"]
+    assert await b.reset("t") == 1
+    assert b.tools() == ["u"] and await store.get("green:v1:t") is None
+    assert await b.reset() == 1 and b.tools() == []
+    assert await store.get("blue:v1:t") is not None
+
+
+async def test_newer_document_format_is_not_overwritten(caplog: pytest.LogCaptureFixture) -> None:
+    store = MemoryStore()
+    await store.set("profiling:v1:t", {"v": 2, "future": True})
+    p = ProfilingPlugin(cfg(), store=store)
+    p.record_execution("t", 1)
+    await p.flush()
+    assert await store.get("profiling:v1:t") == {"v": 2, "future": True}
+    assert "another format" in caplog.text
+
+
+def test_processes_sharing_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    procs = [
+        subprocess.Popen([sys.executable, str(HERE / "_fleet_worker.py"), url, "fleet", "200"])
+        for _ in range(3)
+    ]
+    for proc in procs:
+        assert proc.wait(120) == 0
+
+    async def read() -> dict[str, Any]:
+        p = ProfilingPlugin(cfg(key_prefix="fleet"), store=open_store(url))
+        async with p._store:  # type: ignore[union-attr]
+            await p.refresh()
+        return p.get_statistics("work")
+
+    s = anyio.run(read)
+    assert s["calls"] == 600 and s["count"] == 600 and s["errors"] == {"unavailable": 60}
+    assert s["success_rate"] == 0.9
+
+
+@pytest.mark.redis
+async def test_fleet_on_redis(redis_url: str) -> None:
+    prefix = f"test-profiling-{uuid.uuid4().hex[:8]}"
+    stores = [open_store(redis_url) for _ in range(3)]
+    plugins = [ProfilingPlugin(cfg(key_prefix=prefix), store=s) for s in stores]
+    try:
+        for s in stores:
+            await s.open()
+        for i, p in enumerate(plugins):
+            for j in range(100):
+                p.record_execution("remote", 10 * (i + 1), {"page": j % 3})
+        async with anyio.create_task_group() as tg:
+            for p in plugins:
+                tg.start_soon(p.flush)
+        fresh = ProfilingPlugin(cfg(key_prefix=prefix), store=stores[0])
+        await fresh.refresh()
+        s = fresh.get_statistics("remote")
+        assert s["count"] == 300 and abs(s["p50_time_ms"] - 20) <= 0.2
+        assert fresh.estimate("remote", {"page": 1}).basis == "similar"
+    finally:
+        await plugins[0].reset()
+        for s in stores:
+            await s.close()
+
+
+def test_processes_sharing_redis(redis_url: str) -> None:
+    prefix = f"test-fleet-{uuid.uuid4().hex[:8]}"
+    procs = [
+        subprocess.Popen([sys.executable, str(HERE / "_fleet_worker.py"), redis_url, prefix, "150"])
+        for _ in range(3)
+    ]
+    for proc in procs:
+        assert proc.wait(120) == 0
+
+    async def read() -> dict[str, Any]:
+        store = open_store(redis_url)
+        p = ProfilingPlugin(cfg(key_prefix=prefix), store=store)
+        async with store:
+            await p.refresh()
+            out = p.get_statistics("work")
+            await p.reset()
+        return out
+
+    s = anyio.run(read)
+    assert s["calls"] == 450 and s["errors"] == {"unavailable": 45}
+
+
+test_processes_sharing_redis = pytest.mark.redis(test_processes_sharing_redis)
