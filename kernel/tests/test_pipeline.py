@@ -548,3 +548,33 @@ async def test_works_on_trio_too(anyio_backend: str) -> None:
     assert (await k.call("greet", {"name": "x"})).content == {"result": "hi x"}
     r = await k.call("t", {})
     assert r.error is not None and r.error.kind == "timeout"
+
+
+async def test_registration_never_runs_plugin_properties() -> None:
+    class WithProperty:
+        name = "prop"
+
+        @property
+        def kernel(self) -> Kernel:
+            raise RuntimeError("not started yet")
+
+        @hookimpl
+        def before_call(self) -> None:
+            return None
+
+    k = Kernel(plugins=[WithProperty()])
+    assert k.plugins.plugins["prop"].hooks() == ["before_call"]
+
+
+async def test_plugin_chosen_attempt_timeout_wins_over_the_tools() -> None:
+    class Adaptive:
+        name = "adaptive"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.attempt_timeout_s = 0.05
+
+    fake = FakeTool("t", delay=5, timeout_s=30)
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[fake.tool], plugins=[Adaptive()]).call("t", {})
+    assert r.error is not None and r.error.kind == "timeout"

@@ -59,16 +59,17 @@ class PluginInfo:
 
     def hooks(self) -> list[str]:
         """Names of the hooks this plugin implements."""
-        return sorted(
-            n
-            for n in HOOK_PARAMS
-            if callable(getattr(self.plugin, n, None)) and _is_impl(self.plugin, n)
-        )
+        return sorted(n for n in HOOK_PARAMS if _is_impl(self.plugin, n))
 
 
 def _is_impl(plugin: object, name: str) -> bool:
-    fn = getattr(plugin, name, None)
-    return fn is not None and hasattr(fn, f"{hookspecs.PROJECT}_impl")
+    """Whether ``plugin.<name>`` is a hook implementation, without running properties."""
+    try:
+        fn = inspect.getattr_static(plugin, name)
+    except AttributeError:
+        return False
+    fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
+    return hasattr(fn, f"{hookspecs.PROJECT}_impl")
 
 
 def _adapter(
@@ -136,12 +137,7 @@ class PluginRegistry:
                         f"hook {hook!r} uses wrapper/hookwrapper/tryfirst/trylast; toolwire orders "
                         f"plugins by their `order` and wraps calls itself - remove those options",
                     )
-        unknown = [
-            n
-            for n in dir(plugin)
-            if hasattr(getattr(plugin, n, None), f"{hookspecs.PROJECT}_impl")
-            and n not in HOOK_PARAMS
-        ]
+        unknown = [n for n in dir(plugin) if n not in HOOK_PARAMS and _is_impl(plugin, n)]
         if unknown:
             self.pm.unregister(name=pname)
             raise PluginError(

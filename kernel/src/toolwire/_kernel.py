@@ -521,6 +521,7 @@ class Kernel:
                     and ctx.deadline is None
                     and cur_tool.timeout_s is None
                     and self.default_timeout_s is None
+                    and ctx.attempt_timeout_s is None
                 ):
                     raw = await cur_tool.executor(cur_call.args, ctx)
                 else:
@@ -578,7 +579,9 @@ class Kernel:
 
     async def _execute_guarded(self, tool: Tool, args: dict[str, Any], ctx: CallContext) -> Any:
         """Run one attempt under the serial lock and the timeout, when there are any."""
-        timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
+        timeout = ctx.attempt_timeout_s
+        if timeout is None:
+            timeout = tool.timeout_s if tool.timeout_s is not None else self.default_timeout_s
         if ctx.deadline is not None:
             left = ctx.deadline - self.clock.monotonic()
             if left <= 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib
 import inspect
@@ -9,11 +10,12 @@ import re
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, get_type_hints, overload
+from typing import Annotated, Any, NotRequired, TypeVar, get_type_hints, overload
 
 import anyio.to_thread
 import pydantic
 from pydantic import ConfigDict, Field, create_model
+from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from ._types import CallContext, Tool, ToolAnnotations
 
@@ -225,10 +227,7 @@ def build_tool(
     for prop in schema.get("properties", {}).values():
         if isinstance(prop, dict):
             prop.pop("title", None)
-    validate = model.__pydantic_validator__.validate_python
-
-    def validator(args: Mapping[str, Any]) -> dict[str, Any]:
-        return validate(args).__dict__  # type: ignore[no-any-return]
+    validator = _fast_validator(tool_name, model)
 
     output_schema = _output_schema(hints.get("return", inspect.Signature.empty))
     target = fn
@@ -262,6 +261,58 @@ def build_tool(
         serial_key=serial_key if serial_key is not None else (fn if spec.serial else None),
         settings=dict(spec.settings),
     )
+
+
+def _fast_validator(
+    tool_name: str, model: type[pydantic.BaseModel]
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """A validator returning a plain dict of the args, defaults filled in.
+
+    Validating into a TypedDict costs about half of validating into the model
+    (~0.26 µs vs ~0.58 µs for two ints), and the kernel only needs the dict.
+    Fields with defaults are ``NotRequired`` there and filled in afterwards
+    (mutable defaults are copied), so hooks see the same args the tool gets.
+    Falls back to the model when a field cannot be expressed in a TypedDict.
+    """
+    annotations: dict[str, Any] = {}
+    defaults: list[tuple[str, Any, Callable[..., Any] | None]] = []
+    for name, info in model.model_fields.items():
+        ann: Any = info.annotation
+        if info.metadata or info.description:
+            ann = Annotated[(ann, *info.metadata)] if info.metadata else ann
+        if info.is_required():
+            annotations[name] = ann
+        else:
+            annotations[name] = NotRequired[ann]
+            defaults.append((name, info.default, info.default_factory))
+    try:
+        make_typed_dict: Any = TypedDict
+        td = make_typed_dict(f"{tool_name}_args", annotations)
+        setattr(td, "__pydantic_config__", ConfigDict(extra="forbid"))  # noqa: B010
+        validate = pydantic.TypeAdapter(td).validator.validate_python
+    except Exception:  # pragma: no cover - exotic annotations
+        model_validate = model.__pydantic_validator__.validate_python
+
+        def via_model(args: Mapping[str, Any]) -> dict[str, Any]:
+            return model_validate(args).__dict__  # type: ignore[no-any-return]
+
+        return via_model
+    if not defaults:
+        return validate
+
+    def with_defaults(args: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = validate(args)
+        for name, default, factory in defaults:
+            if name not in out:
+                if factory is not None:
+                    out[name] = factory()
+                elif type(default) in (list, dict, set):
+                    out[name] = copy.copy(default)
+                else:
+                    out[name] = default
+        return out
+
+    return with_defaults
 
 
 def _output_schema(annotation: Any) -> dict[str, Any] | None:

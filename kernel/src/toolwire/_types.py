@@ -389,6 +389,10 @@ class CallContext:
     state: dict[str, Any] = field(default_factory=dict)
     meta: ResultMeta = field(default_factory=ResultMeta)
     progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    #: Per-attempt timeout a plugin chose for this call (e.g. adaptive timeouts from
+    #: profiling), set in ``before_call`` or ``on_error``; it wins over the tool's and
+    #: the kernel's default timeout and stays bounded by the overall deadline.
+    attempt_timeout_s: float | None = None
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""
