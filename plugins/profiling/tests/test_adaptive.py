@@ -1,4 +1,4 @@
-"""Opt-in adaptive timeouts: the call's deadline tightened to estimate x factor."""
+"""Opt-in adaptive timeouts: the first attempt runs under estimate x factor."""
 
 from __future__ import annotations
 

@@ -139,14 +139,13 @@ class CallRecord:
 class _CallState:
     """Per-call state in ``ctx.state["profiling"]`` (only with tracing or adaptive timeouts)."""
 
-    __slots__ = ("deadline", "ends", "sig", "span", "timeout_s", "token")
+    __slots__ = ("ends", "sig", "span", "timeout_s", "token")
 
     def __init__(self) -> None:
         self.span: Any = None
         self.token: Any = None
         self.ends: list[int] | None = None
         self.sig: str | None = None
-        self.deadline: float | None = None
         self.timeout_s: float | None = None
 
 
@@ -297,11 +296,11 @@ class ProfilingPlugin:
         if st is None:
             return
         if st.timeout_s is not None:
-            # The adaptive deadline was for the first attempt: give retries, and the
-            # back-off before them, the caller's own deadline back.
+            # The adaptive timeout is for the first attempt: retries run under the
+            # tool's own timeout and the caller's deadline.
             if error.kind == ErrorKind.TIMEOUT:
                 error.details.setdefault("adaptive_timeout_s", round(st.timeout_s, 3))
-            ctx.deadline = st.deadline
+            ctx.attempt_timeout_s = None
             st.timeout_s = None
         if st.span is not None:
             if st.ends is None:
@@ -447,12 +446,11 @@ class ProfilingPlugin:
         if est.basis == "default":
             return
         timeout = min(max(est.ms / 1000.0 * ad.factor, ad.min_s), ad.max_s)
-        deadline = ctx.kernel.clock.monotonic() + timeout
-        if ctx.deadline is not None and ctx.deadline <= deadline:
+        left = ctx.time_left()
+        if left is not None and left <= timeout:
             return  # the caller's own deadline is already tighter
-        st.deadline = ctx.deadline
         st.timeout_s = timeout
-        ctx.deadline = deadline
+        ctx.attempt_timeout_s = timeout  # the kernel bounds it by the deadline
         ctx.meta.extra[STATE_KEY] = {
             "adaptive_timeout_s": timeout,
             "estimate_ms": est.ms,
