@@ -578,3 +578,41 @@ async def test_plugin_chosen_attempt_timeout_wins_over_the_tools() -> None:
     with anyio.fail_after(3):
         r = await Kernel(tools=[fake.tool], plugins=[Adaptive()]).call("t", {})
     assert r.error is not None and r.error.kind == "timeout"
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_spawned_background_tasks_stop_when_the_kernel_closes(anyio_backend: str) -> None:
+    ticks: list[int] = []
+    stopped = anyio.Event()
+
+    async def loop(step: int) -> None:
+        try:
+            while True:
+                ticks.append(step)
+                await anyio.sleep(0.01)
+        finally:
+            stopped.set()
+
+    async def boom() -> None:
+        raise RuntimeError("background bug")
+
+    class Spawner:
+        name = "spawner"
+
+        @hookimpl
+        def startup(self, kernel: Kernel) -> None:
+            kernel.spawn(loop, 1, name="ticker")
+            kernel.spawn(boom)
+
+    k = Kernel(plugins=[Spawner()])
+    await k.start()
+    await anyio.sleep(0.05)
+    assert ticks
+    await k.close()
+    assert stopped.is_set()
+    n = len(ticks)
+    await anyio.sleep(0.03)
+    assert len(ticks) == n
+    assert k.get_plugin("spawner").name == "spawner"
+    with pytest.raises(KeyError, match="loaded plugins"):
+        k.get_plugin("nope")

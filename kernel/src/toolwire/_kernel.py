@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import anyio
 import pydantic
 
+from ._background import BackgroundTask
 from ._clock import Clock, SystemClock
 from ._errors import KernelError, PluginError, ToolCollisionError
 from ._events import EventBus
@@ -104,6 +105,7 @@ class Kernel:
         self._started = False
         self._start_lock: anyio.Lock | None = None
         self._index: Any = None
+        self._background: list[BackgroundTask] = []
         self._on_plugins_changed()
         for p in plugins:
             self.register(p)
@@ -302,6 +304,29 @@ class Kernel:
 
         return [export_tool(t, format) for t in tools]  # type: ignore[arg-type]
 
+    def spawn(
+        self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
+    ) -> BackgroundTask:
+        """Run ``await fn(*args)`` in the background until it returns or the kernel closes.
+
+        For plugins' refresh loops, lease renewals and periodic flushes: call it
+        from ``startup`` (or later, with the event loop running). An exception in
+        the task is logged; ``kernel.close()`` cancels the tasks still running
+        and waits for them. ``await task.cancel()`` stops one earlier.
+        """
+        task = BackgroundTask(fn, args, name or str(getattr(fn, "__qualname__", "task")))
+        task._start()
+        self._background = [t for t in self._background if not t.done]
+        self._background.append(task)
+        return task
+
+    def get_plugin(self, name: str) -> Any:
+        """The registered plugin object named ``name``; ``KeyError`` naming the loaded ones."""
+        info = self.plugins.plugins.get(name)
+        if info is None:
+            raise KeyError(f"no plugin {name!r}; loaded plugins: {sorted(self.plugins.plugins)}")
+        return info.plugin
+
     # ---------------------------------------------------------- lifecycle
     async def start(self) -> None:
         """Open the state store, run ``startup`` hooks, build the catalog. Idempotent."""
@@ -331,6 +356,9 @@ class Kernel:
             return
         self._started = False
         await self._shutdown(only=None)
+        for task in self._background:
+            await task.cancel()
+        self._background.clear()
         await self.state.close()
 
     async def _shutdown(self, only: set[str] | None) -> None:
