@@ -1,0 +1,452 @@
+"""One remote agent: its card, its SDK clients, and the two tools it becomes."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import logging
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import anyio
+import httpx
+from a2a.client import ClientConfig, ClientFactory
+from a2a.client.client import Client, ClientCallContext
+from a2a.types import (
+    CancelTaskRequest,
+    GetTaskRequest,
+    Message,
+    Part,
+    Role,
+    SendMessageConfiguration,
+    SendMessageRequest,
+    Task,
+)
+from a2a.utils.constants import TransportProtocol
+
+from toolwire import CallContext, ErrorKind, Tool, ToolAnnotations, ToolError
+
+from ._cards import CardEntry, describe_card
+from ._config import A2AConfig
+from ._errors import map_error
+from ._results import INTERRUPTED, RUNNING, StreamAggregator, task_result
+
+if TYPE_CHECKING:
+    from toolwire import Kernel
+
+__all__ = ["CALL_SCHEMA", "TASK_SCHEMA", "AgentHandle", "AgentSpec"]
+
+log = logging.getLogger("toolwire.a2a")
+
+CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "query": {
+            "type": "string",
+            "minLength": 1,
+            "description": "What to ask or tell the agent, in natural language.",
+        },
+        "hands_off": {
+            "type": "boolean",
+            "default": False,
+            "description": "false (default): wait for the agent's answer. true: hand the task "
+            "over and return at once with its task_id; get the outcome later with the "
+            "companion agent_<nickname>_task tool.",
+        },
+        "context_id": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Continue an earlier conversation with this agent (the context_id "
+            "of an earlier result), e.g. to answer a question it asked.",
+        },
+        "task_id": {
+            "type": "string",
+            "minLength": 1,
+            "description": "Reply to this interrupted task (input-required / auth-required). "
+            "Optional: with context_id alone the interrupted task of that conversation is used.",
+        },
+    },
+    "required": ["query"],
+    "additionalProperties": False,
+}
+
+TASK_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task_id": {
+            "type": "string",
+            "minLength": 1,
+            "description": "The task_id returned by the agent tool.",
+        },
+        "wait_s": {
+            "type": "number",
+            "minimum": 0,
+            "default": 0,
+            "description": "Wait up to this many seconds for the task to finish or to need "
+            "input (0: answer at once).",
+        },
+        "cancel": {
+            "type": "boolean",
+            "default": False,
+            "description": "Ask the agent to cancel the task instead.",
+        },
+    },
+    "required": ["task_id"],
+    "additionalProperties": False,
+}
+
+_BINDINGS = [TransportProtocol.JSONRPC.value, TransportProtocol.HTTP_JSON.value]
+_INTERRUPTED_KEY = "a2a:interrupted:{agent}:{context}"
+#: JSON-RPC errors meaning "that task cannot take this message": TaskNotFound,
+#: UnsupportedOperation (terminal task), InvalidRequest, InvalidParams.
+_STALE_TASK_CODES = frozenset({-32001, -32004, -32600, -32602})
+
+
+@dataclass
+class AgentSpec:
+    """Where an agent is and how to talk to it (from the config or a registry listing)."""
+
+    card_url: str
+    origin: Literal["config", "registry"]
+    nickname: str | None = None
+    headers: dict[str, str] = field(default_factory=dict, repr=False)
+    context: dict[str, Any] = field(default_factory=dict)
+    streaming: bool | None = None
+    timeout_s: float | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+# protobuf ships no type information; imported this way it is simply ``Any``.
+_json_format: Any = importlib.import_module("google.protobuf.json_format")
+
+
+def _to_dict(msg: Any) -> dict[str, Any]:
+    """A protobuf message as its ProtoJSON dict (camelCase, enums by name)."""
+    out: dict[str, Any] = _json_format.MessageToDict(msg)
+    return out
+
+
+class AgentHandle:
+    """A remote agent offered as ``agent_<nickname>`` and ``agent_<nickname>_task``.
+
+    Holds the agent's last known card, an ``httpx.AsyncClient`` for it, and
+    two a2a-sdk clients built from the card (one streaming, one not). The
+    tools are rebuilt only when the card or the nickname changes, so the
+    kernel's catalog keeps the same ``Tool`` objects otherwise.
+    """
+
+    def __init__(
+        self,
+        spec: AgentSpec,
+        config: A2AConfig,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        self.spec = spec
+        self.config = config
+        self.entry: CardEntry | None = None
+        self.nickname: str | None = spec.nickname
+        self.status: Literal["unknown", "up", "down"] = "unknown"
+        self.last_error: str | None = None
+        self.tools: list[Tool] = []
+        self.http = httpx.AsyncClient(
+            transport=transport,
+            headers=spec.headers,
+            timeout=httpx.Timeout(
+                connect=config.request_timeout_s, read=None, write=60.0, pool=60.0
+            ),
+            follow_redirects=True,
+        )
+        self._plain: Client | None = None
+        self._stream: Client | None = None
+        self._built: tuple[dict[str, Any], str] | None = None
+        self._unusable: str | None = None
+
+    # ------------------------------------------------------------- setup
+    @property
+    def card_url(self) -> str:
+        """The URL the card is read from (the agent's identity)."""
+        return self.spec.card_url
+
+    @property
+    def streaming(self) -> bool:
+        """Whether blocking calls use SendStreamingMessage (config and card agree)."""
+        wanted = self.spec.streaming if self.spec.streaming is not None else self.config.streaming
+        return bool(wanted and self.entry is not None and self.entry.card.capabilities.streaming)
+
+    def set_card(self, entry: CardEntry, nickname: str) -> bool:
+        """Adopt a (new) card under ``nickname``; True when the tools changed."""
+        self.entry = entry
+        if self._built == (entry.data, nickname):
+            return False
+        self._built = (entry.data, nickname)
+        self.nickname = nickname
+        self._plain = self._stream = None
+        self._unusable = None
+        try:
+            self._plain = self._client(streaming=False)
+            self._stream = self._client(streaming=True)
+        except ValueError as exc:  # no transport we speak
+            offered = sorted({i.protocol_binding for i in entry.card.supported_interfaces})
+            self._unusable = (
+                f"the card offers no transport toolwire can use (it offers "
+                f"{', '.join(offered) or 'none'}; supported: {', '.join(_BINDINGS)}: {exc})"
+            )
+            self.last_error = self._unusable
+            log.warning("plugin 'a2a': agent %r (%s): %s", nickname, self.card_url, self._unusable)
+        self.tools = self._build_tools()
+        return True
+
+    def _client(self, *, streaming: bool) -> Client:
+        assert self.entry is not None
+        factory = ClientFactory(
+            ClientConfig(
+                httpx_client=self.http,
+                streaming=streaming,
+                supported_protocol_bindings=list(_BINDINGS),
+            )
+        )
+        return factory.create(self.entry.card)
+
+    def _build_tools(self) -> list[Tool]:
+        assert self.entry is not None and self.nickname is not None
+        card = self.entry.card
+        nick = self.nickname
+        tags = {"a2a"} | {t.lower() for s in card.skills for t in s.tags}
+        source = f"a2a:{nick}"
+        timeout = self.spec.timeout_s if self.spec.timeout_s is not None else self.config.timeout_s
+        meta = {"agent": nick, "card_url": self.card_url, "agent_name": card.name}
+        call = Tool(
+            name=f"agent_{nick}",
+            description=describe_card(card, nick, limit=self.config.max_description_chars),
+            input_schema=copy.deepcopy(CALL_SCHEMA),
+            executor=self.call,
+            tags=frozenset(tags),
+            source=source,
+            annotations=ToolAnnotations(title=card.name, openWorldHint=True),
+            timeout_s=timeout,
+            settings={**self.spec.settings, "a2a": {**meta, "role": "call"}},
+        )
+        task = Tool(
+            name=f"agent_{nick}_task",
+            description=(
+                f"Get the state and the outcome of a task handed to the A2A agent "
+                f"{card.name!r} with agent_{nick} (hands_off=true); optionally wait for it "
+                f"(wait_s) or cancel it."
+            ),
+            input_schema=copy.deepcopy(TASK_SCHEMA),
+            executor=self.get_task,
+            tags=frozenset({"a2a"}),
+            source=source,
+            annotations=ToolAnnotations(title=f"{card.name}: task", openWorldHint=True),
+            settings={"a2a": {**meta, "role": "task"}},
+        )
+        return [call, task]
+
+    async def aclose(self) -> None:
+        """Close the HTTP client."""
+        await self.http.aclose()
+
+    # --------------------------------------------------------- executors
+    def _require(self, streaming: bool) -> Client:
+        client = self._stream if streaming else self._plain
+        if client is None:
+            raise ToolError(
+                f"agent {self.nickname!r}: {self._unusable or 'no usable endpoint in its card'}",
+                kind=ErrorKind.UNAVAILABLE,
+                details={"agent": self.nickname},
+            )
+        return client
+
+    def _message(self, query: str, context_id: str | None, task_id: str | None) -> Message:
+        msg = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[Part(text=query)])
+        if context_id:
+            msg.context_id = context_id
+        if task_id:
+            msg.task_id = task_id
+        metadata = {**self.config.context, **self.spec.context}
+        if metadata:
+            msg.metadata.update(metadata)
+        return msg
+
+    async def call(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+        """``agent_<nickname>``: send ``query`` and return the answer (or the handed-off task)."""
+        nick = str(self.nickname)
+        query: str = args["query"]
+        hands_off = bool(args.get("hands_off", False))
+        context_id: str | None = args.get("context_id")
+        task_id: str | None = args.get("task_id")
+        remembered = False
+        if context_id and not task_id:
+            task_id = await self._recall_interrupted(ctx.kernel, context_id)
+            remembered = task_id is not None
+        info: dict[str, Any] = {"agent": nick}
+        ctx.meta.extra["a2a"] = info
+        try:
+            result = await self._send(query, hands_off, context_id, task_id, ctx, info)
+        except ToolError as err:
+            if not remembered or err.details.get("code") not in _STALE_TASK_CODES:
+                raise
+            # The agent refused the remembered task before doing anything (it was answered
+            # elsewhere, ended, or expired): send the message as a new task in the context.
+            await self._forget_interrupted(ctx.kernel, str(context_id))
+            result = await self._send(query, hands_off, context_id, None, ctx, info)
+        await self._remember(ctx.kernel, result)
+        return result
+
+    async def _send(
+        self,
+        query: str,
+        hands_off: bool,
+        context_id: str | None,
+        task_id: str | None,
+        ctx: CallContext,
+        info: dict[str, Any],
+    ) -> dict[str, Any]:
+        nick = str(self.nickname)
+        streaming = self.streaming and not hands_off
+        client = self._require(streaming)
+        request = SendMessageRequest(
+            message=self._message(query, context_id, task_id),
+            configuration=SendMessageConfiguration(return_immediately=hands_off),
+        )
+        call_ctx = ClientCallContext(timeout=self.config.request_timeout_s) if hands_off else None
+        agg = StreamAggregator()
+        action = "sending the message" + (" (hands-off)" if hands_off else "")
+        try:
+            async for event in client.send_message(request, context=call_ctx):
+                note = agg.apply(_to_dict(event))
+                if agg.task_id:
+                    info["task_id"] = agg.task_id
+                if agg.context_id:
+                    info["context_id"] = agg.context_id
+                if streaming and note:
+                    await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            raise self._fail(exc, action) from exc
+        self.status, self.last_error = "up", None
+        if streaming and agg.task_id and agg.state in RUNNING:
+            # The stream ended before the task did (connection dropped): read its state.
+            return await self._task_outcome(await self._get(agg.task_id, "reading the task"))
+        try:
+            result = agg.result(nick)
+        except ValueError as exc:
+            raise ToolError(f"agent {nick!r}: {exc}", details={"agent": nick}) from exc
+        return self._check_outcome(result)
+
+    def _check_outcome(self, result: dict[str, Any], *, cancel_ok: bool = False) -> dict[str, Any]:
+        """Raise for tasks that ended badly; return the others."""
+        state = result["state"]
+        if state in ("failed", "rejected") or (state == "canceled" and not cancel_ok):
+            said = result.get("text") or result.get("status_message") or "no reason given"
+            verb = {"failed": "failed", "rejected": "rejected", "canceled": "canceled"}[state]
+            raise ToolError(
+                f"agent {result['agent']!r} {verb} the task: {said}",
+                kind=ErrorKind.TOOL_ERROR,
+                details={
+                    "agent": result["agent"],
+                    "state": state,
+                    "task_id": result.get("task_id"),
+                    "context_id": result.get("context_id"),
+                },
+            )
+        return result
+
+    async def _task_outcome(self, task: Task, *, cancel_ok: bool = False) -> dict[str, Any]:
+        return self._check_outcome(
+            task_result(str(self.nickname), _to_dict(task)), cancel_ok=cancel_ok
+        )
+
+    async def _get(self, task_id: str, action: str) -> Task:
+        client = self._require(False)
+        try:
+            task = await client.get_task(
+                GetTaskRequest(id=task_id),
+                context=ClientCallContext(timeout=self.config.request_timeout_s),
+            )
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            raise self._fail(exc, f"{action} {task_id!r}") from exc
+        self.status, self.last_error = "up", None
+        return task
+
+    async def get_task(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+        """``agent_<nickname>_task``: the task's state and outcome; optionally wait or cancel."""
+        nick = str(self.nickname)
+        task_id: str = args["task_id"]
+        ctx.meta.extra["a2a"] = {"agent": nick, "task_id": task_id}
+        if args.get("cancel"):
+            client = self._require(False)
+            try:
+                task = await client.cancel_task(
+                    CancelTaskRequest(id=task_id),
+                    context=ClientCallContext(timeout=self.config.request_timeout_s),
+                )
+            except anyio.get_cancelled_exc_class():
+                raise
+            except Exception as exc:
+                raise self._fail(exc, f"canceling task {task_id!r}") from exc
+            return await self._task_outcome(task, cancel_ok=True)
+        wait_s = float(args.get("wait_s") or 0.0)
+        wait_s = min(wait_s, self.config.max_wait_s) if math.isfinite(wait_s) else 0.0
+        deadline = anyio.current_time() + wait_s
+        task = await self._get(task_id, "reading task")
+        polls = 0
+        while True:
+            data = _to_dict(task)
+            state = task_result(nick, data)["state"]
+            left = deadline - anyio.current_time()
+            if state not in RUNNING or left <= 0:
+                break
+            polls += 1
+            await ctx.report_progress(float(polls), None, f"{nick}: task {state}")
+            await anyio.sleep(min(self.config.poll_interval_s, left))
+            task = await self._get(task_id, "reading task")
+        result = await self._task_outcome(task)
+        await self._remember(ctx.kernel, result)
+        return result
+
+    def _fail(self, exc: BaseException, action: str) -> ToolError:
+        """The ToolError for ``exc``; remembers whether the agent looked down."""
+        err = map_error(exc, str(self.nickname), action)
+        self.last_error = str(err)
+        if err.kind == ErrorKind.UNAVAILABLE:
+            self.status = "down"
+        return err
+
+    # ------------------------------------------------ interrupted tasks
+    def _key(self, context_id: str) -> str:
+        return _INTERRUPTED_KEY.format(agent=self.nickname, context=context_id)
+
+    async def _recall_interrupted(self, kernel: Kernel, context_id: str) -> str | None:
+        try:
+            value = await kernel.state.get(self._key(context_id))
+        except Exception as exc:  # state trouble must not fail the call
+            log.warning("plugin 'a2a': cannot read interrupted tasks from the state store: %s", exc)
+            return None
+        return value if isinstance(value, str) and value else None
+
+    async def _forget_interrupted(self, kernel: Kernel, context_id: str) -> None:
+        try:
+            await kernel.state.delete(self._key(context_id))
+        except Exception as exc:
+            log.warning("plugin 'a2a': cannot update the state store: %s", exc)
+
+    async def _remember(self, kernel: Kernel, result: dict[str, Any]) -> None:
+        """Keep the interrupted task of a conversation, so context_id alone continues it."""
+        context_id, task_id = result.get("context_id"), result.get("task_id")
+        if not context_id:
+            return
+        try:
+            if result["state"] in INTERRUPTED and task_id:
+                await kernel.state.set(
+                    self._key(context_id), task_id, ttl=self.config.interrupted_ttl_s
+                )
+            else:
+                await kernel.state.delete(self._key(context_id))
+        except Exception as exc:
+            log.warning("plugin 'a2a': cannot update the state store: %s", exc)

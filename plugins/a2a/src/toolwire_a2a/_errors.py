@@ -1,0 +1,163 @@
+"""Failures talking to an agent -> ``toolwire.ToolError`` with a kind classifiers understand."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+from a2a.client.errors import A2AClientError, A2AClientTimeoutError
+from a2a.utils.errors import (
+    JSON_RPC_ERROR_CODE_MAP,
+    A2AError,
+    InternalError,
+    InvalidParamsError,
+    InvalidRequestError,
+    TaskNotCancelableError,
+    TaskNotFoundError,
+    VersionNotSupportedError,
+)
+
+from toolwire import ErrorKind, ToolError
+
+__all__ = ["map_error", "retry_after"]
+
+_RPC_CODE = re.compile(r"JSON-RPC Error (-?\d+):\s*(.*)", re.DOTALL)
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (the delta-seconds form), or None."""
+    raw = response.headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        return max(0.0, float(raw))
+    except ValueError:
+        return None
+
+
+def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    seen = 0
+    cur: BaseException | None = exc
+    while cur is not None and seen < 10:
+        if isinstance(cur, kind):
+            return cur
+        cur = cur.__cause__
+        seen += 1
+    return None
+
+
+def _status_error(exc: httpx.HTTPStatusError, agent: str, action: str) -> ToolError:
+    status = exc.response.status_code
+    where = f"agent {agent!r}: {action}"
+    details: dict[str, Any] = {"agent": agent}
+    if status in (401, 403):
+        return ToolError(
+            f"{where} was refused with HTTP {status}; give the agent's credentials in "
+            f"[plugins.a2a] agents (bearer_token or headers)",
+            kind=ErrorKind.AUTH,
+            status=status,
+            details=details,
+        )
+    if status == 429:
+        return ToolError(
+            f"{where} was rate limited (HTTP 429); try again later",
+            kind=ErrorKind.RATE_LIMIT,
+            status=status,
+            retry_after_s=retry_after(exc.response),
+            details=details,
+        )
+    if status in (404, 408, 410) or status >= 500:
+        return ToolError(
+            f"{where} failed with HTTP {status}: the agent's endpoint is not available; "
+            f"try again later or check the agent's URL",
+            kind=ErrorKind.UNAVAILABLE,
+            status=status,
+            retry_after_s=retry_after(exc.response),
+            details=details,
+        )
+    return ToolError(
+        f"{where} failed with HTTP {status}",
+        kind=ErrorKind.TOOL_ERROR,
+        status=status,
+        details=details,
+    )
+
+
+def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
+    """The ``ToolError`` for ``exc``, raised while doing ``action`` with ``agent``.
+
+    unreachable (connection refused, DNS, HTTP 404/5xx) -> ``unavailable``;
+    timeouts -> ``timeout``; HTTP 401/403 -> ``auth``; HTTP 429 ->
+    ``rate_limit``; JSON-RPC -32001 TaskNotFound -> ``not_found``; -32002
+    TaskNotCancelable -> ``conflict``; -32600/-32602 -> ``invalid_args``;
+    -32603 from the agent -> ``tool_error`` carrying the agent's text; any
+    other A2A error -> ``tool_error`` with its code in ``details``.
+    """
+    where = f"agent {agent!r}: {action}"
+    details: dict[str, Any] = {"agent": agent}
+    if isinstance(exc, ToolError):
+        return exc
+    if isinstance(exc, A2AClientTimeoutError) or isinstance(
+        _cause(exc, httpx.TimeoutException), httpx.TimeoutException
+    ):
+        return ToolError(
+            f"{where} timed out; the agent may still be working (use hands_off=true for long "
+            f"tasks, or raise plugins.a2a.timeout_s)",
+            kind=ErrorKind.TIMEOUT,
+            details=details,
+        )
+    http_err = _cause(exc, httpx.HTTPStatusError)
+    if isinstance(http_err, httpx.HTTPStatusError):
+        return _status_error(http_err, agent, action)
+    req_err = _cause(exc, httpx.RequestError)
+    if isinstance(req_err, httpx.RequestError):
+        return ToolError(
+            f"{where} failed: the agent is unreachable ({type(req_err).__name__}: {req_err}); "
+            f"try again later or check the agent's URL",
+            kind=ErrorKind.UNAVAILABLE,
+            details=details,
+        )
+    if isinstance(exc, A2AError) and not isinstance(exc, A2AClientError):
+        code = JSON_RPC_ERROR_CODE_MAP.get(type(exc))
+        if code is not None:
+            details["code"] = code
+        if exc.data:
+            details["data"] = exc.data
+        text = exc.message or str(exc)
+        if isinstance(exc, TaskNotFoundError):
+            return ToolError(
+                f"{where}: the agent has no such task ({text}); it may have expired — start a "
+                f"new one with agent_{agent}",
+                kind=ErrorKind.NOT_FOUND,
+                details=details,
+            )
+        if isinstance(exc, TaskNotCancelableError):
+            return ToolError(
+                f"{where}: the task cannot be canceled ({text})",
+                kind=ErrorKind.CONFLICT,
+                details=details,
+            )
+        if isinstance(exc, (InvalidParamsError, InvalidRequestError)):
+            return ToolError(
+                f"{where}: the agent rejected the request as invalid: {text}",
+                kind=ErrorKind.INVALID_ARGS,
+                details=details,
+            )
+        if isinstance(exc, InternalError):
+            return ToolError(f"{where}: the agent failed: {text}", details=details)
+        if isinstance(exc, VersionNotSupportedError):
+            return ToolError(
+                f"{where}: the agent does not speak the protocol version its card announced "
+                f"({text}); check the card's supportedInterfaces",
+                details=details,
+            )
+        return ToolError(f"{where}: the agent answered an error: {text}", details=details)
+    if isinstance(exc, A2AClientError):
+        text = exc.message or str(exc)
+        m = _RPC_CODE.match(text)
+        if m:
+            details["code"] = int(m.group(1))
+            text = m.group(2)
+        return ToolError(f"{where}: {text}", details=details)
+    return ToolError(f"{where}: {type(exc).__name__}: {exc}", details=details)

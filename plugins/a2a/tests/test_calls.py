@@ -1,0 +1,342 @@
+"""Calling real a2a-sdk agents in process (httpx.ASGITransport): answers, streaming, errors."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import pytest
+from toolwire_a2a_testkit import RESEARCH, Agent, KernelFactory, Router, fixture, make_agent
+
+from toolwire import ErrorKind
+
+pytestmark = pytest.mark.anyio
+
+AGENTS = {"agents": [{"url": RESEARCH, "nickname": "research"}]}
+
+
+async def test_agent_becomes_two_tools_described_by_its_card(make_kernel: KernelFactory) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    tool = kernel.get_tool("agent_research")
+    task_tool = kernel.get_tool("agent_research_task")
+    assert tool is not None and task_tool is not None
+    assert tool.source == task_tool.source == "a2a:research"
+    assert "Performs multi-source research" in tool.description
+    assert "Deep research" in tool.description
+    assert "Summarize recent work on solid-state batteries" in tool.description
+    assert {"a2a", "specialist", "research"} <= tool.tags
+    props = tool.input_schema["properties"]
+    assert props["query"]["type"] == "string"
+    assert props["hands_off"] == {**props["hands_off"], "type": "boolean", "default": False}
+    assert "context_id" in props and tool.input_schema["required"] == ["query"]
+    assert tool.annotations.openWorldHint is True
+    # discovery finds the agent by what its card says it can do
+    found = kernel.find_tools("summarize solid-state batteries research", limit=3)
+    assert found and found[0].name == "agent_research"
+
+
+async def test_blocking_call_returns_the_artifacts(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    kernel, _ = await make_kernel({**AGENTS, "streaming": False})
+    res = await kernel.call("agent_research", {"query": "solid-state batteries"})
+    assert not res.is_error, res.content
+    c = res.content
+    assert c["state"] == "completed" and c["done"] is True and c["interrupted"] is False
+    assert c["text"] == "Findings on: solid-state batteries"
+    assert c["artifacts"] == [{"name": "report", "text": "Findings on: solid-state batteries"}]
+    assert c["task_id"] and c["context_id"]
+    assert res.meta.extra["a2a"]["task_id"] == c["task_id"]
+    assert research.executor.seen[-1]["text"] == "solid-state batteries"
+
+
+async def test_message_reply_and_context_sent_as_metadata(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    config = {
+        "agents": [{"url": RESEARCH, "nickname": "research", "context": {"team": "blue"}}],
+        "context": {"tenant": "acme", "locale": "en", "team": "red"},
+    }
+    kernel, _ = await make_kernel(config)
+    res = await kernel.call("agent_research", {"query": "msg hello"})
+    assert not res.is_error, res.content
+    assert res.content["state"] == "completed" and res.content["task_id"] is None
+    assert res.content["text"].startswith("echo: msg hello")
+    # global context with the agent's own context merged over it
+    assert research.executor.seen[-1]["metadata"] == {
+        "tenant": "acme",
+        "locale": "en",
+        "team": "blue",
+    }
+
+
+async def test_streaming_reports_progress_and_merges_artifact_chunks(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    notes: list[str | None] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        notes.append(message)
+
+    res = await kernel.call("agent_research", {"query": "stream"}, progress=progress)
+    assert not res.is_error, res.content
+    assert res.content["text"] == "part one;\npart two"
+    assert res.content["artifacts"] == [{"name": "report", "text": "part one;\npart two"}]
+    assert "research: working: reading sources" in notes
+    assert notes[-1] == "research: completed"
+    rpc = [h for h in router.hits if h.path == "/a2a/jsonrpc"]
+    assert rpc and rpc[-1].headers.get("accept") == "text/event-stream"  # SendStreamingMessage
+    assert rpc[-1].headers.get("a2a-version") == "1.0"
+
+
+async def test_streaming_off_uses_blocking_send_message(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    kernel, _ = await make_kernel({**AGENTS, "streaming": False})
+    notes: list[str | None] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        notes.append(message)
+
+    res = await kernel.call("agent_research", {"query": "stream"}, progress=progress)
+    assert res.content["text"] == "part one;\npart two"
+    assert notes == []
+    rpc = [h for h in router.hits if h.path == "/a2a/jsonrpc"]
+    assert rpc[-1].headers.get("accept") != "text/event-stream"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_failing_agent_is_a_tool_error_with_the_agents_text(
+    make_kernel: KernelFactory, streaming: bool
+) -> None:
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "crash"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.TOOL_ERROR
+    assert "agent crashed: the database is on fire" in res.error.message
+    assert "agent 'research'" in res.error.message
+    assert res.error.details["code"] == -32603
+    assert res.error.source == "a2a:research"
+
+
+async def test_failed_task_state_is_a_tool_error(make_kernel: KernelFactory) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    res = await kernel.call("agent_research", {"query": "fail"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.TOOL_ERROR
+    assert "failed the task: I cannot do that: no data" in res.error.message
+    assert res.error.details["state"] == "failed" and res.error.details["task_id"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_input_required_is_surfaced_and_context_id_continues(
+    make_kernel: KernelFactory, router: Router, streaming: bool
+) -> None:
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    first = await kernel.call("agent_research", {"query": "ask"})
+    assert not first.is_error, first.content
+    c = first.content
+    assert c["state"] == "input-required"
+    assert c["done"] is False and c["interrupted"] is True
+    assert c["text"] == "Which city?"
+    assert c["context_id"] and "context_id" in c["next"]
+    # the answer, with only the context_id: the interrupted task is continued
+    second = await kernel.call("agent_research", {"query": "Paris", "context_id": c["context_id"]})
+    assert not second.is_error, second.content
+    assert second.content["state"] == "completed"
+    assert second.content["text"] == "Weather in Paris: sunny"
+    assert second.content["task_id"] == c["task_id"]
+    sent = router.rpc_messages("research.test")[-1]
+    assert sent["taskId"] == c["task_id"] and sent["contextId"] == c["context_id"]
+    # a further message in the same conversation starts a new task in that context
+    third = await kernel.call("agent_research", {"query": "more", "context_id": c["context_id"]})
+    assert third.content["context_id"] == c["context_id"]
+    assert third.content["task_id"] != c["task_id"]
+    sent = router.rpc_messages("research.test")[-1]
+    assert "taskId" not in sent and sent["contextId"] == c["context_id"]
+
+
+async def test_explicit_task_id_answers_an_auth_required_task(
+    make_kernel: KernelFactory,
+) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    first = await kernel.call("agent_research", {"query": "login"})
+    assert first.content["state"] == "auth-required" and first.content["interrupted"] is True
+    assert first.content["text"] == "Sign in first."
+    args = {
+        "query": "Lyon",
+        "context_id": first.content["context_id"],
+        "task_id": first.content["task_id"],
+    }
+    second = await kernel.call("agent_research", args)
+    assert second.content["state"] == "completed", second.content
+    assert second.content["text"] == "Weather in Lyon: sunny"
+
+
+async def test_hands_off_then_get_the_task(make_kernel: KernelFactory, research: Agent) -> None:
+    kernel, _ = await make_kernel({**AGENTS, "poll_interval_s": 0.02})
+    res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
+    assert not res.is_error, res.content
+    c = res.content
+    assert c["state"] in ("submitted", "working") and c["done"] is False
+    assert c["interrupted"] is False
+    assert c["task_id"] and c["context_id"]
+    assert "agent_research_task" in c["next"]
+    now = await kernel.call("agent_research_task", {"task_id": c["task_id"]})
+    assert now.content["state"] in ("submitted", "working") and now.content["done"] is False
+    research.executor.gate.set()
+    later = await kernel.call("agent_research_task", {"task_id": c["task_id"], "wait_s": 10})
+    assert not later.is_error, later.content
+    assert later.content["state"] == "completed"
+    assert later.content["text"] == "Findings on: wait"
+    assert later.content["context_id"] == c["context_id"]
+
+
+async def test_cancel_a_handed_off_task(make_kernel: KernelFactory, research: Agent) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
+    task_id = res.content["task_id"]
+    with anyio.fail_after(10):
+        cancelled = await kernel.call("agent_research_task", {"task_id": task_id, "cancel": True})
+    assert not cancelled.is_error, cancelled.content
+    assert cancelled.content["state"] == "canceled" and cancelled.content["done"] is True
+    again = await kernel.call("agent_research_task", {"task_id": task_id, "cancel": True})
+    assert again.is_error and again.error is not None
+    assert again.error.kind in (ErrorKind.CONFLICT, ErrorKind.TOOL_ERROR)
+
+
+async def test_unknown_task_is_not_found(make_kernel: KernelFactory) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    res = await kernel.call("agent_research_task", {"task_id": "no-such-task"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.NOT_FOUND
+    assert res.error.details["code"] == -32001
+    assert "no such task" in res.error.message
+
+
+async def test_unreachable_agent_is_unavailable(make_kernel: KernelFactory, router: Router) -> None:
+    kernel, plugin = await make_kernel(AGENTS)
+    del router.hosts["research.test"]  # the agent goes away after its card was read
+    res = await kernel.call("agent_research", {"query": "anything"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE
+    assert "unreachable" in res.error.message
+    assert plugin.agents()[RESEARCH + "/.well-known/agent-card.json"]["status"] == "down"
+
+
+async def test_auth_is_refused_without_credentials_and_works_with_them(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    secure = make_agent("http://secure.test", name="Secure Agent", bearer="s3cret")
+    router.hosts["secure.test"] = secure.app
+    kernel, _ = await make_kernel({"agents": {"secure": "http://secure.test"}})
+    res = await kernel.call("agent_secure", {"query": "x"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.AUTH
+    assert res.error.details["status"] == 401
+    assert "bearer_token" in res.error.message
+
+    agents: dict[str, Any] = {"secure": {"url": "http://secure.test", "bearer_token": "s3cret"}}
+    kernel2, _ = await make_kernel({"agents": agents})
+    ok = await kernel2.call("agent_secure", {"query": "x"})
+    assert not ok.is_error, ok.content
+    assert ok.content["text"] == "Findings on: x"
+    assert "s3cret" not in json.dumps(ok.to_dict())
+
+
+async def test_rest_binding_agent(make_kernel: KernelFactory, router: Router) -> None:
+    rest = make_agent("http://rest.test", name="Rest Agent", rest=True)
+    router.hosts["rest.test"] = rest.app
+    kernel, _ = await make_kernel({"agents": ["http://rest.test"], "streaming": False})
+    assert kernel.get_tool("agent_rest_agent") is not None  # nickname from the card name
+    res = await kernel.call("agent_rest_agent", {"query": "ping"})
+    assert not res.is_error, res.content
+    assert res.content["text"] == "Findings on: ping"
+    assert any(h.path == "/message:send" for h in router.hits if h.host == "rest.test")
+
+
+async def test_legacy_v0_3_agent_is_called_with_v0_3_methods(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    legacy = fixture("agent_card_v0_3_legacy.json")
+    legacy["url"] = "http://translator.test/a2a"
+    agent = make_agent("http://translator.test", legacy_card=legacy, rpc_path="/a2a")
+    router.hosts["translator.test"] = agent.app
+    kernel, _ = await make_kernel({"agents": ["http://translator.test"]})
+    tool = kernel.get_tool("agent_legacy_translator")
+    assert tool is not None and "Translate 'hello' to French" in tool.description
+    res = await kernel.call("agent_legacy_translator", {"query": "bonjour"})
+    assert not res.is_error, res.content
+    assert res.content["text"] == "Findings on: bonjour"
+    rpc = [h for h in router.hits if h.host == "translator.test" and h.path == "/a2a"]
+    assert rpc and rpc[-1].headers.get("a2a-version") == "0.3"
+
+
+async def test_arguments_are_validated_before_the_agent_is_called(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    res = await kernel.call("agent_research", {"query": "x", "handsoff": True})
+    assert res.is_error and res.error is not None and res.error.kind == ErrorKind.INVALID_ARGS
+    res = await kernel.call("agent_research", {"hands_off": True})
+    assert res.is_error and res.error is not None and res.error.kind == ErrorKind.INVALID_ARGS
+    assert research.executor.seen == []
+
+
+async def test_a_stale_remembered_task_does_not_block_the_conversation(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    first = await kernel.call("agent_research", {"query": "hello"})
+    context_id = first.content["context_id"]
+    # an interrupted task remembered for this conversation that the agent no longer has
+    await kernel.state.set(f"a2a:interrupted:research:{context_id}", "gone-task")
+    res = await kernel.call("agent_research", {"query": "again", "context_id": context_id})
+    assert not res.is_error, res.content
+    assert res.content["text"] == "Findings on: again"
+    sent = router.rpc_messages("research.test")[-2:]
+    assert sent[0]["taskId"] == "gone-task" and "taskId" not in sent[1]
+    assert await kernel.state.get(f"a2a:interrupted:research:{context_id}") is None
+
+
+async def test_a_crash_while_answering_is_not_sent_twice(
+    make_kernel: KernelFactory, router: Router, research: Agent
+) -> None:
+    kernel, _ = await make_kernel(AGENTS)
+    first = await kernel.call("agent_research", {"query": "ask"})
+    context_id = first.content["context_id"]
+    before = len(router.rpc_messages("research.test"))
+    # the answer makes the agent crash: an error, and the message went out exactly once
+    res = await kernel.call("agent_research", {"query": "crash", "context_id": context_id})
+    assert res.is_error and res.error is not None and res.error.details["code"] == -32603
+    sent = router.rpc_messages("research.test")
+    assert len(sent) == before + 1 and sent[-1]["taskId"] == first.content["task_id"]
+    assert [s["text"] for s in research.executor.seen].count("crash") == 1
+
+
+async def test_a_card_offering_only_grpc_answers_unavailable(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    grpc = make_agent("http://grpc.test", name="Grpc Agent", binding="GRPC")
+    router.hosts["grpc.test"] = grpc.app
+    kernel, _ = await make_kernel({"agents": ["http://grpc.test"]})
+    res = await kernel.call("agent_grpc_agent", {"query": "x"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE
+    assert "no transport toolwire can use" in res.error.message
+
+
+async def test_per_agent_settings_and_timeout_reach_the_call_tool(
+    make_kernel: KernelFactory,
+) -> None:
+    agent = {"url": RESEARCH, "nickname": "research", "timeout_s": 42}
+    agent["settings"] = {"approval": "REQUIRED"}
+    kernel, _ = await make_kernel({"agents": [agent], "timeout_s": 5})
+    call = kernel.get_tool("agent_research")
+    task = kernel.get_tool("agent_research_task")
+    assert call is not None and task is not None
+    assert call.settings["approval"] == "REQUIRED" and call.timeout_s == 42
+    assert call.settings["a2a"]["agent"] == "research"
+    assert "approval" not in task.settings  # polling a task needs no approval

@@ -1,0 +1,157 @@
+"""A real agent on a loopback port (uvicorn, started and stopped by the test), real HTTP."""
+
+from __future__ import annotations
+
+import copy
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import uvicorn
+from toolwire_a2a_testkit import Agent, eventually, make_agent
+
+from toolwire import ErrorKind, Kernel
+
+pytestmark = pytest.mark.anyio
+
+
+class LoopbackAgent:
+    """An a2a-sdk agent served by uvicorn on 127.0.0.1 in a thread of its own."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.agent: Agent = make_agent(self.url, name="Loopback Specialist")
+        config = uvicorn.Config(self.agent.app, log_level="warning", lifespan="off")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def start(self) -> LoopbackAgent:
+        self.thread.start()
+        deadline = time.monotonic() + 15
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise AssertionError("the loopback agent did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.agent.executor.release()
+        self.server.should_exit = True
+        self.thread.join(15)
+        self.sock.close()
+        assert not self.thread.is_alive(), "the loopback agent did not stop"
+
+
+@pytest.fixture
+def loopback() -> Iterator[LoopbackAgent]:
+    agent = LoopbackAgent().start()
+    try:
+        yield agent
+    finally:
+        if agent.thread.is_alive():
+            agent.stop()
+
+
+def kernel_from_toml(tmp_path: Path, body: str) -> Kernel:
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text('enabled_plugins = ["a2a"]\n\n[plugins.a2a]\n' + body)
+    return Kernel.from_config(str(cfg))
+
+
+async def test_configured_by_toml_streaming_hands_off_and_shutdown(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    kernel = kernel_from_toml(
+        tmp_path,
+        f'agents = ["{loopback.url}"]\npoll_interval_s = 0.05\ncontext = {{tenant = "acme"}}\n',
+    )
+    async with kernel:
+        tool = kernel.get_tool("agent_loopback_specialist")
+        assert tool is not None and tool.source == "a2a:loopback_specialist"
+
+        notes: list[str | None] = []
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            notes.append(message)
+
+        res = await kernel.call("agent_loopback_specialist", {"query": "stream"}, progress=progress)
+        assert not res.is_error, res.content
+        assert res.content["text"] == "part one;\npart two"
+        assert "loopback_specialist: working: reading sources" in notes
+
+        res = await kernel.call("agent_loopback_specialist", {"query": "msg hi"})
+        assert res.content["text"] == 'echo: msg hi; metadata={"tenant": "acme"}'
+
+        started = await kernel.call(
+            "agent_loopback_specialist", {"query": "wait", "hands_off": True}
+        )
+        assert started.content["done"] is False, started.content
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task",
+            {"task_id": started.content["task_id"], "wait_s": 10},
+        )
+        assert done.content["state"] == "completed", done.content
+        assert done.content["text"] == "Findings on: wait"
+
+        # a blocking call cut by its deadline still tells which task keeps running
+        loopback.agent.executor.hold()
+        cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
+        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
+        running = cut.meta.extra["a2a"]["task_id"]
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 10}
+        )
+        assert done.content["text"] == "Findings on: wait", done.content
+
+        loopback.stop()  # the agent goes away: calls answer unavailable, nothing crashes
+        res = await kernel.call("agent_loopback_specialist", {"query": "x"})
+        assert res.is_error and res.error is not None
+        assert res.error.kind == ErrorKind.UNAVAILABLE
+
+
+async def test_nothing_listening_at_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    kernel = kernel_from_toml(
+        tmp_path, f'agents = ["http://127.0.0.1:{port}"]\nrequest_timeout_s = 5\n'
+    )
+    async with kernel:
+        assert kernel.list_tools() == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_calls_and_scheduled_refresh_under_trio(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    kernel = kernel_from_toml(
+        tmp_path, f'agents = ["{loopback.url}"]\nstreaming = false\nrefresh_interval_s = 0.05\n'
+    )
+    async with kernel:
+        res = await kernel.call("agent_loopback_specialist", {"query": "trio"})
+        assert res.content["text"] == "Findings on: trio", res.content
+        card = copy.deepcopy(loopback.agent.card)
+        card.description = "Rewritten while running."
+        loopback.agent.card = card  # the scheduled refresh (a trio system task) picks it up
+        await eventually(
+            lambda: (
+                "Rewritten"
+                in getattr(kernel.get_tool("agent_loopback_specialist"), "description", "")
+            )
+        )
+        plugin = kernel.get_plugin("a2a")
+    assert plugin._refresher is None  # stopped at shutdown
+    hits = loopback.agent.card_requests
+    await anyio.sleep(0.2)
+    assert loopback.agent.card_requests == hits

@@ -1,0 +1,251 @@
+"""Configuration, cards, results and error mapping, checked against the shared fixtures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from a2a.client.errors import A2AClientError
+from a2a.utils.errors import InternalError, TaskNotFoundError
+from toolwire_a2a_testkit import FIXTURES, fixture
+
+from toolwire import ConfigError, ErrorKind, Kernel
+from toolwire_a2a import A2AConfig, A2APlugin, card_url_for
+from toolwire_a2a._cards import describe_card, make_entry, selector_matches
+from toolwire_a2a._config import Selector
+from toolwire_a2a._errors import map_error
+from toolwire_a2a._results import StreamAggregator, task_result
+
+pytestmark = pytest.mark.anyio
+
+
+# ------------------------------------------------------------------ config
+def test_agents_accept_urls_tables_and_a_table_keyed_by_nickname() -> None:
+    a = A2AConfig.model_validate(
+        {"agents": ["http://a.test", {"url": "http://b.test/card.json", "nickname": "bee"}]}
+    )
+    assert [x.card_url for x in a.agents] == [
+        "http://a.test/.well-known/agent-card.json",
+        "http://b.test/card.json",
+    ]
+    assert a.agents[1].nickname == "bee"
+    b = A2AConfig.model_validate(
+        {"agents": {"res": "http://r.test/", "tr": {"url": "http://t.test", "bearer_token": "zq9"}}}
+    )
+    assert [(x.nickname, x.card_url) for x in b.agents] == [
+        ("res", "http://r.test/.well-known/agent-card.json"),
+        ("tr", "http://t.test/.well-known/agent-card.json"),
+    ]
+    assert b.agents[1].http_headers() == {"Authorization": "Bearer zq9"}
+    assert "zq9" not in repr(b)
+
+
+def test_card_url_for_keeps_card_urls_and_queries() -> None:
+    assert card_url_for("http://h:8/base/") == "http://h:8/base/.well-known/agent-card.json"
+    assert card_url_for("http://h/x.json?v=1") == "http://h/x.json?v=1"
+    assert card_url_for("http://h/a?k=1") == "http://h/a/.well-known/agent-card.json?k=1"
+
+
+@pytest.mark.parametrize(
+    ("section", "expected"),
+    [
+        ('agents = ["ftp://x"]', "must start with http:// or https://"),
+        ('agents = [{url = "http://x", nickname = "Bad Name"}]', "nickname 'Bad Name' must be"),
+        (
+            'agents = [{url = "http://a", nickname = "n"}, {url = "http://b", nickname = "n"}]',
+            "two agents use the nickname 'n'",
+        ),
+        ("context = {when = 1979-05-27T07:32:00Z}", "JSON message metadata"),
+        ('registry = {url = "http://r", selector = {tagz = ["x"]}}', "unknown key"),
+        ("refresh_interval_s = -1", "plugins.a2a.refresh_interval_s"),
+    ],
+)
+def test_config_errors_name_the_key_and_the_fix(
+    tmp_path: Path, section: str, expected: str
+) -> None:
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text(f'enabled_plugins = ["a2a"]\n[plugins.a2a]\n{section}\n')
+    with pytest.raises(ConfigError, match=r"plugins\.a2a") as err:
+        Kernel.from_config(str(cfg))
+    assert expected in str(err.value)
+
+
+async def test_loaded_from_its_entry_point_with_no_configuration(tmp_path: Path) -> None:
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text('enabled_plugins = ["a2a"]\n')
+    kernel = Kernel.from_config(str(cfg))
+    plugin = kernel.plugins.plugins["a2a"].plugin
+    assert isinstance(plugin, A2APlugin) and plugin.config == A2AConfig()
+    async with kernel:
+        assert kernel.list_tools() == []
+
+
+def test_env_and_secret_refs_configure_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from toolwire import load_config
+
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text(
+        'enabled_plugins = ["a2a"]\n[plugins.a2a]\n'
+        'agents = [{url = "http://a.test", bearer_token = {"$secretRef" = "AGENT_TOKEN"}}]\n'
+    )
+    env = {"AGENT_TOKEN": "t0k3n", "TOOLWIRE_PLUGINS__A2A__REFRESH_INTERVAL_S": "60"}
+    loaded = load_config(str(cfg), env=env)
+    conf = A2AConfig.model_validate(loaded.plugins["a2a"])
+    assert conf.refresh_interval_s == 60
+    assert conf.agents[0].http_headers()["Authorization"] == "Bearer t0k3n"
+    assert "t0k3n" not in repr(conf) and "t0k3n" not in conf.model_dump_json()
+    only_env = load_config(
+        str(cfg), env={**env, "TOOLWIRE_PLUGINS__A2A__AGENTS": '["http://b.test"]'}
+    )
+    assert [a.url for a in A2AConfig.model_validate(only_env.plugins["a2a"]).agents] == [
+        "http://b.test"
+    ]
+
+
+# ------------------------------------------------------------------- cards
+def test_v1_and_v0_3_cards_parse_and_describe_themselves() -> None:
+    v1 = make_entry("http://r/card.json", fixture("agent_card_v1.json"))
+    assert v1.card.name == "Research Specialist"
+    assert [i.protocol_version for i in v1.card.supported_interfaces] == ["1.0", "0.3"]
+    legacy = make_entry("http://t/card.json", fixture("agent_card_v0_3_legacy.json"))
+    iface = legacy.card.supported_interfaces[0]
+    assert (iface.url, iface.protocol_binding) == ("http://translator.test/a2a", "JSONRPC")
+    assert iface.protocol_version.startswith("0.3")
+    text = describe_card(v1.card, "research", limit=2000)
+    for expected in (
+        "Performs multi-source research",
+        "Example Labs",
+        "Deep research",
+        "Fact check",
+        "Summarize recent work on solid-state batteries",
+        "agent_research_task",
+    ):
+        assert expected in text
+
+
+def test_description_is_cut_to_the_limit_but_keeps_the_usage_line() -> None:
+    data = fixture("agent_card_v1.json")
+    data["skills"] = [
+        {"id": f"s{i}", "name": f"Skill {i}", "description": "x" * 200, "tags": ["t"]}
+        for i in range(50)
+    ]
+    card = make_entry("http://r/card.json", data).card
+    text = describe_card(card, "research", limit=800)
+    assert len(text) <= 900
+    assert "more skills" in text and text.endswith("answer the agent's question).")
+
+
+def test_broken_cards_are_rejected_with_a_reason() -> None:
+    from toolwire_a2a._cards import CardFetchError
+
+    with pytest.raises(CardFetchError, match="no `name`"):
+        make_entry("http://x/c.json", {"description": "nameless"})
+    with pytest.raises(CardFetchError, match="names no endpoint"):
+        make_entry("http://x/c.json", {"name": "Nowhere"})
+    with pytest.raises(CardFetchError, match="not a JSON object"):
+        make_entry("http://x/c.json", ["list"])
+
+
+def test_selector_any_of_and_all_of() -> None:
+    card = make_entry("http://r/c.json", fixture("agent_card_v1.json")).card
+    assert selector_matches(Selector(tags=["SPECIALIST", "web"]), card)
+    assert not selector_matches(Selector(tags=["specialist", "finance"]), card)
+    assert selector_matches(Selector(tags=["specialist", "finance"], match="any"), card)
+    assert selector_matches(Selector(skills=["fact-check"]), card)
+    assert selector_matches(Selector(names=["res*"]), card, "research")
+    assert not selector_matches(Selector(names=["bill*"]), card, "research")
+    assert selector_matches(Selector(), card)
+
+
+# ----------------------------------------------------------------- results
+def test_task_result_from_the_captured_sendmessage_response() -> None:
+    task = fixture("sendmessage_response_task_v1.json")["result"]["task"]
+    out = task_result("research", task)
+    assert out["state"] == "completed" and out["done"] is True
+    assert out["text"] == "Findings on: solid-state batteries"
+    assert out["task_id"] == task["id"] and out["context_id"] == task["contextId"]
+    got = task_result("research", fixture("gettask_response_v1.json")["result"])
+    assert got["artifacts"] == [{"name": "report", "text": "Findings on: solid-state batteries"}]
+
+
+def test_stream_aggregator_on_the_captured_sse_body() -> None:
+    agg = StreamAggregator()
+    notes = []
+    for line in (FIXTURES / "sendstreamingmessage_v1.sse.txt").read_text().splitlines():
+        if line.startswith("data: "):
+            notes.append(agg.apply(json.loads(line[6:])["result"]))
+    assert notes == ["task submitted", "working", "artifact report", "completed"]
+    out = agg.result("research")
+    assert out["state"] == "completed" and out["text"] == "Findings on: solid-state batteries"
+
+
+def test_v0_3_states_and_data_and_file_parts() -> None:
+    task: dict[str, Any] = {
+        "id": "t",
+        "contextId": "c",
+        "status": {"state": "input-required"},
+        "artifacts": [
+            {
+                "artifactId": "a",
+                "parts": [
+                    {"data": {"rows": 2}},
+                    {"url": "https://x/f.pdf", "mediaType": "application/pdf", "filename": "f.pdf"},
+                    {"raw": "aGk=", "filename": "hi.txt"},
+                ],
+            }
+        ],
+    }
+    out = task_result("a", task)
+    assert out["state"] == "input-required" and out["interrupted"] and not out["done"]
+    assert out["artifacts"] == [
+        {
+            "name": "a",
+            "data": [{"rows": 2}],
+            "files": [
+                {"name": "f.pdf", "media_type": "application/pdf", "url": "https://x/f.pdf"},
+                {"name": "hi.txt", "base64": "aGk="},
+            ],
+        }
+    ]
+
+
+# ------------------------------------------------------------------ errors
+def _status_error(status: int, headers: dict[str, str] | None = None) -> Exception:
+    request = httpx.Request("POST", "http://a.test/rpc")
+    response = httpx.Response(status, headers=headers, request=request)
+    cause = httpx.HTTPStatusError("boom", request=request, response=response)
+    try:
+        raise A2AClientError(f"HTTP Error {status}") from cause
+    except A2AClientError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind", "retry_after"),
+    [
+        (_status_error(401), ErrorKind.AUTH, None),
+        (_status_error(403), ErrorKind.AUTH, None),
+        (_status_error(429, {"Retry-After": "7"}), ErrorKind.RATE_LIMIT, 7.0),
+        (_status_error(503, {"Retry-After": "2"}), ErrorKind.UNAVAILABLE, 2.0),
+        (_status_error(404), ErrorKind.UNAVAILABLE, None),
+        (_status_error(400), ErrorKind.TOOL_ERROR, None),
+        (TaskNotFoundError("Task not found"), ErrorKind.NOT_FOUND, None),
+        (InternalError("agent crashed"), ErrorKind.TOOL_ERROR, None),
+    ],
+)
+def test_error_kinds(exc: Exception, kind: str, retry_after: float | None) -> None:
+    err = map_error(exc, "research", "sending the message")
+    assert err.kind == kind
+    assert err.retry_after_s == retry_after
+    assert str(err).startswith("agent 'research': sending the message")
+
+
+def test_unknown_json_rpc_codes_keep_their_code() -> None:
+    err = map_error(A2AClientError("JSON-RPC Error -32050: quota gone"), "r", "x")
+    assert err.kind == ErrorKind.TOOL_ERROR and err.details["code"] == -32050
+    assert "quota gone" in str(err)
