@@ -58,8 +58,8 @@ class BackgroundTask:
         finally:
             self._done.set()
 
-    async def cancel(self, timeout: float = 5.0) -> None:
-        """Cancel the task and wait until it has stopped (at most ``timeout`` s)."""
+    async def cancel(self, wait_s: float = 5.0) -> None:
+        """Cancel the task and wait until it has stopped (at most ``wait_s`` seconds)."""
         self._scope.cancel()
-        with anyio.move_on_after(timeout, shield=True):
+        with anyio.move_on_after(wait_s, shield=True):
             await self._done.wait()
