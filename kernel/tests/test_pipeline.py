@@ -391,7 +391,7 @@ async def test_on_error_classifier_mutates_error_before_the_decider() -> None:
     r = await make_kernel(fake.tool, plugins=(d, Classify())).call("t", {})
     assert d.errors[0].kind == "rate_limit"
     assert r.error is not None and r.error.kind == "rate_limit" and r.error.retryable
-    assert r.meta.attempts[0].error_kind == "tool_error"  # as observed before classification
+    assert r.meta.attempts[0].error_kind == "rate_limit"  # as classified by on_error
 
 
 async def test_on_error_exception_is_recorded_and_skipped() -> None:
@@ -487,6 +487,7 @@ async def test_events_for_embedders() -> None:
     await k.call("t", {})
     assert [g[0] for g in got] == ["call_started", "attempt_failed", "retry", "call_finished"]
     assert got[1][1]["error"]["kind"] == "unavailable"
+    assert (got[1][1]["decision"], got[1][1]["decided_by"]) == ("retry", "decider")
     assert got[2][1] == {"after_s": 0.1, "decided_by": "decider", "attempt": 1}
     assert got[3][1]["result"]["content"] == {"ok": 1}
     assert async_got == ["t"]

@@ -27,6 +27,7 @@ __all__ = [
     "build_kernel",
     "installed_plugins",
     "load_config",
+    "read_secrets_file",
     "resolve_secrets",
 ]
 
@@ -131,7 +132,8 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         node[parts[-1].lower()] = _env_value(raw)
 
 
-def _read_secrets_file(path: Path) -> dict[str, str]:
+def read_secrets_file(path: Path) -> dict[str, str]:
+    """Parse a ``NAME=value`` secrets file (``#`` comments, optional ``export``, quotes)."""
     out: dict[str, str] = {}
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
@@ -228,7 +230,7 @@ def load_config(
             sp = Path(file).parent / sp
         if not sp.exists():
             raise ConfigError(f"secrets file {str(sp)!r} not found", file=file, key="secrets_file")
-        secrets = _read_secrets_file(sp)
+        secrets = read_secrets_file(sp)
     data = resolve_secrets(data, env=env, secrets=secrets, file=file)
     try:
         cfg = ToolwireConfig.model_validate(data)

@@ -541,6 +541,7 @@ class Kernel:
         cur_tool, cur_call = tool, call
         while True:
             ctx.attempt += 1
+            ctx.current_tool = cur_tool
             a0 = perf_counter()
             err: ErrorInfo
             try:
@@ -646,14 +647,22 @@ class Kernel:
         ctx: CallContext,
     ) -> ToolResult | tuple[Tool, ToolCall]:
         """on_error decisions and the kernel's guards: the final result or the next attempt."""
+        decision, by = await self._decide(cur_call, err, ctx)
+        # Record what classification made of the failure, not the raw exception's kind.
+        attempt.error_kind = str(err.kind)
+        if decision is not None:
+            attempt.decision = type(decision).__name__.lower()
         if self.events.active:
             await self.events.emit(
-                "attempt_failed", cur_call, attempt=ctx.attempt, error=err.to_dict()
+                "attempt_failed",
+                cur_call,
+                attempt=ctx.attempt,
+                error=err.to_dict(),
+                decision=attempt.decision,
+                decided_by=by or None,
             )
-        decision, by = await self._decide(cur_call, err, ctx)
         if decision is None:
             return ToolResult.from_error(err, ctx.meta)
-        attempt.decision = type(decision).__name__.lower()
         if isinstance(decision, Recover):
             try:
                 content = normalize_content(decision.result)

@@ -93,13 +93,17 @@ class ErrorInfo:
 
     def to_dict(self) -> JSON:
         """JSON-compatible form (without the exception)."""
+        try:
+            details = _jsonable(self.details)
+        except NotJSONError as exc:  # never let an odd detail lose the error itself
+            details = {"unserializable_details": str(exc)[:500]}
         return {
             "kind": str(self.kind),
             "message": self.message,
             "retryable": self.retryable,
             "retry_after_s": self.retry_after_s,
             "source": self.source,
-            "details": _jsonable(self.details),
+            "details": details,
         }
 
 
@@ -393,6 +397,8 @@ class CallContext:
     #: profiling), set in ``before_call`` or ``on_error``; it wins over the tool's and
     #: the kernel's default timeout and stays bounded by the overall deadline.
     attempt_timeout_s: float | None = None
+    #: The tool of the attempt running now (differs from ``tool`` after a Fallback).
+    current_tool: Tool | None = None
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""
