@@ -1,9 +1,26 @@
-"""toolwire-retry (work in progress)."""
+"""toolwire-retry: retries with backoff and jitter, fallback chains, a retry budget.
+
+The plugin (``retry``, order 500) answers ``on_error`` with a decision on the
+error the ratelimit plugin (order 400) classified: ``Retry(after_s)`` on the
+same provider (another key at once, or exponential backoff with full jitter
+honouring ``retry_after_s``), ``Fallback(tool)`` along the configured chain,
+or nothing (the error stands; an exhausted chain becomes one ``unavailable``
+error naming every provider's state). See docs/retry.md.
+"""
 
 from __future__ import annotations
 
+from ._config import BudgetConfig, FallbackSpec, RetryConfig, ToolPolicy
+from ._plugin import EmptyResult, RetryBudget, RetryPlugin, is_empty
 
-class RetryPlugin:
-    """Placeholder so the entry point resolves while the plugin is being written."""
-
-    name = "retry"
+__all__ = [
+    "BudgetConfig",
+    "EmptyResult",
+    "FallbackSpec",
+    "RetryBudget",
+    "RetryConfig",
+    "RetryPlugin",
+    "ToolPolicy",
+    "is_empty",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,504 @@
+"""``[plugins.ratelimit]``: providers, keys, patterns, cooldowns, outbound rates.
+
+The structure follows what operators know from search/LLM aggregation servers:
+a ``chain_order``, per-backend ``rate_limit_patterns``, ``cooldown_seconds``,
+``suspend_on_monthly_exhausted``, ``request_timeout_seconds``,
+``max_provider_attempts``, ``fallback_on_empty``. It may be written inline in
+``toolwire.toml`` or in an included YAML/TOML/JSON file (``config_file``);
+inline keys override the file's. ``backends`` is accepted for ``providers``
+and ``api_keys`` for ``keys``.
+
+Every regular expression is compiled at load (case-insensitive); an invalid
+one, or one with nested repetition that could backtrack catastrophically, is
+a configuration error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+
+import pydantic
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SecretStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from toolwire import ConfigError
+
+if TYPE_CHECKING:
+    from toolwire import Kernel
+
+M = TypeVar("M", bound=BaseModel)
+
+__all__ = [
+    "KeySpec",
+    "PatternKeys",
+    "PatternSpec",
+    "ProviderConfig",
+    "RateLimitConfig",
+    "RateSpec",
+    "ToolConfig",
+    "deep_merge",
+    "load_config_file",
+    "nested_repetition",
+    "with_config_file",
+]
+
+Kind = Literal["rate_limit", "quota", "auth", "unavailable", "timeout"]
+NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
+
+
+def nested_repetition(pattern: str) -> str | None:
+    """Why ``pattern`` may backtrack catastrophically (a repeat inside a repeat), or None.
+
+    A heuristic on the parsed pattern: an unbounded repetition that contains
+    another unbounded repetition (``(a+)+``, ``(\\w+\\s?)*``). Returns None when
+    the regex engine's parser is not available.
+    """
+    try:
+        from re import _parser  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - other Python implementations
+        return None
+    try:
+        tree = _parser.parse(pattern)
+    except Exception:
+        return None
+    maxrepeat = _parser.MAXREPEAT
+    repeats = {_parser.MAX_REPEAT, _parser.MIN_REPEAT}
+    possessive = getattr(_parser, "POSSESSIVE_REPEAT", None)
+
+    def children(op: Any, av: Any) -> list[Any]:
+        if op in repeats or op == possessive:
+            return [av[2]]
+        if op == _parser.SUBPATTERN:
+            return [av[3]]
+        if op == _parser.BRANCH:
+            return list(av[1])
+        if op in (_parser.ASSERT, _parser.ASSERT_NOT):
+            return [av[1]]
+        if op == getattr(_parser, "ATOMIC_GROUP", None):
+            return [av]
+        return []
+
+    def has_unbounded(sub: Any) -> bool:
+        for op, av in sub:
+            if op in repeats and av[1] == maxrepeat:
+                return True
+            if any(has_unbounded(c) for c in children(op, av)):
+                return True
+        return False
+
+    def walk(sub: Any) -> str | None:
+        for op, av in sub:
+            if op in repeats and av[1] == maxrepeat and has_unbounded(av[2]):
+                return "nested repetition such as (a+)+"
+            for c in children(op, av):
+                found = walk(c)
+                if found:
+                    return found
+        return None
+
+    return walk(tree)
+
+
+def _check_regex(value: str) -> str:
+    try:
+        re.compile(value, re.IGNORECASE)
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+    problem = nested_repetition(value)
+    if problem:
+        raise ValueError(
+            f"regular expression {value!r} may backtrack catastrophically on hostile input "
+            f"({problem}); rewrite it without a repetition inside a repetition"
+        )
+    return value
+
+
+Regex = Annotated[str, AfterValidator(_check_regex)]
+
+
+def _as_list(v: Any) -> Any:
+    return [v] if isinstance(v, (int, str)) and not isinstance(v, bool) else v
+
+
+class PatternSpec(BaseModel):
+    """One pattern with an explicit id and conditions (all that are given must hold)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Annotated[str, Field(pattern=NAME_RE)] | None = None
+    regex: Regex | None = Field(
+        None, description="searched in the error message and the body (case-insensitive)"
+    )
+    status: Annotated[list[Annotated[int, Field(ge=100, le=599)]], BeforeValidator(_as_list)] = (
+        Field(default_factory=list, description="HTTP statuses (any of)")
+    )
+    exception: Regex | None = Field(
+        None, description="must fully match an exception class name in the cause chain"
+    )
+
+    @model_validator(mode="after")
+    def _some_condition(self) -> PatternSpec:
+        if self.regex is None and not self.status and self.exception is None:
+            raise ValueError("a pattern needs at least one of regex, status, exception")
+        return self
+
+
+def _entry_kind(v: Any) -> str:
+    return "regex" if isinstance(v, str) else "pattern"
+
+
+#: A pattern entry: a regex string, or a table with conditions (errors name the entry).
+PatternEntry = Annotated[
+    Annotated[Regex, Tag("regex")] | Annotated[PatternSpec, Tag("pattern")],
+    Discriminator(_entry_kind),
+]
+PatternList = list[PatternEntry]
+
+
+def _statuses(v: Any) -> Any:
+    if isinstance(v, list):
+        return {s: ("rate_limit" if s == 429 else "unavailable") for s in v}
+    return v
+
+
+class PatternKeys(BaseModel):
+    """The pattern keys every scope (global, provider, tool) accepts."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    rate_limit_patterns: PatternList = Field(default_factory=list)
+    quota_patterns: PatternList = Field(default_factory=list)
+    auth_patterns: PatternList = Field(default_factory=list)
+    unavailable_patterns: PatternList = Field(default_factory=list)
+    timeout_patterns: PatternList = Field(default_factory=list)
+    deny_patterns: PatternList = Field(
+        default_factory=list,
+        description="a match makes the failure terminal, whatever else matches",
+    )
+    retryable_statuses: Annotated[
+        dict[Annotated[int, Field(ge=100, le=599)], Kind], BeforeValidator(_statuses)
+    ] = Field(
+        default_factory=dict,
+        description="status -> kind; a list means 429 -> rate_limit, others -> unavailable",
+    )
+
+    def pattern_items(self) -> list[tuple[str, int, str | PatternSpec]]:
+        """(kind, index, entry) for every configured pattern; kind 'deny' for deny patterns."""
+        out: list[tuple[str, int, str | PatternSpec]] = []
+        for kind in ("quota", "auth", "rate_limit", "unavailable", "timeout", "deny"):
+            for i, entry in enumerate(getattr(self, f"{kind}_patterns")):
+                out.append((kind, i, entry))
+        return out
+
+
+class KeySpec(BaseModel):
+    """An API key with an alias (the only name it appears under) and a weight."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    alias: Annotated[str, Field(pattern=NAME_RE)]
+    secret: SecretStr = Field(validation_alias=AliasChoices("secret", "key", "api_key", "value"))
+    weight: int = Field(1, ge=1, le=1000)
+
+
+def _rate(v: Any) -> Any:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return {"requests": v}
+    return v
+
+
+class RateSpec(BaseModel):
+    """Outbound rate: ``requests`` per ``per_seconds``, bursts of ``burst``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    requests: float = Field(gt=0)
+    per_seconds: float = Field(1.0, gt=0)
+    burst: int | None = Field(None, ge=1, le=100_000)
+    mode: Literal["wait", "fail_fast"] = "wait"
+    max_wait_seconds: float = Field(10.0, ge=0)
+
+    @property
+    def interval(self) -> float:
+        """Seconds between two requests at the sustained rate."""
+        return self.per_seconds / self.requests
+
+    @property
+    def capacity(self) -> int:
+        """Requests allowed at once."""
+        return self.burst if self.burst is not None else max(1, int(self.requests))
+
+
+Rate = Annotated[RateSpec, BeforeValidator(_rate)]
+
+
+class ProviderConfig(PatternKeys):
+    """``[plugins.ratelimit.providers.<name>]`` (or ``backends.<name>``)."""
+
+    tools: list[str] = Field(
+        default_factory=list,
+        description="tools served by this provider (the first is its fallback target)",
+    )
+    keys: list[SecretStr | KeySpec] = Field(
+        default_factory=list, validation_alias=AliasChoices("keys", "api_keys")
+    )
+    api_key: SecretStr | None = None
+    cooldown_seconds: float = Field(1.0, ge=0, description="first cooldown step after a rate limit")
+    max_cooldown_seconds: float = Field(3600.0, gt=0)
+    suspend_on_monthly_exhausted: bool = Field(
+        True, description="quota/budget exhausted: suspend the whole pool (else only that key)"
+    )
+    suspend_seconds: float = Field(
+        3600.0, gt=0, description="suspension when the provider names no reset time"
+    )
+    probe_timeout_seconds: float = Field(60.0, gt=0)
+    rate: Rate | None = None
+    # read by toolwire-retry
+    max_provider_attempts: int | None = Field(None, ge=1, le=100)
+    request_timeout_seconds: float | None = Field(None, gt=0)
+    fallback_on_empty: bool | None = None
+
+    @model_validator(mode="after")
+    def _unique_aliases(self) -> ProviderConfig:
+        aliases = [k.alias for k in self.keys if isinstance(k, KeySpec)]
+        dup = sorted({a for a in aliases if aliases.count(a) > 1})
+        if dup:
+            raise ValueError(f"duplicate key aliases {dup}")
+        return self
+
+
+class ToolConfig(PatternKeys):
+    """``[plugins.ratelimit.tools.<tool>]``: patterns, provider and rate for one tool."""
+
+    provider: Annotated[str, Field(pattern=NAME_RE)] | None = None
+    rate: Rate | None = None
+
+
+class RateLimitConfig(PatternKeys):
+    """``[plugins.ratelimit]``. See docs/ratelimit.md."""
+
+    config_file: str | None = Field(
+        None, description="a YAML, TOML or JSON file with these keys (relative to toolwire.toml)"
+    )
+    state_prefix: str = Field("ratelimit", pattern=r"^[A-Za-z0-9_.:{}-]{1,64}$")
+    use_default_patterns: bool = True
+    trust_tool_kinds: bool = Field(
+        True, description="a ToolError raised with kind rate_limit/quota/... counts as a match"
+    )
+    max_body_bytes: int = Field(8192, ge=256, le=1 << 20)
+    max_retry_after_seconds: float = Field(31 * 86400.0, gt=0)
+    providers: dict[Annotated[str, Field(pattern=NAME_RE)], ProviderConfig] = Field(
+        default_factory=dict, validation_alias=AliasChoices("providers", "backends")
+    )
+    tools: dict[str, ToolConfig] = Field(default_factory=dict)
+    # read by toolwire-retry (the aggregation-server keys)
+    chain_order: list[str] = Field(default_factory=list)
+    max_provider_attempts: int | None = Field(None, ge=1, le=100)
+    request_timeout_seconds: float | None = Field(None, gt=0)
+    fallback_on_empty: bool | None = None
+
+    @field_validator("chain_order")
+    @classmethod
+    def _no_duplicates(cls, v: list[str]) -> list[str]:
+        dup = sorted({x for x in v if v.count(x) > 1})
+        if dup:
+            raise ValueError(f"listed more than once: {dup}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_provider_per_tool(self) -> RateLimitConfig:
+        owner: dict[str, str] = {}
+        for pname, p in self.providers.items():
+            for t in p.tools:
+                if t in owner:
+                    raise ValueError(
+                        f"tool {t!r} is listed by providers {owner[t]!r} and {pname!r}; "
+                        "a tool belongs to one provider"
+                    )
+                owner[t] = pname
+        for tname, tc in self.tools.items():
+            if tc.provider and tname in owner and owner[tname] != tc.provider:
+                raise ValueError(
+                    f"tools.{tname}.provider is {tc.provider!r} but providers.{owner[tname]}.tools "
+                    "lists it"
+                )
+        return self
+
+
+# ----------------------------------------------------------- included files
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` on top; tables merge, anything else is replaced."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+_ENV_REF = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]{0,127})\}$")
+
+
+def _resolve(
+    value: Any, env: Mapping[str, str], secrets: Mapping[str, str], file: str, key: str
+) -> Any:
+    """``{"$secretRef": NAME}`` and whole-string ``${NAME}`` from the environment/secrets file."""
+    if isinstance(value, Mapping):
+        if "$secretRef" in value:
+            name = value["$secretRef"]
+            if set(value) != {"$secretRef"} or not isinstance(name, str):
+                raise ConfigError(
+                    'a secret reference must be exactly {"$secretRef": "NAME"}', file=file, key=key
+                )
+            return _lookup(name, env, secrets, file, key)
+        return {
+            str(k): _resolve(v, env, secrets, file, f"{key}.{k}" if key else str(k))
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_resolve(v, env, secrets, file, f"{key}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, str):
+        m = _ENV_REF.match(value)
+        if m:
+            return _lookup(m.group(1), env, secrets, file, key)
+    return value
+
+
+def _lookup(
+    name: str, env: Mapping[str, str], secrets: Mapping[str, str], file: str, key: str
+) -> str:
+    if name in env:
+        return env[name]
+    if name in secrets:
+        return secrets[name]
+    raise ConfigError(
+        f"secret {name!r} is not set; export {name}=... or add it to the secrets file",
+        file=file,
+        key=key,
+    )
+
+
+def load_config_file(
+    path: str,
+    *,
+    base_dir: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    secrets: Mapping[str, str] | None = None,
+) -> tuple[dict[str, Any], str]:
+    """Read an included config file (YAML, TOML or JSON by suffix): (data, resolved path).
+
+    Relative paths are taken from ``base_dir`` (the directory of toolwire.toml).
+    Secrets are resolved (``$secretRef`` and ``${NAME}``); ``backends`` is
+    renamed ``providers``. Errors are ``ConfigError`` naming the file.
+    """
+    p = Path(path).expanduser()
+    if not p.is_absolute() and base_dir is not None:
+        p = Path(base_dir) / p
+    file = str(p)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read the included config file: {exc}", file=file) from exc
+    suffix = p.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            try:
+                import yaml
+            except ImportError as exc:  # pragma: no cover - pyyaml is a dependency
+                raise ConfigError(
+                    "reading YAML needs PyYAML: pip install pyyaml", file=file
+                ) from exc
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"invalid YAML: {exc}", file=file) from exc
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError("unknown file type; use .yaml, .yml, .toml or .json", file=file)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"cannot parse: {exc}", file=file) from exc
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("the file must hold a mapping (a table) at the top level", file=file)
+    if "config_file" in data:
+        raise ConfigError(
+            "an included file cannot include another (config_file)", file=file, key="config_file"
+        )
+    if "backends" in data:
+        if "providers" in data:
+            raise ConfigError(
+                "give either 'backends' or 'providers', not both", file=file, key="backends"
+            )
+        data["providers"] = data.pop("backends")
+    for pdata in (data.get("providers") or {}).values():
+        if isinstance(pdata, dict) and "api_keys" in pdata and "keys" not in pdata:
+            pdata["keys"] = pdata.pop("api_keys")
+    data = _resolve(data, os.environ if env is None else env, secrets or {}, file, "")
+    return data, file
+
+
+def validation_error(exc: pydantic.ValidationError, *, file: str, prefix: str = "") -> ConfigError:
+    """A ConfigError naming the file and each failing key."""
+    msgs = []
+    for e in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in e.get("loc", ()))
+        msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+        msgs.append(f"{prefix}{loc}: {msg}")
+    return ConfigError("; ".join(msgs), file=file)
+
+
+def inline_data(config: BaseModel) -> dict[str, Any]:
+    """The keys the operator set inline (for merging over an included file)."""
+    return config.model_dump(exclude_unset=True, by_alias=False)
+
+
+def with_config_file(config: M, kernel: Kernel, section: str) -> M:
+    """``config`` on top of the file its ``config_file`` names, validated again.
+
+    The file is found next to the kernel's toolwire.toml (or in the working
+    directory); ``$secretRef``s resolve from the environment, then the
+    kernel's ``secrets_file``. Errors are ``ConfigError`` naming the file and key.
+    """
+    path = getattr(config, "config_file", None)
+    if not path:
+        return config
+    kcfg = kernel.config
+    base = Path(kcfg.path).parent if kcfg is not None and kcfg.path else None
+    secrets: dict[str, str] = {}
+    if kcfg is not None and kcfg.secrets_file:
+        from toolwire._config import read_secrets_file  # the kernel's own parser
+
+        sp = Path(kcfg.secrets_file)
+        if base is not None and not sp.is_absolute():
+            sp = base / sp
+        if sp.exists():
+            secrets = read_secrets_file(sp)
+    data, file = load_config_file(path, base_dir=base, secrets=secrets)
+    merged = deep_merge(data, inline_data(config))
+    merged.pop("config_file", None)
+    try:
+        return type(config).model_validate(merged)
+    except pydantic.ValidationError as exc:
+        raise validation_error(exc, file=file, prefix=f"{section} (included): ") from exc

@@ -1,0 +1,613 @@
+"""KeyPool: several API keys per provider, rotated fairly, cooled, quarantined, suspended.
+
+One record per provider in the kernel's StateStore (``<prefix>:pool:<provider>``)
+holds everything replicas must agree on; keys appear in it by alias only::
+
+    {"rr": {alias: current_weight},             # smooth weighted round-robin
+     "picks": {alias: n},                       # leases handed out (monotonic)
+     "keys": {alias: {"strikes": n,             # rate limits in a row
+                      "cool_until": t,          # cooling down until (epoch s)
+                      "probe_until": t,         # a half-open probe is in flight
+                      "q": {...}}},             # sticky quarantine (auth failure)
+     "suspended": {"until": t, ...} | null}     # whole pool (quota/budget)
+
+Every change is a compare-and-set, so concurrent picks in one process or many
+never lose an update.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from toolwire import CallContext, ToolError
+
+from ._classify import Classification
+from ._store import NOCHANGE, LoopLock, Throttle, Throttled, cas_update
+
+if TYPE_CHECKING:
+    from ._plugin import RateLimitPlugin
+
+__all__ = [
+    "IMPLICIT",
+    "ApiKey",
+    "Availability",
+    "KeyLease",
+    "KeyPool",
+    "PoolSettings",
+    "PoolUnavailable",
+]
+
+log = logging.getLogger("toolwire.ratelimit")
+
+#: The alias of the single implicit "key" of a provider without keys.
+IMPLICIT = "-"
+_MAX_STRIKES = 30
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """An API key. ``secret`` never appears in ``repr``, logs, errors or stored state."""
+
+    alias: str
+    secret: str = field(repr=False)
+    weight: int = 1
+
+    @property
+    def fingerprint(self) -> str:
+        """A one-way fingerprint of (alias, secret): a changed secret lifts a quarantine."""
+        h = hashlib.sha256(
+            b"toolwire-ratelimit\0" + self.alias.encode() + b"\0" + self.secret.encode()
+        )
+        return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True, slots=True)
+class PoolSettings:
+    """Cooldown and suspension settings of one pool (from ``ProviderConfig``)."""
+
+    cooldown_s: float = 1.0
+    max_cooldown_s: float = 3600.0
+    suspend_on_monthly_exhausted: bool = True
+    suspend_s: float = 3600.0
+    probe_timeout_s: float = 60.0
+    max_retry_after_s: float = 31 * 86400.0
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a provider's pool can serve now, and if not, why and until when.
+
+    ``kind``: the error kind a caller should see (``rate_limit`` while keys cool
+    down, ``quota`` while suspended, ``auth`` when every key is quarantined).
+    ``retry_at`` is wall-clock (epoch seconds), None when only an operator can
+    help. ``keys`` maps each alias to ``ok``, ``half_open``, ``probing``,
+    ``cooling`` or ``quarantined``.
+    """
+
+    provider: str
+    available: bool
+    state: str
+    kind: str | None = None
+    reason: str = "ok"
+    retry_at: float | None = None
+    retry_after_s: float | None = None
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-compatible form."""
+        return {
+            "provider": self.provider,
+            "available": self.available,
+            "state": self.state,
+            "kind": self.kind,
+            "reason": self.reason,
+            "retry_at": self.retry_at,
+            "retry_after_s": self.retry_after_s,
+            "keys": dict(self.keys),
+        }
+
+
+class PoolUnavailable(ToolError):
+    """Raised by ``KeyPool.acquire`` when no key can be used now (already classified)."""
+
+    def __init__(self, availability: Availability, pattern: str | None = None) -> None:
+        super().__init__(
+            f"provider {availability.provider!r}: {availability.reason}",
+            kind=availability.kind or "unavailable",
+            retry_after_s=availability.retry_after_s,
+            details={
+                "provider": availability.provider,
+                "pattern": pattern or f"pool.{availability.state}",
+                "classified_by": "ratelimit",
+                "failover": True,
+                "pool": availability.to_dict(),
+            },
+        )
+        self.availability = availability
+
+
+def _norm(value: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"rr": {}, "picks": {}, "keys": {}, "suspended": None}
+    if isinstance(value, dict):
+        for k in ("rr", "picks", "keys"):
+            if isinstance(value.get(k), dict):
+                rec[k] = dict(value[k])
+        if isinstance(value.get("suspended"), dict):
+            rec["suspended"] = value["suspended"]
+    return rec
+
+
+def _num(d: Mapping[str, Any], k: str) -> float:
+    v = d.get(k)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0.0
+
+
+class KeyPool:
+    """The keys of one provider. Get it with ``RateLimitPlugin.of(kernel).pool(name)``
+    or ``toolwire_ratelimit.key_pool(ctx, name)``.
+
+    A provider without keys still has a pool (one implicit key): it tracks the
+    provider's cooldowns and suspension, and ``lease()`` gates on them.
+    """
+
+    def __init__(
+        self,
+        provider: str,
+        keys: list[ApiKey],
+        settings: PoolSettings,
+        plugin: RateLimitPlugin,
+        throttle: Throttle | None = None,
+    ) -> None:
+        self.provider = provider
+        self.settings = settings
+        self._plugin = plugin
+        self._keys: dict[str, ApiKey] = {k.alias: k for k in keys}
+        self._implicit = not keys
+        if self._implicit:
+            self._keys = {IMPLICIT: ApiKey(IMPLICIT, "", 1)}
+        self._order = list(self._keys)
+        self._total = sum(k.weight for k in self._keys.values())
+        self._throttle = throttle
+        self._lock = LoopLock()
+
+    def __repr__(self) -> str:
+        return f"KeyPool({self.provider!r}, aliases={self.aliases})"
+
+    # ------------------------------------------------------------ basics
+    @property
+    def aliases(self) -> list[str]:
+        """The key aliases, in configuration order (empty for a keyless provider)."""
+        return [] if self._implicit else list(self._order)
+
+    @property
+    def has_keys(self) -> bool:
+        """Whether the provider has real keys (False: only health tracking)."""
+        return not self._implicit
+
+    @property
+    def _key(self) -> str:
+        return self._plugin.state_key("pool", self.provider)
+
+    async def _update(self, fn: Callable[[dict[str, Any], float], tuple[Any, Any]]) -> Any:
+        kernel = self._plugin.bound_kernel()
+
+        def wrapped(value: Any, now: float) -> tuple[Any, Any]:
+            return fn(_norm(value), now)
+
+        return await cas_update(
+            kernel.state, self._key, wrapped, lock=self._lock, now=kernel.clock.time
+        )
+
+    # ------------------------------------------------------------ health
+    def _key_state(self, rec: dict[str, Any], alias: str, now: float) -> str:
+        ks = rec["keys"].get(alias)
+        if not isinstance(ks, dict):
+            return "ok"
+        q = ks.get("q")
+        if isinstance(q, dict) and q.get("fp") == self._keys[alias].fingerprint:
+            return "quarantined"
+        if _num(ks, "cool_until") > now:
+            return "cooling"
+        if _num(ks, "probe_until") > now:
+            return "probing"
+        if _num(ks, "strikes") > 0:
+            return "half_open"
+        return "ok"
+
+    def _describe(self, rec: dict[str, Any], now: float) -> Availability:
+        states = {a: self._key_state(rec, a, now) for a in self._order}
+        shown = {} if self._implicit else dict(states)
+        susp = rec["suspended"]
+        if isinstance(susp, dict) and _num(susp, "until") > now:
+            until = _num(susp, "until")
+            why = susp.get("reason") or "quota or budget exhausted"
+            pattern = f", pattern {susp['pattern']}" if susp.get("pattern") else ""
+            return Availability(
+                self.provider,
+                False,
+                "suspended",
+                "quota",
+                f"{why}{pattern}; the whole pool is suspended until {_iso(until)}",
+                until,
+                until - now,
+                shown,
+            )
+        if any(s in ("ok", "half_open") for s in states.values()):
+            return Availability(self.provider, True, "ok", keys=shown)
+        quarantined = [a for a, s in states.items() if s == "quarantined"]
+        if len(quarantined) == len(states):
+            return Availability(
+                self.provider,
+                False,
+                "quarantined",
+                "auth",
+                f"every key ({', '.join(quarantined)}) is quarantined after an authentication "
+                "failure; replace the keys in the configuration or clear them "
+                "(await pool.clear(alias))",
+                None,
+                None,
+                shown,
+            )
+        waits = []
+        for a, s in states.items():
+            ks = rec["keys"].get(a) or {}
+            if s == "cooling":
+                waits.append(_num(ks, "cool_until"))
+            elif s == "probing":
+                waits.append(_num(ks, "probe_until"))
+        retry_at = min(waits)
+        if self._implicit:
+            reason = f"cooling down after a rate limit until {_iso(retry_at)}"
+        else:
+            busy = [a for a, s in states.items() if s != "quarantined"]
+            reason = (
+                f"all usable keys ({', '.join(busy)}) are cooling down after rate limits "
+                f"or being probed; next one at {_iso(retry_at)}"
+            )
+            if quarantined:
+                reason += f"; quarantined: {', '.join(quarantined)}"
+        return Availability(
+            self.provider, False, "cooling", "rate_limit", reason, retry_at, retry_at - now, shown
+        )
+
+    async def availability(self) -> Availability:
+        """Whether a lease would get a key now (no state is changed)."""
+        kernel = self._plugin.bound_kernel()
+        value = await kernel.state.get(self._key)
+        return self._describe(_norm(value), kernel.clock.time())
+
+    async def status(self) -> dict[str, Any]:
+        """Availability plus per-key facts (strikes, cooldown, quarantine, picks); no secrets."""
+        kernel = self._plugin.bound_kernel()
+        rec = _norm(await kernel.state.get(self._key))
+        now = kernel.clock.time()
+        av = self._describe(rec, now)
+        keys = {}
+        for a in self.aliases:
+            ks = rec["keys"].get(a) or {}
+            q = ks.get("q") if isinstance(ks.get("q"), dict) else None
+            keys[a] = {
+                "state": av.keys.get(a, "ok"),
+                "weight": self._keys[a].weight,
+                "picks": int(_num(rec["picks"], a)),
+                "strikes": int(_num(ks, "strikes")),
+                "cool_until": ks.get("cool_until"),
+                "quarantine": {k: v for k, v in q.items() if k != "fp"} if q else None,
+            }
+        return {**av.to_dict(), "keys": keys, "suspended": rec["suspended"]}
+
+    # ------------------------------------------------------------ leasing
+    def lease(self, ctx: CallContext | None = None) -> LeaseContext:
+        """``async with pool.lease(ctx) as key:`` — the usual way to use a key.
+
+        On a normal exit the key is reported healthy; on an exception the
+        failure is classified and reported (cooldown, quarantine, suspension).
+        An exception whose text holds a key is replaced by a redacted
+        ``ToolError`` (the original chain is dropped so no traceback shows it).
+        """
+        return LeaseContext(self, ctx)
+
+    async def acquire(self, ctx: CallContext | None = None, *, throttle: bool = True) -> KeyLease:
+        """Take a key now (the explicit form of ``lease``); report with
+        ``lease.success()`` / ``lease.failure(exc)`` / ``lease.release()``.
+
+        Raises ``PoolUnavailable`` (a classified ``ToolError``) when every key is
+        cooling, quarantined or the pool is suspended, or when the outbound
+        rate limit is in ``fail_fast`` mode (or would wait too long).
+        """
+        waited = 0.0
+        if throttle and self._throttle is not None:
+            left = ctx.time_left() if ctx is not None else None
+            try:
+                waited = await self._throttle.take(left)
+            except Throttled as exc:
+                now = self._plugin.bound_kernel().clock.time()
+                av = Availability(
+                    self.provider,
+                    False,
+                    "throttled",
+                    "rate_limit",
+                    f"outbound rate limit reached; next slot in {exc.wait_s:.3f}s",
+                    now + exc.wait_s,
+                    exc.wait_s,
+                )
+                raise PoolUnavailable(av, f"outbound.providers.{self.provider}") from None
+        probe_ttl = self.settings.probe_timeout_s
+
+        def pick(rec: dict[str, Any], now: float) -> tuple[tuple[str, bool], Any]:
+            av = self._describe(rec, now)
+            if not av.available:
+                raise PoolUnavailable(av)
+            healthy = [a for a in self._order if av.keys.get(a, "ok") in ("ok", "half_open")]
+            if self._implicit:
+                healthy = (
+                    [IMPLICIT] if self._key_state(rec, IMPLICIT, now) in ("ok", "half_open") else []
+                )
+            rr = rec["rr"]
+            total = sum(self._keys[a].weight for a in healthy)
+            best = healthy[0]
+            best_w = None
+            for a in healthy:
+                cw = int(_num(rr, a)) + self._keys[a].weight
+                rr[a] = cw
+                if best_w is None or cw > best_w:
+                    best, best_w = a, cw
+            rr[best] = int(rr[best]) - total
+            for a in list(rr):
+                if a not in self._keys:
+                    del rr[a]
+            rec["picks"][best] = int(_num(rec["picks"], best)) + 1
+            probe = self._key_state(rec, best, now) == "half_open"
+            if probe:
+                ks = dict(rec["keys"].get(best) or {})
+                ks["probe_until"] = now + probe_ttl
+                rec["keys"][best] = ks
+            return (best, probe), rec
+
+        alias, probe = await self._update(pick)
+        key = self._keys[alias]
+        lease = KeyLease(self, None if self._implicit else alias, key.secret, probe, ctx)
+        if ctx is not None:
+            self._plugin._note_lease(ctx, lease, waited)
+        return lease
+
+    # ------------------------------------------------------------ outcomes
+    async def report(
+        self,
+        alias: str | None,
+        outcome: str,
+        *,
+        retry_after_s: float | None = None,
+        pattern: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Record what happened with a key (``alias=None``: the provider as a whole).
+
+        ``outcome``: ``success`` (clears cooldown strikes), ``rate_limit``
+        (cooldown: the larger of retry-after and an exponential step, capped),
+        ``quota`` (suspend the whole pool, or cool only this key when
+        ``suspend_on_monthly_exhausted`` is off), ``auth`` (sticky quarantine of
+        the key), anything else (``release``) only ends a half-open probe.
+        """
+        s = self.settings
+        if alias is None:
+            if not self._implicit and outcome not in ("quota",):
+                return  # a failure not tied to a key of a keyed pool: only suspension applies
+            a = IMPLICIT if self._implicit else None
+        else:
+            if alias not in self._keys:
+                raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
+            a = alias
+        ra = retry_after_s if retry_after_s is not None and retry_after_s >= 0 else None
+        logged: list[str] = []
+
+        def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
+            keys = rec["keys"]
+            ks = dict(keys.get(a) or {}) if a is not None else {}
+            before = dict(ks)
+            if outcome == "success":
+                q = ks.get("q")
+                ks = (
+                    {"q": q}
+                    if isinstance(q, dict)
+                    and a is not None
+                    and q.get("fp") == self._keys[a].fingerprint
+                    else {}
+                )
+            elif outcome == "rate_limit":
+                strikes = min(int(_num(ks, "strikes")) + 1, _MAX_STRIKES)
+                step = s.cooldown_s * (2 ** (strikes - 1))
+                cool = min(s.max_cooldown_s, max(ra or 0.0, step))
+                ks.update(strikes=strikes, cool_until=now + cool)
+                ks.pop("probe_until", None)
+                logged.append(f"cooling down for {cool:.3f}s (strike {strikes})")
+            elif outcome == "quota":
+                dur = min(s.max_retry_after_s, ra if ra is not None else s.suspend_s)
+                ks.pop("probe_until", None)
+                if s.suspend_on_monthly_exhausted or a is None:
+                    rec["suspended"] = {
+                        "until": now + dur,
+                        "since": now,
+                        "reason": reason or "quota or budget exhausted",
+                        "pattern": pattern,
+                        "key": None if self._implicit else a,
+                    }
+                    logged.append(f"whole pool suspended for {dur:.0f}s")
+                else:
+                    ks.update(cool_until=now + dur, strikes=int(_num(ks, "strikes")) + 1)
+                    logged.append(f"key exhausted, cooling for {dur:.0f}s")
+            elif outcome == "auth" and not self._implicit and a is not None:
+                ks.pop("probe_until", None)
+                ks["q"] = {
+                    "since": now,
+                    "reason": reason or "authentication failed",
+                    "pattern": pattern,
+                    "fp": self._keys[a].fingerprint,
+                }
+                logged.append(
+                    "quarantined until the key changes in the configuration or is cleared"
+                )
+            else:
+                ks.pop("probe_until", None)
+            if a is not None:
+                if ks == before:
+                    if outcome != "quota":
+                        return None, NOCHANGE
+                elif ks:
+                    keys[a] = ks
+                else:
+                    keys.pop(a, None)
+            for k in list(keys):
+                if k not in self._keys:
+                    del keys[k]
+            return None, rec
+
+        await self._update(fn)
+        for msg in logged:
+            who = (
+                f"provider {self.provider!r}"
+                if a in (None, IMPLICIT)
+                else f"provider {self.provider!r} key {a!r}"
+            )
+            lvl = logging.WARNING if outcome in ("auth", "quota") else logging.INFO
+            log.log(lvl, "%s: %s: %s (pattern %s)", who, outcome, msg, pattern)
+
+    async def clear(self, alias: str | None = None, *, suspension: bool = True) -> None:
+        """Lift cooldowns and quarantine of ``alias`` (None: every key), and the suspension."""
+        if alias is not None and alias not in self._keys:
+            raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
+
+        def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
+            if alias is None:
+                rec["keys"] = {}
+            else:
+                rec["keys"].pop(alias, None)
+            if suspension:
+                rec["suspended"] = None
+            return None, rec
+
+        await self._update(fn)
+        log.warning(
+            "provider %r: cleared %s%s",
+            self.provider,
+            f"key {alias!r}" if alias else "every key",
+            " and the suspension" if suspension else "",
+        )
+
+
+class KeyLease:
+    """One use of one key. ``secret`` is the key to send; ``alias`` its public name.
+
+    ``alias`` and ``secret`` are None for a provider without keys.
+    """
+
+    __slots__ = ("_done", "_secret", "alias", "attempt", "ctx", "pool", "probe", "provider")
+
+    def __init__(
+        self, pool: KeyPool, alias: str | None, secret: str, probe: bool, ctx: CallContext | None
+    ) -> None:
+        self.pool = pool
+        self.provider = pool.provider
+        self.alias = alias
+        self._secret = secret
+        self.probe = probe
+        self.ctx = ctx
+        self.attempt = ctx.attempt if ctx is not None else None
+        self._done = False
+
+    @property
+    def secret(self) -> str | None:
+        """The key itself (send it; never log it)."""
+        return self._secret if self.alias is not None else None
+
+    def __repr__(self) -> str:
+        return f"KeyLease(provider={self.provider!r}, alias={self.alias!r}, probe={self.probe})"
+
+    async def success(self) -> None:
+        """The key worked."""
+        if self._done:
+            return
+        self._done = True
+        await self.pool.report(self.alias, "success")
+
+    async def release(self) -> None:
+        """Neither success nor a key failure (cancelled, provider-side error): end a probe."""
+        if self._done:
+            return
+        self._done = True
+        await self.pool.report(self.alias, "release")
+
+    async def failure(
+        self,
+        error: BaseException | None = None,
+        *,
+        kind: str | None = None,
+        retry_after_s: float | None = None,
+        pattern: str | None = None,
+    ) -> Classification:
+        """Report a failure: classify ``error`` (or take ``kind``) and update the key's health."""
+        plugin = self.pool._plugin
+        if kind is not None:
+            c = Classification(kind, retry_after_s=retry_after_s, pattern=pattern)
+        elif error is not None:
+            c, _ = plugin.classify_exception(error, provider=self.provider, lease=self)
+        else:
+            c = Classification("tool_error")
+        await self._report(c)
+        return c
+
+    async def _report(self, c: Classification) -> None:
+        if self._done:
+            return
+        self._done = True
+        if c.kind in ("rate_limit", "quota", "auth"):
+            await self.pool.report(
+                self.alias, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
+            )
+        elif c.kind in ("unavailable", "timeout"):
+            await self.pool.report(self.alias, "release")
+        else:  # the key worked; the request itself failed (bad query, denied...)
+            await self.pool.report(self.alias, "success")
+
+
+class LeaseContext:
+    """The async context manager ``KeyPool.lease()`` returns."""
+
+    __slots__ = ("ctx", "lease", "pool")
+
+    def __init__(self, pool: KeyPool, ctx: CallContext | None) -> None:
+        self.pool = pool
+        self.ctx = ctx
+        self.lease: KeyLease | None = None
+
+    async def __aenter__(self) -> KeyLease:
+        self.lease = await self.pool.acquire(self.ctx)
+        return self.lease
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, exc: BaseException | None, tb: Any
+    ) -> bool:
+        lease = self.lease
+        assert lease is not None
+        if exc is None:
+            await lease.success()
+            return False
+        if not isinstance(exc, Exception):  # cancellation, KeyboardInterrupt...
+            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                await lease.release()
+            return False
+        replacement = await self.pool._plugin._lease_failed(lease, exc)
+        if replacement is not None:
+            raise replacement from None
+        return False

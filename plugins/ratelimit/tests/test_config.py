@@ -1,0 +1,139 @@
+"""Configuration: validation at load, invalid regexes, the included YAML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolwire import ConfigError, Kernel, load_config
+from toolwire.testing import FakeClock
+from toolwire_ratelimit import RateLimitPlugin, key_pool
+
+pytestmark = pytest.mark.anyio
+
+ENV = {"TOOLWIRE_LOAD_PLUGINS": "ratelimit"}
+
+
+def kernel_from(tmp_path: Path, toml: str) -> Kernel:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(toml)
+    return Kernel.from_config(load_config(path, env=ENV), clock=FakeClock())
+
+
+def test_an_invalid_regex_is_a_startup_error_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        kernel_from(
+            tmp_path,
+            '[plugins.ratelimit.providers.brave]\nrate_limit_patterns = ["ok", "rate (limit"]\n',
+        )
+    msg = str(exc.value)
+    assert "toolwire.toml" in msg
+    assert "plugins.ratelimit.providers.brave.rate_limit_patterns.1" in msg
+    assert "rate (limit" in msg and "invalid regular expression" in msg
+
+
+def test_catastrophic_patterns_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="backtrack catastrophically"):
+        kernel_from(tmp_path, '[plugins.ratelimit]\ndeny_patterns = ["(a+)+$"]\n')
+
+
+def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"providers\.brave\.cooldown_secs: unknown key"):
+        kernel_from(tmp_path, "[plugins.ratelimit.providers.brave]\ncooldown_secs = 3\n")
+    with pytest.raises(ConfigError, match="listed by providers"):
+        kernel_from(
+            tmp_path,
+            '[plugins.ratelimit.providers.a]\ntools = ["t"]\n[plugins.ratelimit.providers.b]\ntools = ["t"]\n',
+        )
+    with pytest.raises(ConfigError, match="duplicate key aliases"):
+        kernel_from(
+            tmp_path,
+            '[plugins.ratelimit.providers.x]\nkeys = [{alias = "k", secret = "secret-1234"}, '
+            '{alias = "k", secret = "secret-5678"}]\n',
+        )
+
+
+async def test_no_config_at_all(tmp_path: Path) -> None:
+    kernel = Kernel.from_config(load_config(tmp_path / "absent.toml", env=ENV, required=False))
+    async with kernel:
+        plugin = RateLimitPlugin.of(kernel)
+        assert plugin.settings.providers == {}
+        assert kernel.plugins.plugins["ratelimit"].order == 400
+
+
+YAML = """
+chain_order: [brave, exa]
+max_provider_attempts: 2
+request_timeout_seconds: 7.5
+fallback_on_empty: false
+backends:
+  brave:
+    tools: [web_search_brave]
+    api_keys: ["${BRAVE_KEY_1}", {"$secretRef": "BRAVE_KEY_2"}]
+    rate_limit_patterns: ["RATE_LIMITED", "too many requests"]
+    cooldown_seconds: 30
+    suspend_on_monthly_exhausted: true
+  exa:
+    tools: [web_search_exa]
+    keys:
+      - {alias: main, secret: "exa-key-0000001", weight: 3}
+    quota_patterns: ["NO_MORE_CREDITS"]
+    request_timeout_seconds: 3
+"""
+
+
+async def test_an_included_yaml_file_in_the_aggregation_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BRAVE_KEY_1", "brave-key-111111")
+    monkeypatch.setenv("BRAVE_KEY_2", "brave-key-222222")
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "providers.yaml").write_text(YAML)
+    kernel = kernel_from(
+        conf,
+        '[plugins.ratelimit]\nconfig_file = "providers.yaml"\n'
+        "[plugins.ratelimit.providers.brave]\ncooldown_seconds = 5\n",
+    )
+    async with kernel:
+        plugin = RateLimitPlugin.of(kernel)
+        s = plugin.settings
+        assert s.chain_order == ["brave", "exa"] and s.request_timeout_seconds == 7.5
+        assert s.providers["brave"].cooldown_seconds == 5  # inline wins over the file
+        assert s.providers["brave"].rate_limit_patterns == ["RATE_LIMITED", "too many requests"]
+        brave = key_pool(kernel, "brave")
+        assert brave.aliases == ["brave-1", "brave-2"]
+        lease = await brave.acquire()
+        assert lease.secret == "brave-key-111111"
+        assert key_pool(kernel, "exa").aliases == ["main"]
+        assert plugin.provider_of("web_search_exa") == "exa"
+        assert plugin.tools_of("brave") == ["web_search_brave"]
+
+
+async def test_errors_in_the_included_file_name_the_file_and_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "p.yaml").write_text("backends:\n  brave:\n    cooldown: 3\n")
+    kernel = kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "p.yaml"\n')
+    with pytest.raises(ConfigError) as exc:
+        await kernel.start()
+    assert "p.yaml" in str(exc.value) and "providers.brave.cooldown: unknown key" in str(exc.value)
+
+    (tmp_path / "p.yaml").write_text(
+        "backends:\n  brave:\n    keys: [{'$secretRef': NOPE_NOT_SET}]\n"
+    )
+    monkeypatch.delenv("NOPE_NOT_SET", raising=False)
+    with pytest.raises(ConfigError, match="NOPE_NOT_SET"):
+        await kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "p.yaml"\n').start()
+
+    (tmp_path / "p.yaml").write_text("backends: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        await kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "p.yaml"\n').start()
+
+    with pytest.raises(ConfigError, match="cannot read"):
+        await kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "missing.yaml"\n').start()
+
+    (tmp_path / "p.yaml").write_text("deny_patterns: ['(x+)*y']\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml.*deny_patterns\.0"):
+        await kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "p.yaml"\n').start()

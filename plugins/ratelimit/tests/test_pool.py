@@ -1,0 +1,325 @@
+"""KeyPool: fair rotation, cooldowns, half-open probes, quarantine, suspension, shared state."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from toolwire import Kernel, ToolError
+from toolwire.testing import FakeClock
+from toolwire_ratelimit import (
+    ApiKey,
+    PoolUnavailable,
+    RateLimitConfig,
+    RateLimitPlugin,
+    key_pool,
+)
+
+pytestmark = pytest.mark.anyio
+
+SECRET_A = "sk-alpha-0123456789"
+SECRET_B = "sk-bravo-9876543210"
+
+
+def config(prefix: str = "ratelimit", **provider: Any) -> RateLimitConfig:
+    keys = provider.pop(
+        "keys",
+        [
+            {"alias": "a", "secret": SECRET_A, "weight": 3},
+            {"alias": "b", "secret": SECRET_B, "weight": 1},
+        ],
+    )
+    return RateLimitConfig.model_validate(
+        {"state_prefix": prefix, "providers": {"acme": {"keys": keys, **provider}}}
+    )
+
+
+def kernel_with(
+    cfg: RateLimitConfig, state: Any = "memory://", clock: FakeClock | None = None
+) -> Kernel:
+    return Kernel(state=state, clock=clock or FakeClock(), plugins=[RateLimitPlugin(cfg)])
+
+
+async def test_weighted_rotation_is_fair_over_10000_picks() -> None:
+    async with kernel_with(config()) as kernel:
+        pool = key_pool(kernel, "acme")
+        counts: Counter[str | None] = Counter()
+        for _ in range(10_000):
+            lease = await pool.acquire()
+            counts[lease.alias] += 1
+            await lease.success()
+        assert abs(counts["a"] / 10_000 - 0.75) <= 0.01
+        assert abs(counts["b"] / 10_000 - 0.25) <= 0.01
+        # smooth WRR: never more than 3 'a' in a row
+        seq = [(await pool.acquire()).alias for _ in range(8)]
+        assert "".join(s or "" for s in seq) in ("aabaaaba", "abaaabaa", "baaabaaa", "aaabaaab")
+
+
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_100_concurrent_picks_lose_no_update(state: str, tmp_path: Path) -> None:
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    async with kernel_with(config(), state=url) as kernel:
+        pool = key_pool(kernel, "acme")
+        got: list[str | None] = []
+
+        async def pick() -> None:
+            got.append((await pool.acquire()).alias)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(pick)
+        assert Counter(got) == {"a": 75, "b": 25}
+        status = await pool.status()
+        assert {k: v["picks"] for k, v in status["keys"].items()} == {"a": 75, "b": 25}
+
+
+async def test_cooldown_is_the_larger_of_retry_after_and_an_exponential_step_capped() -> None:
+    clock = FakeClock()
+    cfg = config(
+        cooldown_seconds=2, max_cooldown_seconds=30, keys=[{"alias": "only", "secret": SECRET_A}]
+    )
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        now = clock.time()
+        await pool.report("only", "rate_limit")  # strike 1: 2 s
+        av = await pool.availability()
+        assert (av.available, av.kind, av.retry_at) == (False, "rate_limit", now + 2)
+        with pytest.raises(PoolUnavailable) as exc:
+            await pool.acquire()
+        assert exc.value.kind == "rate_limit" and exc.value.retry_after_s == 2
+        assert exc.value.details["pattern"] == "pool.cooling"
+        await pool.report("only", "rate_limit")  # strike 2: 4 s
+        assert (await pool.availability()).retry_at == now + 4
+        await pool.report("only", "rate_limit", retry_after_s=10)  # strike 3: max(10, 8)
+        assert (await pool.availability()).retry_at == now + 10
+        for _ in range(5):
+            await pool.report("only", "rate_limit")
+        assert (await pool.availability()).retry_at == now + 30  # capped
+        await pool.report("only", "rate_limit", retry_after_s=10_000)
+        assert (await pool.availability()).retry_at == now + 30  # a huge retry-after is capped too
+
+
+async def test_one_half_open_probe_per_key_after_a_cooldown() -> None:
+    clock = FakeClock()
+    cfg = config(cooldown_seconds=5, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("only", "rate_limit")
+        clock.advance(5.1)
+        probe = await pool.acquire()
+        assert probe.probe
+        with pytest.raises(PoolUnavailable) as exc:  # the probe is in flight
+            await pool.acquire()
+        assert exc.value.availability.keys == {"only": "probing"}
+        await probe.success()
+        first, second = await pool.acquire(), await pool.acquire()  # closed again
+        assert not first.probe and not second.probe
+        # a failed probe cools the key again, for a longer step
+        await pool.report("only", "rate_limit")
+        clock.advance(5.1)
+        p2 = await pool.acquire()
+        await p2.failure(kind="rate_limit")
+        av = await pool.availability()
+        assert av.state == "cooling" and av.retry_after_s == pytest.approx(10.0)
+        # a probe whose holder vanished expires
+        clock.advance(10.1)
+        await pool.acquire()
+        clock.advance(61)
+        assert (await pool.acquire()).probe
+
+
+async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with kernel_with(config(), state=url) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("a", "auth", pattern="default.status.401")
+        for _ in range(20):
+            assert (await pool.acquire()).alias == "b"
+    # a restart on the same file: still quarantined, also long after
+    clock = FakeClock()
+    clock.advance(365 * 86400)
+    async with kernel_with(config(), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        assert {(await pool.acquire()).alias for _ in range(10)} == {"b"}
+        status = await pool.status()
+        assert status["keys"]["a"]["state"] == "quarantined"
+        assert status["keys"]["a"]["quarantine"]["pattern"] == "default.status.401"
+        await pool.report("b", "auth")
+        with pytest.raises(PoolUnavailable) as exc:
+            await pool.acquire()
+        assert exc.value.kind == "auth" and exc.value.availability.retry_at is None
+        await pool.clear("b")
+        assert (await pool.acquire()).alias == "b"
+    # the operator replaced key a's secret: the quarantine is lifted
+    fixed = config(
+        keys=[
+            {"alias": "a", "secret": "sk-alpha-NEW-000000", "weight": 3},
+            {"alias": "b", "secret": SECRET_B},
+        ]
+    )
+    async with kernel_with(fixed, state=url) as kernel:
+        assert "a" in {(await key_pool(kernel, "acme").acquire()).alias for _ in range(4)}
+
+
+async def test_quota_suspends_the_whole_pool() -> None:
+    clock = FakeClock()
+    async with kernel_with(config(suspend_seconds=600), clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("a", "quota", pattern="default.status.402")
+        with pytest.raises(PoolUnavailable) as exc:
+            await pool.acquire()
+        assert exc.value.kind == "quota" and exc.value.retry_after_s == 600
+        assert "suspended until" in str(exc.value)
+        await pool.report(None, "quota", retry_after_s=50)  # a reset time from the provider wins
+        assert (await pool.availability()).retry_after_s == 50
+        clock.advance(51)
+        assert (await pool.acquire()).alias in ("a", "b")
+    # without suspend_on_monthly_exhausted only the key is put aside
+    async with kernel_with(config(suspend_on_monthly_exhausted=False)) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("a", "quota")
+        assert {(await pool.acquire()).alias for _ in range(5)} == {"b"}
+
+
+async def test_keyless_provider_tracks_health() -> None:
+    clock = FakeClock()
+    async with Kernel(state="memory://", clock=clock, plugins=[RateLimitPlugin()]) as kernel:
+        pool = key_pool(kernel, "searxng")
+        assert pool.aliases == [] and not pool.has_keys
+        lease = await pool.acquire()
+        assert lease.alias is None and lease.secret is None
+        await pool.report(None, "rate_limit", retry_after_s=3)
+        with pytest.raises(PoolUnavailable, match="cooling down"):
+            await pool.acquire()
+        clock.advance(3.1)
+        assert (await pool.acquire()).probe
+
+
+async def test_stored_state_holds_aliases_only() -> None:
+    async with kernel_with(config()) as kernel:
+        pool = key_pool(kernel, "acme")
+        lease = await pool.acquire()
+        await pool.report("a", "auth")
+        await pool.report("b", "rate_limit")
+        entries = await kernel.state.scan("")
+        text = json.dumps([e.value for e in entries]) + " ".join(e.key for e in entries)
+        assert SECRET_A not in text and SECRET_B not in text
+        assert "a" in (await pool.status())["keys"]
+        assert lease.secret == SECRET_A and SECRET_A not in repr(lease)
+        assert SECRET_A not in repr(ApiKey("a", SECRET_A))
+
+
+async def test_register_keys_from_code() -> None:
+    async with Kernel(state="memory://", clock=FakeClock(), plugins=[RateLimitPlugin()]) as kernel:
+        plugin = RateLimitPlugin.of(kernel)
+        pool = plugin.register_keys(
+            "exa",
+            [("k1", "exa-secret-111111", 2), {"alias": "k2", "secret": "exa-secret-222222"}],
+            cooldown_seconds=9,
+        )
+        assert pool.aliases == ["k1", "k2"] and pool.settings.cooldown_s == 9
+        assert [(await pool.acquire()).alias for _ in range(3)] == ["k1", "k2", "k1"]
+        with pytest.raises(ValueError, match="cooldown_secondz"):
+            plugin.register_keys("exa", [("k1", "exa-secret-111111")], cooldown_secondz=1)
+
+
+async def test_pools_need_a_started_kernel() -> None:
+    plugin = RateLimitPlugin()
+    Kernel(plugins=[plugin])
+    with pytest.raises(LookupError):
+        key_pool(Kernel(), "x")
+    with pytest.raises(RuntimeError, match="not started"):
+        await plugin.pool("x").acquire()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_pool_under_trio(tmp_path: Path) -> None:
+    async with kernel_with(config(), state=f"sqlite:///{tmp_path / 't.db'}") as kernel:
+        pool = key_pool(kernel, "acme")
+        got: list[str | None] = []
+
+        async def pick() -> None:
+            got.append((await pool.acquire()).alias)
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(20):
+                tg.start_soon(pick)
+        assert Counter(got) == {"a": 15, "b": 5}
+
+
+async def test_outbound_rate_waits_or_fails_fast_and_is_shared() -> None:
+    clock = FakeClock()
+    from toolwire.state import MemoryStore
+
+    store = MemoryStore(clock=clock.time)
+    cfg = config(rate={"requests": 2, "per_seconds": 1, "burst": 2})
+    k1 = kernel_with(cfg, state=store, clock=clock)
+    k2 = kernel_with(cfg, state=store, clock=clock)
+    async with k1, k2:
+        p1, p2 = key_pool(k1, "acme"), key_pool(k2, "acme")
+        t0 = clock.monotonic()
+        for p in (p1, p2, p1, p2):  # 2 at once, then one every 0.5 s, across both kernels
+            await p.acquire()
+        assert clock.sleeps == [pytest.approx(0.5), pytest.approx(0.5)]
+        assert clock.monotonic() - t0 == pytest.approx(1.0)
+    fast = config(rate={"requests": 1, "per_seconds": 10, "mode": "fail_fast"})
+    async with kernel_with(fast, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.acquire()
+        with pytest.raises(PoolUnavailable) as exc:
+            await pool.acquire()
+        assert exc.value.kind == "rate_limit" and exc.value.retry_after_s == pytest.approx(10.0)
+        assert exc.value.details["pattern"] == "outbound.providers.acme"
+
+
+async def test_tool_rate_limit_in_before_call() -> None:
+    clock = FakeClock()
+    cfg = RateLimitConfig.model_validate(
+        {"tools": {"ping": {"rate": {"requests": 1, "per_seconds": 5, "mode": "fail_fast"}}}}
+    )
+
+    async def ping(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        return {"pong": True}
+
+    from toolwire import Tool
+
+    kernel = Kernel(
+        clock=clock,
+        plugins=[RateLimitPlugin(cfg)],
+        tools=[Tool("ping", "Ping.", {"type": "object"}, ping)],
+    )
+    async with kernel:
+        assert not (await kernel.call("ping", {})).is_error
+        res = await kernel.call("ping", {})
+        assert res.is_error and res.error is not None
+        assert (res.error.kind, res.error.retryable) == ("rate_limit", True)
+        assert res.error.retry_after_s == pytest.approx(5.0)
+        clock.advance(5)
+        assert not (await kernel.call("ping", {})).is_error
+
+
+async def test_on_error_without_a_lease_reports_provider_health() -> None:
+    clock = FakeClock()
+    calls = 0
+
+    async def flaky(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        raise ToolError("slow down", status=429, details={"headers": {"Retry-After": "4"}})
+
+    from toolwire import Tool
+
+    tool = Tool("flaky", "Flaky.", {"type": "object"}, flaky, settings={"provider": "up"})
+    async with Kernel(clock=clock, plugins=[RateLimitPlugin()], tools=[tool]) as kernel:
+        res = await kernel.call("flaky", {})
+        assert res.error is not None
+        assert (res.error.kind, res.error.retry_after_s) == ("rate_limit", 4.0)
+        assert res.error.details["provider"] == "up"
+        assert res.meta.extra["attempt_details"][0]["provider"] == "up"
+        av = await key_pool(kernel, "up").availability()
+        assert (av.available, av.retry_after_s) == (False, 4.0)

@@ -1,0 +1,82 @@
+"""Two kernels on one real Redis share the pools: rotation, cooldowns, quarantine, rates."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import anyio
+import pytest
+
+from toolwire import Kernel
+from toolwire_ratelimit import PoolUnavailable, RateLimitConfig, RateLimitPlugin, key_pool
+
+pytestmark = [pytest.mark.anyio, pytest.mark.redis]
+
+
+def cfg(prefix: str, **provider: object) -> RateLimitConfig:
+    return RateLimitConfig.model_validate(
+        {
+            "state_prefix": prefix,
+            "providers": {
+                "acme": {
+                    "keys": [
+                        {"alias": "a", "secret": "redis-secret-aaaaaa", "weight": 3},
+                        {"alias": "b", "secret": "redis-secret-bbbbbb", "weight": 1},
+                    ],
+                    **provider,
+                }
+            },
+        }
+    )
+
+
+async def test_two_kernels_share_rotation_without_lost_updates(redis_url: str, prefix: str) -> None:
+    k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix))])
+    k2 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix))])
+    async with k1, k2:
+        pools = [key_pool(k1, "acme"), key_pool(k2, "acme")]
+        got: list[str | None] = []
+
+        async def pick(i: int) -> None:
+            got.append((await pools[i % 2].acquire()).alias)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(pick, i)
+        assert Counter(got) == {"a": 75, "b": 25}
+        status = await pools[1].status()
+        assert {a: k["picks"] for a, k in status["keys"].items()} == {"a": 75, "b": 25}
+        await k1.state.delete(RateLimitPlugin.of(k1).state_key("pool", "acme"))
+
+
+async def test_health_is_shared_between_replicas(redis_url: str, prefix: str) -> None:
+    k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, cooldown_seconds=60))])
+    k2 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, cooldown_seconds=60))])
+    async with k1, k2:
+        p1, p2 = key_pool(k1, "acme"), key_pool(k2, "acme")
+        await p1.report("a", "auth", pattern="default.status.401")
+        assert {(await p2.acquire()).alias for _ in range(4)} == {"b"}
+        await p2.report("b", "rate_limit")
+        with pytest.raises(PoolUnavailable) as exc:
+            await p1.acquire()
+        assert exc.value.availability.keys == {"a": "quarantined", "b": "cooling"}
+        await p2.clear()
+        assert (await p1.availability()).available
+        await p1.report(None, "quota")
+        assert (await p2.availability()).state == "suspended"
+        await k1.state.delete(RateLimitPlugin.of(k1).state_key("pool", "acme"))
+
+
+async def test_outbound_rate_is_shared(redis_url: str, prefix: str) -> None:
+    rate = {"requests": 1, "per_seconds": 30, "mode": "fail_fast"}
+    k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, rate=rate))])
+    k2 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, rate=rate))])
+    async with k1, k2:
+        await key_pool(k1, "acme").acquire()
+        with pytest.raises(PoolUnavailable) as exc:
+            await key_pool(k2, "acme").acquire()
+        assert exc.value.details["pattern"] == "outbound.providers.acme"
+        assert 25 < (exc.value.retry_after_s or 0) <= 30
+        plugin = RateLimitPlugin.of(k1)
+        for key in (plugin.state_key("pool", "acme"), plugin.state_key("rate", "providers.acme")):
+            await k1.state.delete(key)

@@ -1,0 +1,557 @@
+"""The ``retry`` plugin: Retry / Fallback / Recover decisions from classified errors."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from toolwire import (
+    CallContext,
+    ErrorInfo,
+    Fallback,
+    Kernel,
+    Recover,
+    Retry,
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    hookimpl,
+)
+from toolwire_ratelimit import Availability, RateLimitPlugin, attempt_detail, with_config_file
+
+from ._config import DEFAULTS, BudgetConfig, FallbackSpec, RetryConfig
+
+__all__ = ["EmptyResult", "RetryBudget", "RetryPlugin", "is_empty"]
+
+log = logging.getLogger("toolwire.retry")
+
+#: Keys a provider section of [plugins.ratelimit] may set for this plugin.
+_AGGREGATION_KEYS = ("max_provider_attempts", "request_timeout_seconds", "fallback_on_empty")
+_KEY_KINDS = ("rate_limit", "quota", "auth")
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def is_empty(value: Any) -> bool:
+    """Whether a tool's return value is "empty": None, "", [], {}, or ``{"results": []}``."""
+    if value is None or value == "" or value == [] or value == {}:
+        return True
+    if isinstance(value, Mapping) and "results" in value:
+        return not value["results"]
+    return False
+
+
+class EmptyResult(ToolError):
+    """Raised for a tool with ``fallback_on_empty`` when it returns an empty result."""
+
+    def __init__(self, tool: str, value: Any) -> None:
+        super().__init__(
+            f"tool {tool!r} returned an empty result (fallback_on_empty)",
+            kind="unavailable",
+            details={
+                "empty": True,
+                "classified_by": "retry",
+                "pattern": "retry.fallback_on_empty",
+                "failover": True,
+            },
+        )
+        self.value = value
+
+
+class RetryBudget:
+    """A token bucket that stops retry storms: each call earns ``ratio`` tokens,
+    time earns ``min_per_s``, at most ``burst`` are banked; every retry or
+    fallback spends one. Per kernel (process-local on purpose: it protects this
+    process's upstreams from this process's retries)."""
+
+    def __init__(self, cfg: BudgetConfig) -> None:
+        self.cfg = cfg
+        self.tokens = cfg.burst
+        self._t: float | None = None
+
+    def deposit(self) -> None:
+        """One call started."""
+        t = self.tokens + self.cfg.ratio
+        self.tokens = t if t < self.cfg.burst else self.cfg.burst
+
+    def take(self, now: float) -> bool:
+        """Spend a token for a retry; False when the budget is exhausted."""
+        if not self.cfg.enabled:
+            return True
+        if self._t is not None and now > self._t:
+            self.tokens = min(self.cfg.burst, self.tokens + (now - self._t) * self.cfg.min_per_s)
+        self._t = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return True
+        return False
+
+
+class RetryPlugin:
+    """Decides what to do about classified failures (see docs/retry.md).
+
+    - ``Retry(after_s)`` on the same provider: rotate to another key at once,
+      or back off exponentially with full jitter, honouring ``retry_after_s``;
+    - ``Fallback(tool)`` along the chain (``fallbacks`` / ``chain_order``),
+      skipping providers whose pool cannot serve now;
+    - give up: the error stays as classified, or — when the chain is
+      exhausted — becomes one ``unavailable`` error naming, per provider, why
+      and when it may be tried again.
+
+    Only errors the classifier matched are acted on (``retryable`` or
+    ``details["failover"]``); anything else is terminal.
+    """
+
+    name = "retry"
+    order = 500
+    Config = RetryConfig
+
+    def __init__(self, config: RetryConfig | None = None) -> None:
+        self.config = config or RetryConfig()
+        self._rng = random.Random(self.config.seed)
+        self.budget = RetryBudget(self.config.budget)
+        self._prepared: dict[str, Tool] = {}
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _rl(kernel: Kernel) -> RateLimitPlugin | None:
+        try:
+            return RateLimitPlugin.of(kernel)
+        except LookupError:
+            return None
+
+    def _provider(
+        self, kernel: Kernel, rl: RateLimitPlugin | None, tool: str, error: ErrorInfo | None = None
+    ) -> str | None:
+        if error is not None and isinstance(error.details.get("provider"), str):
+            return str(error.details["provider"])
+        if rl is not None:
+            return rl.provider_of(tool)
+        t = kernel.get_tool(tool)
+        p = t.settings.get("provider") if t is not None else None
+        return p if isinstance(p, str) else None
+
+    def policy(self, tool: str, provider: str | None, rl: RateLimitPlugin | None) -> dict[str, Any]:
+        """The effective policy of ``tool``: defaults < [plugins.ratelimit] (global) <
+        [plugins.retry] (global) < [plugins.ratelimit.providers.<p>] < [plugins.retry.tools.<t>]."""
+        out = dict(DEFAULTS)
+        if rl is not None:
+            for k in _AGGREGATION_KEYS:
+                v = getattr(rl.settings, k)
+                if v is not None:
+                    out[k] = v
+        for k in DEFAULTS:
+            v = getattr(self.config, k)
+            if v is not None:
+                out[k] = v
+        if rl is not None and provider is not None:
+            pc = rl.provider_config(provider)
+            if pc is not None:
+                for k in _AGGREGATION_KEYS:
+                    v = getattr(pc, k)
+                    if v is not None:
+                        out[k] = v
+        tp = self.config.tools.get(tool)
+        if tp is not None:
+            for k in DEFAULTS:
+                v = getattr(tp, k)
+                if v is not None:
+                    out[k] = v
+        return out
+
+    def _prepare(self, kernel: Kernel, tool: Tool) -> None:
+        """Apply ``request_timeout_seconds`` and ``fallback_on_empty`` to a tool (once)."""
+        if self._prepared.get(tool.name) is tool:
+            return
+        self._prepared[tool.name] = tool
+        rl = self._rl(kernel)
+        pol = self.policy(tool.name, self._provider(kernel, rl, tool.name), rl)
+        if pol["request_timeout_seconds"] is not None and tool.timeout_s is None:
+            tool.timeout_s = float(pol["request_timeout_seconds"])
+        if pol["fallback_on_empty"] and not getattr(tool.executor, "__toolwire_empty__", False):
+            inner = tool.executor
+            name = tool.name
+
+            async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+                value = await inner(args, ctx)
+                if is_empty(value):
+                    raise EmptyResult(name, value)
+                return value
+
+            executor.__toolwire_empty__ = True  # type: ignore[attr-defined]
+            tool.executor = executor
+
+    @staticmethod
+    def _repeatable(tool: Tool | None, pol: Mapping[str, Any]) -> bool:
+        """May this tool run again after a timeout (it may have done its work)?"""
+        if pol["idempotent"]:
+            return True
+        if tool is None:
+            return False
+        ann = tool.annotations
+        return bool(ann.readOnlyHint or ann.idempotentHint)
+
+    def _chain(
+        self, kernel: Kernel, rl: RateLimitPlugin | None, tool: str, provider: str | None
+    ) -> list[tuple[str, dict[str, Any]]]:
+        """Fallback candidates of ``tool``: explicit ``fallbacks``, else the entries after
+        its provider (or itself) in ``chain_order``. Providers resolve to their first tool."""
+        tp = self.config.tools.get(tool)
+        explicit: list[FallbackSpec] | None = None
+        if tp is not None and tp.fallbacks is not None:
+            explicit = tp.fallbacks
+        elif tool in self.config.fallbacks:
+            explicit = self.config.fallbacks[tool]
+        if explicit is not None:
+            entries = [(e.tool, e.args) for e in explicit]
+        else:
+            order = self.config.chain_order
+            if order is None:
+                order = rl.settings.chain_order if rl is not None else []
+            if provider is not None and provider in order:
+                pos = order.index(provider)
+            elif tool in order:
+                pos = order.index(tool)
+            else:
+                return []
+            entries = [(x, {}) for x in order[pos + 1 :]]
+        out: list[tuple[str, dict[str, Any]]] = []
+        seen = {tool}
+        for target, args in entries:
+            resolved = self._resolve(kernel, rl, target)
+            if resolved is None:
+                log.debug(
+                    "fallback %r of tool %r is neither a tool nor a provider with tools",
+                    target,
+                    tool,
+                )
+                continue
+            if resolved not in seen:
+                seen.add(resolved)
+                out.append((resolved, args))
+        return out
+
+    @staticmethod
+    def _resolve(kernel: Kernel, rl: RateLimitPlugin | None, target: str) -> str | None:
+        if kernel.get_tool(target) is not None:
+            return target
+        if rl is not None:
+            tools = rl.tools_of(target)
+        else:
+            tools = sorted(
+                t.name for t in kernel.list_tools() if t.settings.get("provider") == target
+            )
+        return tools[0] if tools else None
+
+    def _jitter(self, pol: Mapping[str, Any], n: int) -> float:
+        """Full jitter: uniform(0, min(cap, base * 2**(n-1)))."""
+        ceiling = min(float(pol["cap_s"]), float(pol["base_s"]) * (2 ** min(n - 1, 30)))
+        return self._rng.uniform(0.0, ceiling)
+
+    # -------------------------------------------------------------- hooks
+    @hookimpl
+    def startup(self, kernel: Kernel) -> None:
+        self._prepared.clear()
+        if self.config.config_file:
+            self.config = with_config_file(self.config, kernel, "plugins.retry")
+            self.budget = RetryBudget(self.config.budget)
+            if self.config.seed is not None:
+                self._rng = random.Random(self.config.seed)
+
+    @hookimpl
+    def before_call(self, ctx: CallContext) -> None:
+        b = self.budget  # deposit(), inlined: this runs on every call
+        t = b.tokens + b.cfg.ratio
+        b.tokens = t if t < b.cfg.burst else b.cfg.burst
+        tool = ctx.tool
+        if tool is not None and self._prepared.get(tool.name) is not tool:
+            self._prepare(ctx.kernel, tool)
+
+    @hookimpl
+    async def on_error(
+        self, call: ToolCall, error: ErrorInfo, ctx: CallContext
+    ) -> Retry | Fallback | Recover | None:
+        kernel = ctx.kernel
+        st: dict[str, Any] | None = ctx.state.get("retry")
+        if st is None:
+            # the call started this long ago, in the kernel clock's terms (FakeClock-friendly)
+            since = time.perf_counter() - ctx.started_at
+            st = ctx.state["retry"] = {"t0": kernel.clock.monotonic() - since}
+        rl = self._rl(kernel)
+        tool = kernel.get_tool(call.name)
+        provider = self._provider(kernel, rl, call.name, error)
+        pkey = provider or f"tool:{call.name}"
+        per: dict[str, int] = st.setdefault("per", {})
+        per[pkey] = per.get(pkey, 0) + 1
+        tried: list[str] = st.setdefault("tried", [ctx.call.name])
+        if call.name not in tried:
+            tried.append(call.name)
+        st.setdefault("failed", {})[pkey] = {
+            "tool": call.name,
+            "provider": provider,
+            "kind": str(error.kind),
+            "pattern": error.details.get("pattern"),
+            "retry_after_s": error.retry_after_s,
+            "at": kernel.clock.time(),
+        }
+        detail = attempt_detail(ctx, len(ctx.attempts))
+        if isinstance(error.exception, EmptyResult) and "empty" not in st:
+            st["empty"] = (call.name, error.exception.value)
+        pol = self.policy(call.name, provider, rl)
+        tp = self.config.tools.get(call.name)
+        if tp is not None and not tp.retry:
+            return self._give_up(error, st, detail, "retries are off for this tool", terminal=True)
+        if not (error.retryable or error.details.get("failover")):
+            return self._give_up(error, st, detail, None, terminal=True)
+        if str(error.kind) == "timeout" and not self._repeatable(tool, pol):
+            unsafe = (
+                f"not retried: tool {call.name!r} timed out and may have side effects; "
+                "mark it read_only/idempotent or set idempotent = true in [plugins.retry.tools]"
+            )
+            error.details["retry"] = unsafe
+            return self._give_up(error, st, detail, unsafe, terminal=True)
+        left = float(pol["max_elapsed_s"]) - (kernel.clock.monotonic() - float(st["t0"]))
+        time_left = ctx.time_left()
+        if time_left is not None:
+            left = min(left, time_left)
+        if len(ctx.attempts) >= min(int(pol["max_attempts"]), kernel.max_attempts):
+            return await self._exhausted(
+                error, st, ctx, rl, detail, f"max_attempts ({pol['max_attempts']}) reached"
+            )
+        if left <= 0:
+            return await self._exhausted(error, st, ctx, rl, detail, "max_elapsed_s reached")
+        wait, why = await self._same_provider(error, provider, rl, per[pkey], pol, left)
+        key_issue = str(error.kind) in _KEY_KINDS or str(
+            error.details.get("pattern", "")
+        ).startswith("pool.")
+        if wait is not None and not (key_issue and wait > 0):
+            return self._retry(wait, detail, ctx, error, why)
+        fb = await self._fallback(ctx, st, rl, kernel, detail)
+        if fb is not None:
+            if not self.budget.take(kernel.clock.monotonic()):
+                self._no_budget(error, detail)
+                return None
+            return fb
+        if wait is not None:
+            return self._retry(wait, detail, ctx, error, why)
+        return await self._exhausted(error, st, ctx, rl, detail, why)
+
+    @hookimpl
+    def after_call(self, result: ToolResult, ctx: CallContext) -> None:
+        st = ctx.state.get("retry")
+        if st and "recovered" in st and not result.is_error:
+            result.meta.served_by = st["recovered"]
+            result.meta.extra["recovered"] = "fallback_on_empty"
+
+    # ------------------------------------------------------------ decisions
+    async def _same_provider(
+        self,
+        error: ErrorInfo,
+        provider: str | None,
+        rl: RateLimitPlugin | None,
+        n: int,
+        pol: Mapping[str, Any],
+        left: float,
+    ) -> tuple[float | None, str | None]:
+        """(seconds to wait before retrying the same provider, or None; why not)."""
+        if error.details.get("empty"):
+            return None, "empty result: failing over only"
+        if n >= int(pol["max_provider_attempts"]):
+            return None, f"max_provider_attempts ({pol['max_provider_attempts']}) reached"
+        kind = str(error.kind)
+        pool = rl.pool(provider) if rl is not None and provider is not None else None
+        av: Availability | None = await pool.availability() if pool is not None else None
+        if av is not None and not av.available and av.retry_at is None:
+            return None, av.reason
+        pattern = str(error.details.get("pattern") or "")
+        if av is not None and av.state == "suspended":
+            wait = av.retry_after_s or 0.0
+        elif pattern.startswith("outbound."):  # our own outbound rate: wait for the slot
+            wait = error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
+        elif kind in _KEY_KINDS or pattern.startswith("pool."):
+            if av is not None and av.available and pool is not None and pool.has_keys:
+                wait = 0.0  # rotate to another key now
+            elif av is not None and not av.available and av.retry_after_s is not None:
+                wait = av.retry_after_s
+            elif kind == "rate_limit" and error.retryable:
+                wait = (
+                    error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
+                )
+            else:
+                return None, f"{kind}: no other key to rotate to"
+        elif error.retryable:
+            wait = error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
+        else:
+            return None, f"{kind} is not retryable on the same provider"
+        if wait > float(pol["cap_s"]):
+            return None, f"retry-after {wait:.3f}s exceeds cap_s ({pol['cap_s']}s): not sleeping"
+        if wait >= left:
+            return None, f"retry-after {wait:.3f}s exceeds the time left ({max(left, 0.0):.3f}s)"
+        return wait, None
+
+    def _retry(
+        self,
+        wait: float,
+        detail: dict[str, Any],
+        ctx: CallContext,
+        error: ErrorInfo,
+        why: str | None,
+    ) -> Retry | None:
+        if not self.budget.take(ctx.kernel.clock.monotonic()):
+            self._no_budget(error, detail)
+            return None
+        detail["decision"] = "retry"
+        detail["slept_ms"] = round(wait * 1000.0, 3)
+        return Retry(after_s=wait, reason=why or f"{error.kind} ({error.details.get('pattern')})")
+
+    def _no_budget(self, error: ErrorInfo, detail: dict[str, Any]) -> None:
+        error.details["gave_up"] = "retry budget exhausted (too many retries across calls)"
+        detail["decision"] = "give_up"
+        detail["reason"] = error.details["gave_up"]
+        log.warning("retry budget exhausted: not retrying %s errors for a while", error.kind)
+
+    async def _fallback(
+        self,
+        ctx: CallContext,
+        st: dict[str, Any],
+        rl: RateLimitPlugin | None,
+        kernel: Kernel,
+        detail: dict[str, Any],
+    ) -> Fallback | None:
+        chain = st.get("chain")
+        if chain is None:
+            origin = ctx.call.name
+            chain = st["chain"] = self._chain(
+                kernel, rl, origin, self._provider(kernel, rl, origin)
+            )
+        tried: list[str] = st["tried"]
+        skipped: dict[str, Any] = st.setdefault("skipped", {})
+        for cand, extra in chain:
+            if cand in tried:
+                continue
+            tool = kernel.get_tool(cand)
+            if tool is None:
+                continue
+            tp = self.config.tools.get(cand)
+            cprov = self._provider(kernel, rl, cand)
+            if tp is not None and not tp.retry:
+                continue
+            if rl is not None and cprov is not None:
+                av = await rl.pool(cprov).availability()
+                if not av.available:
+                    skipped[cprov] = av
+                    continue
+            tried.append(cand)
+            self._prepare(kernel, tool)
+            detail["decision"] = "fallback"
+            detail["to"] = cand
+            args = {**ctx.call.args, **extra} if extra else dict(ctx.call.args)
+            return Fallback(cand, args=args, reason=f"fall over to {cand!r}")
+        return None
+
+    def _give_up(
+        self,
+        error: ErrorInfo,
+        st: dict[str, Any],
+        detail: dict[str, Any],
+        why: str | None,
+        *,
+        terminal: bool,
+    ) -> Recover | None:
+        if "empty" in st:
+            tool, value = st["empty"]
+            st["recovered"] = tool
+            detail["decision"] = "recover"
+            detail["reason"] = "every candidate was empty or failed: the first empty result stands"
+            return Recover(value, reason="fallback_on_empty")
+        detail.setdefault("decision", "give_up")
+        if why:
+            detail["reason"] = why
+        return None
+
+    async def _exhausted(
+        self,
+        error: ErrorInfo,
+        st: dict[str, Any],
+        ctx: CallContext,
+        rl: RateLimitPlugin | None,
+        detail: dict[str, Any],
+        why: str | None,
+    ) -> Recover | None:
+        res = self._give_up(error, st, detail, why, terminal=False)
+        if res is not None or not st.get("chain"):
+            if why:
+                error.details.setdefault("gave_up", why)
+            return res
+        await self._aggregate(error, st, ctx, rl)
+        if why:
+            error.details["gave_up"] = why
+        return None
+
+    async def _aggregate(
+        self, error: ErrorInfo, st: dict[str, Any], ctx: CallContext, rl: RateLimitPlugin | None
+    ) -> None:
+        """Turn the last error into one ``unavailable`` naming every candidate's state."""
+        kernel = ctx.kernel
+        now = kernel.clock.time()
+        origin = ctx.call.name
+        names: list[tuple[str, str | None]] = [(origin, self._provider(kernel, rl, origin))]
+        names += [(c, self._provider(kernel, rl, c)) for c, _ in st.get("chain", [])]
+        failed: dict[str, Any] = st.get("failed", {})
+        skipped: dict[str, Availability] = st.get("skipped", {})
+        providers: dict[str, Any] = {}
+        parts: list[str] = []
+        waits: list[float] = []
+        for tool, prov in names:
+            key = prov or f"tool:{tool}"
+            label = prov or tool
+            if label in providers:
+                continue
+            retry_at: float | None = None
+            av: Availability | None = skipped.get(prov) if prov else None
+            if av is None and rl is not None and prov is not None:
+                current = await rl.pool(prov).availability()
+                av = None if current.available else current
+            f = failed.get(key)
+            if f is not None:
+                reason = f"failed with {f['kind']}" + (
+                    f" (pattern {f['pattern']})" if f["pattern"] else ""
+                )
+                if av is not None:
+                    reason += f"; {av.reason}"
+                    retry_at = av.retry_at
+                elif f["retry_after_s"] is not None:
+                    retry_at = f["at"] + float(f["retry_after_s"])
+                else:
+                    retry_at = now
+            elif av is not None:
+                reason, retry_at = f"skipped: {av.reason}", av.retry_at
+            else:
+                reason, retry_at = "not tried", now
+            if retry_at is None:
+                when = "only after an operator fixes it"
+            elif retry_at <= now:
+                when = "may be tried again now"
+            else:
+                when = f"may be tried again at {_iso(retry_at)} (in {retry_at - now:.0f}s)"
+                waits.append(retry_at - now)
+            providers[label] = {"tool": tool, "reason": reason, "retry_at": retry_at}
+            parts.append(f"{label}: {reason}; {when}")
+        last = {
+            "kind": str(error.kind),
+            "message": error.message,
+            "pattern": error.details.get("pattern"),
+        }
+        error.kind = "unavailable"
+        error.message = f"no provider could serve {origin!r}: " + " | ".join(parts)
+        error.retry_after_s = min(waits) if waits else None
+        error.retryable = bool(waits) or any(p["retry_at"] is not None for p in providers.values())
+        error.details["providers"] = providers
+        error.details["last_error"] = last
+        error.details["pattern"] = "retry.exhausted"

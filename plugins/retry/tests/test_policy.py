@@ -1,0 +1,335 @@
+"""Retry policy: backoff with full jitter, caps, side effects, budget, chains, empty results, config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from toolwire import CallContext, Kernel, Tool, ToolError, load_config, tool
+from toolwire.testing import FakeClock, FakeTool
+from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin, key_pool, lease_key
+from toolwire_retry import RetryBudget, RetryConfig, RetryPlugin, is_empty
+
+pytestmark = pytest.mark.anyio
+
+BUSY = ToolError("Service Unavailable", status=503)
+
+
+def fake(
+    name: str, script: list[Any], provider: str | None = None, **kw: Any
+) -> tuple[FakeTool, Tool]:
+    ft = FakeTool(name, script=script, **kw)
+    t = ft.tool
+    if provider:
+        t.settings["provider"] = provider
+    return ft, t
+
+
+def kernel(
+    tools: list[Tool],
+    retry: dict[str, Any] | None = None,
+    rl: dict[str, Any] | None = None,
+    clock: FakeClock | None = None,
+    **kw: Any,
+) -> Kernel:
+    return Kernel(
+        clock=clock or FakeClock(),
+        tools=tools,
+        plugins=[
+            RateLimitPlugin(RateLimitConfig.model_validate(rl or {})),
+            RetryPlugin(RetryConfig.model_validate({"seed": 3, **(retry or {})})),
+        ],
+        **kw,
+    )
+
+
+async def test_exponential_backoff_with_full_jitter() -> None:
+    clock = FakeClock()
+    ft, t = fake("busy", [BUSY], read_only=True)
+    pol = {"base_s": 1.0, "cap_s": 3.0, "max_attempts": 5, "max_provider_attempts": 5}
+    async with kernel([t], retry=pol, clock=clock, max_attempts=10) as k:
+        res = await k.call("busy", {})
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert len(ft.calls) == 5 and len(clock.sleeps) == 4
+    for n, s in enumerate(clock.sleeps, 1):
+        assert 0 <= s <= min(3.0, 1.0 * 2 ** (n - 1))
+    assert len(set(clock.sleeps)) == 4  # jittered
+    assert res.error.details["gave_up"] == "max_attempts (5) reached"
+    slept = [d.get("slept_ms") for d in res.meta.extra["attempt_details"]]
+    assert slept[:4] == [round(s * 1000, 3) for s in clock.sleeps]
+
+
+async def test_retry_after_is_honoured_and_bounded_by_cap_and_elapsed_budget() -> None:
+    clock = FakeClock()
+    ft, t = fake(
+        "busy", [ToolError("busy", status=503, retry_after_s=1.5), {"ok": 1}], read_only=True
+    )
+    async with kernel([t], clock=clock) as k:
+        assert not (await k.call("busy", {})).is_error
+    assert clock.sleeps == [1.5]
+
+    clock = FakeClock()
+    ft, t = fake("busy", [ToolError("busy", status=503, retry_after_s=30)], read_only=True)
+    async with kernel([t], retry={"cap_s": 60, "max_elapsed_s": 10}, clock=clock) as k:
+        res = await k.call("busy", {})
+    assert clock.sleeps == [] and len(ft.calls) == 1
+    assert res.error is not None and "time left" in res.error.details["gave_up"]
+
+
+async def test_a_timed_out_side_effecting_tool_is_never_retried() -> None:
+    for read_only, idempotent, expected in [(None, None, 1), (True, None, 2), (None, True, 2)]:
+        ft, t = fake("slow", [{"ok": 1}], read_only=read_only, delay=0.2, timeout_s=0.02)
+        retry = {"tools": {"slow": {"idempotent": True}}} if idempotent else {}
+        async with kernel([t], retry=retry) as k:
+            res = await k.call("slow", {})
+        assert res.error is not None and res.error.kind == "timeout"
+        assert len(ft.calls) == expected, (read_only, idempotent)
+        if expected == 1:
+            assert "may have side effects" in res.error.details["retry"]
+
+
+async def test_only_classified_errors_are_retried() -> None:
+    ft, t = fake("boom", [RuntimeError("division by zero")], read_only=True)
+    async with kernel([t]) as k:
+        res = await k.call("boom", {})
+    assert len(ft.calls) == 1 and res.error is not None and not res.error.retryable
+    # without the classifier, nothing is retryable at all
+    ft, t = fake("busy", [BUSY], read_only=True)
+    async with Kernel(clock=FakeClock(), tools=[t], plugins=[RetryPlugin()]) as k:
+        await k.call("busy", {})
+    assert len(ft.calls) == 1
+
+
+async def test_the_retry_budget_stops_a_retry_storm() -> None:
+    clock = FakeClock()
+    ft, t = fake("busy", [BUSY], read_only=True)
+    budget = {"burst": 3, "ratio": 0.0, "min_per_s": 0.0}
+    async with kernel([t], retry={"budget": budget, "base_s": 0}, clock=clock) as k:
+        for _ in range(10):
+            await k.call("busy", {})
+    assert len(ft.calls) == 10 + 3
+    b = RetryBudget(RetryConfig(budget={"burst": 2, "ratio": 0.5, "min_per_s": 1.0}).budget)  # type: ignore[arg-type]
+    assert b.take(0.0) and b.take(0.0) and not b.take(0.0)
+    b.deposit()
+    b.deposit()
+    assert b.take(0.0) and not b.take(0.0)
+    assert b.take(1.0)  # one token per second
+
+
+async def test_explicit_fallbacks_with_different_args() -> None:
+    _a, ta = fake("a", [BUSY], read_only=True)
+    _b, tb = fake("b", [lambda args: {"b": args}], read_only=True)
+    retry = {
+        "fallbacks": {"a": [{"tool": "b", "args": {"mode": "lite"}}]},
+        "max_provider_attempts": 1,
+    }
+    async with kernel([ta, tb], retry=retry) as k:
+        res = await k.call("a", {"q": "x"})
+    assert res.content == {"b": {"q": "x", "mode": "lite"}}
+    assert res.meta.served_by == "b"
+    assert res.meta.extra["attempt_details"][0]["to"] == "b"
+
+
+async def test_chain_order_by_provider_from_tool_settings() -> None:
+    _a, ta = fake("s_alpha", [BUSY], provider="alpha", read_only=True)
+    _b, tb = fake("s_beta", [ToolError("nope", status=429)], provider="beta", read_only=True)
+    _c, tc = fake("s_gamma", [{"ok": "gamma"}], provider="gamma", read_only=True)
+    retry = {"chain_order": ["alpha", "beta", "gamma"], "max_provider_attempts": 1}
+    async with kernel([ta, tb, tc], retry=retry) as k:
+        res = await k.call("s_alpha", {})
+        from_beta = await k.call("s_beta", {})
+    assert res.meta.served_by == "s_gamma"
+    assert [x.tool for x in res.meta.attempts] == ["s_alpha", "s_beta", "s_gamma"]
+    assert [d["provider"] for d in res.meta.extra["attempt_details"]] == ["alpha", "beta", "gamma"]
+    # the chain follows the requested tool's position: after beta comes gamma. (A tool that
+    # does not lease from its pool is not gated: it runs once more although beta is cooling.)
+    assert from_beta.meta.served_by == "s_gamma"
+    assert [x.tool for x in from_beta.meta.attempts] == ["s_beta", "s_gamma"]
+
+
+async def test_fallback_on_empty() -> None:
+    a, ta = fake("a", [{"results": []}], provider="pa", read_only=True)
+    _, tb = fake("b", [{"results": [1]}], provider="pb", read_only=True)
+    retry = {"chain_order": ["pa", "pb"], "fallback_on_empty": True}
+    async with kernel([ta, tb], retry=retry) as k:
+        res = await k.call("a", {})
+    assert res.content == {"results": [1]} and res.meta.served_by == "b"
+    assert [x.error_kind for x in res.meta.attempts] == ["unavailable", None]
+    assert len(a.calls) == 1  # an empty result is not retried on the same provider
+
+    a, ta = fake("a", [{"results": []}], provider="pa", read_only=True)
+    _b, tb = fake("b", [{"results": []}], provider="pb", read_only=True)
+    async with kernel([ta, tb], retry=retry) as k:
+        res = await k.call("a", {})
+    assert not res.is_error and res.content == {"results": []}
+    assert res.meta.served_by == "a" and res.meta.extra["recovered"] == "fallback_on_empty"
+
+    assert (
+        is_empty(None)
+        and is_empty({})
+        and is_empty({"results": [], "x": 1})
+        and not is_empty({"x": 0})
+    )
+
+
+async def test_fallback_on_empty_is_off_by_default() -> None:
+    _a, ta = fake("a", [{"results": []}], provider="pa", read_only=True)
+    b, tb = fake("b", [{"results": [1]}], provider="pb", read_only=True)
+    async with kernel([ta, tb], retry={"chain_order": ["pa", "pb"]}) as k:
+        res = await k.call("a", {})
+    assert res.content == {"results": []} and len(b.calls) == 0
+
+
+async def test_request_timeout_applies_to_tools_without_their_own() -> None:
+    _a, ta = fake("a", [{"ok": 1}], read_only=True)
+    _b, tb = fake("b", [{"ok": 1}], read_only=True, timeout_s=9.0)
+    async with kernel([ta, tb], retry={"request_timeout_seconds": 2.5}) as k:
+        await k.call("a", {})
+        await k.call("b", {})
+    assert ta.timeout_s == 2.5 and tb.timeout_s == 9.0
+
+
+async def test_retries_can_be_switched_off_per_tool_and_the_kernel_caps_attempts() -> None:
+    ft, t = fake("busy", [BUSY], read_only=True)
+    async with kernel([t], retry={"tools": {"busy": {"retry": False}}}) as k:
+        await k.call("busy", {})
+    assert len(ft.calls) == 1
+    ft, t = fake("busy", [BUSY], read_only=True)
+    async with kernel(
+        [t], retry={"max_provider_attempts": 10, "max_attempts": 10}, max_attempts=3
+    ) as k:
+        res = await k.call("busy", {})
+    assert len(ft.calls) == 3 and res.error is not None
+
+
+async def test_policy_layers() -> None:
+    rl = RateLimitPlugin(
+        RateLimitConfig.model_validate(
+            {
+                "max_provider_attempts": 5,
+                "request_timeout_seconds": 4,
+                "providers": {"p": {"tools": ["t"], "max_provider_attempts": 3}},
+            }
+        )
+    )
+    plugin = RetryPlugin(
+        RetryConfig.model_validate({"request_timeout_seconds": 6, "tools": {"t": {"cap_s": 1}}})
+    )
+    pol = plugin.policy("t", "p", rl)
+    assert (pol["max_provider_attempts"], pol["request_timeout_seconds"], pol["cap_s"]) == (3, 6, 1)
+    assert plugin.policy("u", None, rl)["max_provider_attempts"] == 5
+    assert plugin.policy("u", None, None)["max_provider_attempts"] == 2
+
+
+async def test_defaults_from_entry_points_with_no_config(tmp_path: Path) -> None:
+    cfg = load_config(
+        tmp_path / "none.toml", env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit,retry"}, required=False
+    )
+    k = Kernel.from_config(cfg, clock=FakeClock())
+    busy, tb = fake("busy", [BUSY], read_only=True)
+    boom, tx = fake("boom", [ToolError("bad request", status=500)], read_only=True)
+    k.add_tool(tb)
+    k.add_tool(tx)
+    async with k:
+        assert [p.name for p in k.plugins.ordered()] == ["ratelimit", "retry"]
+        r1 = await k.call("busy", {})
+        r2 = await k.call("boom", {})
+    assert len(busy.calls) == 2 and r1.error is not None and r1.error.kind == "unavailable"
+    assert len(boom.calls) == 1 and r2.error is not None and r2.error.kind == "tool_error"
+
+
+async def test_retry_config_file_and_aggregation_keys_from_ratelimit(tmp_path: Path) -> None:
+    (tmp_path / "resilience.yaml").write_text(
+        "chain_order: [pa, pb]\nmax_provider_attempts: 1\nbackends:\n"
+        "  pa: {tools: [a]}\n  pb: {tools: [b]}\n"
+    )
+    (tmp_path / "retry.yaml").write_text("base_s: 0\ntools:\n  a: {cap_s: 5}\n")
+    (tmp_path / "toolwire.toml").write_text(
+        '[plugins.ratelimit]\nconfig_file = "resilience.yaml"\n'
+        '[plugins.retry]\nconfig_file = "retry.yaml"\nseed = 1\n'
+    )
+    cfg = load_config(tmp_path / "toolwire.toml", env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit,retry"})
+    k = Kernel.from_config(cfg, clock=FakeClock())
+    a, ta = fake("a", [BUSY], read_only=True)
+    _b, tb = fake("b", [{"ok": "b"}], read_only=True)
+    k.add_tool(ta)
+    k.add_tool(tb)
+    async with k:
+        retry = next(p.plugin for p in k.plugins.ordered() if p.name == "retry")
+        assert isinstance(retry, RetryPlugin) and retry.config.tools["a"].cap_s == 5
+        res = await k.call("a", {})
+    assert res.meta.served_by == "b" and len(a.calls) == 1
+
+    (tmp_path / "retry.yaml").write_text("base: 0\n")
+    k2 = Kernel.from_config(
+        load_config(tmp_path / "toolwire.toml", env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit,retry"})
+    )
+    from toolwire import ConfigError
+
+    with pytest.raises(ConfigError, match=r"retry\.yaml.*base: unknown key"):
+        await k2.start()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_under_trio() -> None:
+    clock = FakeClock()
+    ft, t = fake("busy", [BUSY, {"ok": 1}], read_only=True, provider="p")
+    async with kernel([t], clock=clock) as k:
+        res = await k.call("busy", {})
+        await anyio.lowlevel.checkpoint()
+    assert not res.is_error and len(ft.calls) == 2
+
+
+async def test_our_own_outbound_rate_is_waited_out_not_rotated() -> None:
+
+    calls: list[str | None] = []
+
+    @tool(read_only=True, provider="p")
+    async def limited(ctx: CallContext) -> dict[str, Any]:
+        """Limited."""
+        async with lease_key(ctx, "p") as key:
+            calls.append(key.alias)
+            return {"ok": True}
+
+    clock = FakeClock()
+    rl = {
+        "providers": {
+            "p": {
+                "keys": [
+                    {"alias": "k1", "secret": "secret-k1-0000"},
+                    {"alias": "k2", "secret": "secret-k2-0000"},
+                ],
+                "rate": {"requests": 1, "per_seconds": 2, "mode": "fail_fast"},
+            }
+        }
+    }
+    async with kernel([], rl=rl, clock=clock) as k:
+        k.add_tool(limited)
+        assert not (await k.call("limited", {})).is_error
+        res = await k.call("limited", {})
+    assert not res.is_error and calls == ["k1", "k2"]
+    assert clock.sleeps == [pytest.approx(2.0)]
+    assert res.meta.extra["attempt_details"][0]["pattern"] == "outbound.providers.p"
+
+
+async def test_a_kind_the_tool_chose_is_left_alone_and_does_not_hurt_the_key() -> None:
+
+    @tool(read_only=True, provider="p")
+    async def misconfigured(ctx: CallContext) -> dict[str, Any]:
+        """Fails with a config error on a 403."""
+        async with lease_key(ctx, "p"):
+            raise ToolError(
+                "JSON output is disabled on this instance", kind="config_error", status=403
+            )
+
+    rl = {"providers": {"p": {"keys": [{"alias": "k1", "secret": "secret-k1-0000"}]}}}
+    async with kernel([], rl=rl) as k:
+        k.add_tool(misconfigured)
+        res = await k.call("misconfigured", {})
+        av = await key_pool(k, "p").availability()
+    assert res.error is not None and res.error.kind == "config_error" and not res.error.retryable
+    assert len(res.meta.attempts) == 1 and av.available
