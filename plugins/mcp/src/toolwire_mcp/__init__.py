@@ -1,10 +1,76 @@
-"""toolwire-mcp (work in progress)."""
+"""toolwire-mcp: serve the kernel as an MCP server and consume remote MCP servers as tools.
+
+- ``MCPPlugin`` (entry point ``mcp``): ``[plugins.mcp.servers.<name>]`` entries in
+  the ``mcpServers`` shape contribute their tools to the kernel's catalog.
+- ``create_server(kernel)``: a FastMCP server whose every ``tools/call`` goes
+  through ``kernel.call``; ``run_server(kernel, ServeConfig(...))`` runs it over
+  stdio or Streamable HTTP (what ``toolwire serve`` does).
+
+FastMCP is imported only when a server is created or an upstream is configured,
+so loading the plugin costs nothing when it is not used.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-class MCPPlugin:
-    """Placeholder so the entry point resolves while the plugin is being written."""
+from ._config import MCPConfig, ServeConfig, ServerConfig, resolve_auth_token
+from ._keys import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
+from ._plugin import MCPPlugin
 
-    name = "mcp"
-    order = 900
+if TYPE_CHECKING:
+    from fastmcp import FastMCP
+
+    from toolwire import Kernel
+
+__all__ = [
+    "CALL_ID_META_KEY",
+    "ERROR_META_KEY",
+    "RESULT_META_KEY",
+    "MCPConfig",
+    "MCPPlugin",
+    "ServeConfig",
+    "ServerConfig",
+    "__version__",
+    "create_server",
+    "resolve_auth_token",
+    "run_server",
+]
+__version__ = "0.1.0"
+
+
+def create_server(
+    kernel: Kernel,
+    *,
+    name: str = "toolwire",
+    instructions: str | None = None,
+    auth_token: str | None = None,
+) -> FastMCP:
+    """A FastMCP server offering ``kernel``'s live catalog; every call goes through ``kernel.call``.
+
+    ``auth_token``: HTTP clients must send ``Authorization: Bearer <token>``
+    (HTTP 401 otherwise; compared in constant time). The kernel starts on first
+    use; closing it is the caller's job.
+    """
+    from ._serve import create_server as impl
+
+    return impl(kernel, name=name, instructions=instructions, auth_token=auth_token)
+
+
+async def run_server(
+    kernel: Kernel,
+    config: ServeConfig | None = None,
+    *,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Serve ``kernel`` over stdio or Streamable HTTP until stdin closes or SIGINT/SIGTERM.
+
+    On a signal, new calls are refused, in-flight calls get
+    ``config.shutdown_grace_s`` to finish, then the rest are cancelled. The
+    caller closes the kernel (``async with kernel: await run_server(kernel)``).
+    """
+    from ._serve import run_server as impl
+
+    await impl(kernel, config or ServeConfig(), on_ready=on_ready, handle_signals=handle_signals)

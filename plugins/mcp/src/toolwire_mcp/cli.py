@@ -1,9 +1,78 @@
-"""`toolwire serve` (work in progress)."""
+"""``toolwire serve``: the kernel, with the configured plugins, as an MCP gateway."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 from typing import Any
+
+import pydantic
+
+from toolwire import ConfigError
+from toolwire.cli import build_cli_kernel, load_cli_config
+
+from ._config import ServeConfig, resolve_auth_token
+
+__all__ = ["register"]
 
 
 def register(subparsers: Any) -> None:
-    """Register nothing yet."""
+    """Add the ``serve`` command to the ``toolwire`` CLI (entry point ``toolwire.cli``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "serve",
+        help="serve the tools as an MCP server (stdio or Streamable HTTP) with the configured plugins",
+        description="Serve the kernel's tools as an MCP server. Settings come from the "
+        "config's [server] table; these options override them.",
+    )
+    p.add_argument(
+        "--config",
+        "-c",
+        default=argparse.SUPPRESS,
+        help="path to toolwire.toml (same as the global --config)",
+    )
+    p.add_argument(
+        "--transport", choices=["stdio", "http"], help="stdio (default) or http (Streamable HTTP)"
+    )
+    p.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="HTTP port (default 8000; 0 picks a free port)")
+    p.set_defaults(fn=_serve)
+
+
+def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespace) -> ServeConfig:
+    """``[server]`` validated, with the CLI options applied; errors name file and key."""
+    merged = dict(data)
+    for key in ("transport", "host", "port"):
+        value = getattr(args, key, None)
+        if value is not None:
+            merged[key] = value
+    try:
+        cfg = ServeConfig.model_validate(merged)
+    except pydantic.ValidationError as exc:
+        msgs = []
+        for e in exc.errors(include_url=False):
+            loc = ".".join(str(p) for p in e.get("loc", ()))
+            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msgs.append(f"server.{loc}: {msg}")
+        raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+    if cfg.transport == "http":
+        try:
+            resolve_auth_token(cfg)
+        except ValueError as exc:
+            raise ConfigError(str(exc), file=file, key="server.auth_token") from exc
+    return cfg
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    cfg = load_cli_config(args)
+    scfg = serve_config(cfg.server, cfg.path, args)
+    serve_log = logging.getLogger("toolwire.serve")
+    if serve_log.getEffectiveLevel() > logging.INFO:
+        serve_log.setLevel(logging.INFO)  # lifecycle lines (ready, draining) always show
+    kernel = build_cli_kernel(cfg)
+
+    from ._serve import run_server
+
+    async with kernel:
+        await run_server(kernel, scfg)
+    serve_log.info("toolwire stopped; the kernel is closed")
+    return 0

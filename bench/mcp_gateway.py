@@ -1,0 +1,261 @@
+"""MCP gateway overhead: bare FastMCP vs `toolwire serve`, over Streamable HTTP.
+
+One run, same tool, same machine, three servers (each its own process):
+
+- (a) bare: a FastMCP server with the ``echo`` tool,
+- (b) served: ``toolwire serve --transport http`` serving the same ``echo`` as a
+  local tool (no plugins, memory state),
+- (c) gateway: ``toolwire serve --transport http`` fronting (a) through the
+  ``mcp`` plugin (the tool keeps its name: ``name_template = "{tool}"``).
+
+For each: per-call latency (sequential calls: mean, p50, p95) and throughput
+(sequential, and 20 concurrent callers), measured with one FastMCP client in
+this process. Prints the figures and the ratios against (a).
+
+Targets (issue #3): (b)/(a) latency <= 1.15 and throughput >= 0.9;
+(c)/(a) latency <= 1.4.
+
+Run: ``uv run python bench/mcp_gateway.py [--calls N] [--concurrency C]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+from fastmcp import Client, FastMCP
+
+from toolwire import tool
+
+HERE = Path(__file__).resolve().parent
+
+
+# The tool under test, twice: as a FastMCP function tool and as a toolwire tool.
+def _echo(message: str, times: int = 1) -> dict[str, Any]:
+    return {"message": message * times, "length": len(message) * times}
+
+
+bare = FastMCP("bare")
+bare.tool(name="echo", description="Echo a message.")(_echo)
+
+
+@tool(name="echo", description="Echo a message.")
+def echo(message: str, times: int = 1) -> dict[str, Any]:
+    """Echo a message."""
+    return _echo(message, times)
+
+
+# --------------------------------------------------------------- processes
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def env() -> dict[str, str]:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWIRE_", "TOOLS_AUTH_"))}
+    e["PYTHONPATH"] = str(HERE) + os.pathsep + e.get("PYTHONPATH", "")
+    e["FASTMCP_LOG_LEVEL"] = "WARNING"
+    return e
+
+
+def start_bare(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__)), "--serve-bare", str(port)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def start_toolwire(config: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "--config", str(config), "serve"],
+        cwd=workdir,
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline().decode()
+        if not line:
+            break
+        m = re.search(r"at (http://\S+)", line)
+        if m:
+            return proc, m.group(1)
+    proc.kill()
+    raise RuntimeError(f"toolwire serve did not start ({config})")
+
+
+async def wait_http(url: str) -> None:
+    with anyio.fail_after(60):
+        while True:
+            try:
+                async with Client(url, timeout=5) as c:
+                    await c.list_tools()
+                return
+            except Exception:
+                await anyio.sleep(0.2)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+# ---------------------------------------------------------------- measuring
+@dataclass
+class Figures:
+    mean_ms: float
+    p50_ms: float
+    p95_ms: float
+    seq_per_s: float
+    conc_per_s: float
+
+
+async def measure(url: str, calls: int, concurrency: int) -> Figures:
+    args = {"message": "hello", "times": 2}
+    async with Client(url, timeout=30) as c:
+        await c.list_tools()
+        for _ in range(max(20, calls // 10)):  # warm up
+            r = await c.call_tool_mcp("echo", args)
+            assert not r.is_error, r
+        lat: list[float] = []
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            s = time.perf_counter()
+            r = await c.call_tool_mcp("echo", args)
+            lat.append(time.perf_counter() - s)
+            assert r.structured_content == {"message": "hellohello", "length": 10}, r
+        seq = calls / (time.perf_counter() - t0)
+
+        per_worker = max(1, calls // concurrency)
+
+        async def worker() -> None:
+            for _ in range(per_worker):
+                r = await c.call_tool_mcp("echo", args)
+                assert not r.is_error
+
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for _ in range(concurrency):
+                tg.start_soon(worker)
+        conc = per_worker * concurrency / (time.perf_counter() - t0)
+    lat_ms = sorted(x * 1000 for x in lat)
+    return Figures(
+        mean_ms=statistics.fmean(lat_ms),
+        p50_ms=lat_ms[len(lat_ms) // 2],
+        p95_ms=lat_ms[int(len(lat_ms) * 0.95) - 1],
+        seq_per_s=seq,
+        conc_per_s=conc,
+    )
+
+
+async def run(calls: int, concurrency: int, rounds: int) -> int:
+    port_a = free_port()
+    url_a = f"http://127.0.0.1:{port_a}/mcp"
+    procs: list[subprocess.Popen[bytes]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "served.toml").write_text(
+            'state = "memory://"\nenabled_plugins = []\n'
+            '[tools]\nmodules = ["mcp_gateway"]\n'
+            '[server]\ntransport = "http"\nport = 0\n'
+        )
+        (work / "gateway.toml").write_text(
+            'state = "memory://"\nenabled_plugins = ["mcp"]\n'
+            '[server]\ntransport = "http"\nport = 0\n'
+            '[plugins.mcp]\nname_template = "{tool}"\ncache_tools = false\n'
+            f'[plugins.mcp.servers.bare]\nurl = "{url_a}"\n'
+        )
+        try:
+            procs.append(start_bare(port_a))
+            await wait_http(url_a)
+            proc_b, url_b = start_toolwire(work / "served.toml", work)
+            procs.append(proc_b)
+            proc_c, url_c = start_toolwire(work / "gateway.toml", work)
+            procs.append(proc_c)
+            await wait_http(url_b)
+            await wait_http(url_c)
+            results: dict[str, list[Figures]] = {"a": [], "b": [], "c": []}
+            for _ in range(rounds):  # interleaved rounds: drift hits all three alike
+                for key, url in (("a", url_a), ("b", url_b), ("c", url_c)):
+                    results[key].append(await measure(url, calls, concurrency))
+        finally:
+            for p in procs:
+                stop(p)
+
+    def best(key: str) -> Figures:
+        fs = results[key]
+        return Figures(
+            mean_ms=min(f.mean_ms for f in fs),
+            p50_ms=min(f.p50_ms for f in fs),
+            p95_ms=min(f.p95_ms for f in fs),
+            seq_per_s=max(f.seq_per_s for f in fs),
+            conc_per_s=max(f.conc_per_s for f in fs),
+        )
+
+    a, b, c = best("a"), best("b"), best("c")
+    names = {"a": "(a) bare FastMCP", "b": "(b) toolwire serve", "c": "(c) toolwire -> (a)"}
+    print(
+        f"{calls} sequential calls, then {concurrency} concurrent callers; best of {rounds} rounds"
+    )
+    print(f"{'server':<22}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'seq/s':>9}{'conc/s':>9}")
+    for key, f in (("a", a), ("b", b), ("c", c)):
+        print(
+            f"{names[key]:<22}{f.mean_ms:>9.3f}{f.p50_ms:>9.3f}{f.p95_ms:>9.3f}"
+            f"{f.seq_per_s:>9.0f}{f.conc_per_s:>9.0f}"
+        )
+    checks = [
+        ("(b)/(a) latency (mean)", b.mean_ms / a.mean_ms, "<=", 1.15),
+        ("(b)/(a) throughput sequential", b.seq_per_s / a.seq_per_s, ">=", 0.9),
+        (f"(b)/(a) throughput {concurrency} concurrent", b.conc_per_s / a.conc_per_s, ">=", 0.9),
+        ("(c)/(a) latency (mean)", c.mean_ms / a.mean_ms, "<=", 1.4),
+    ]
+    ok = True
+    for label, ratio, op, target in checks:
+        met = ratio <= target if op == "<=" else ratio >= target
+        ok &= met
+        print(f"{label:<36}{ratio:>6.2f}  (target {op} {target}) {'ok' if met else 'MISSED'}")
+    return 0 if ok else 1
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--calls", type=int, default=400, help="sequential calls per round")
+    p.add_argument("--concurrency", type=int, default=20)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.serve_bare:
+        bare.run(
+            transport="http",
+            host="127.0.0.1",
+            port=args.serve_bare,
+            show_banner=False,
+            log_level="warning",
+        )
+        return 0
+    code: int = anyio.run(run, args.calls, args.concurrency, args.rounds)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""Configuration models: ``[plugins.mcp]`` (upstream servers) and ``[server]`` (``toolwire serve``).
+
+Both are plain pydantic models, importable without loading FastMCP.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+__all__ = [
+    "AUTH_ENABLED_ENV",
+    "AUTH_TOKEN_ENV",
+    "MCPConfig",
+    "ServeConfig",
+    "ServerConfig",
+    "resolve_auth_token",
+]
+
+AUTH_ENABLED_ENV = "TOOLS_AUTH_ENABLED"
+AUTH_TOKEN_ENV = "TOOLS_AUTH_TOKEN"
+
+_SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+class ServerConfig(BaseModel):
+    """One upstream MCP server, in the familiar ``mcpServers`` shape.
+
+    Either ``command`` (stdio: ``args``, ``env``, ``cwd``) or ``url`` (HTTP:
+    ``transport``, ``headers``, ``auth``) must be given.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    # stdio
+    command: str | None = Field(None, description="executable to start (stdio servers)")
+    args: list[str] = Field(default_factory=list, description="its arguments")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables for the child (added to a minimal default environment)",
+    )
+    cwd: str | None = Field(None, description="working directory of the child")
+    # http
+    url: str | None = Field(None, description="endpoint of a remote server (http:// or https://)")
+    transport: Literal["stdio", "http", "streamable-http", "sse"] | None = Field(
+        None,
+        description="stdio for `command`; http (= streamable-http) or sse for `url`; "
+        "inferred when omitted (a URL path ending in /sse means sse)",
+    )
+    type: Literal["stdio", "http", "streamable-http", "sse"] | None = Field(
+        None, description="alias of `transport` (some clients write `type`)"
+    )
+    headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers")
+    auth: SecretStr | None = Field(
+        None, description='bearer token sent to the server; write {"$secretRef" = "NAME"}'
+    )
+    # common
+    timeout: int | None = Field(
+        None, gt=0, description="per-request timeout in milliseconds (mcpServers convention)"
+    )
+    include: list[str] | None = Field(
+        None, description="only these remote tool names (also announced while the server is down)"
+    )
+    exclude: list[str] = Field(default_factory=list, description="remote tool names to leave out")
+    namespace: str | None = Field(
+        None, description="replaces the server name in tool names (default: the server name)"
+    )
+    enabled: bool = Field(True, description="false: ignore this entry")
+    description: str | None = Field(None, description="free text (ignored)")
+
+    @model_validator(mode="after")
+    def _check_shape(self) -> ServerConfig:
+        kind = self.transport or self.type
+        if self.transport and self.type and self.transport != self.type:
+            raise ValueError("`transport` and `type` disagree; give only one of them")
+        if self.command and self.url:
+            raise ValueError("give either `command` (stdio) or `url` (HTTP), not both")
+        if not self.command and not self.url:
+            raise ValueError(
+                "give `command` (and `args`) for a stdio server or `url` for an HTTP server"
+            )
+        if self.command and kind not in (None, "stdio"):
+            raise ValueError(f"`command` needs transport 'stdio', got {kind!r}")
+        if self.url:
+            if kind == "stdio":
+                raise ValueError("`url` needs transport 'http' or 'sse', not 'stdio'")
+            if not self.url.startswith(("http://", "https://")):
+                raise ValueError(f"`url` must start with http:// or https://, got {self.url!r}")
+        return self
+
+    @property
+    def kind(self) -> Literal["stdio", "http", "sse"]:
+        """The effective transport."""
+        if self.command:
+            return "stdio"
+        t = self.transport or self.type
+        if t == "sse":
+            return "sse"
+        if t in ("http", "streamable-http"):
+            return "http"
+        path = (self.url or "").split("?", 1)[0].rstrip("/")
+        return "sse" if path.endswith("/sse") else "http"
+
+    @property
+    def timeout_s(self) -> float | None:
+        """``timeout`` in seconds."""
+        return self.timeout / 1000.0 if self.timeout else None
+
+    def target(self) -> str:
+        """What to connect to, for messages (never includes secrets)."""
+        if self.command:
+            return " ".join([self.command, *self.args])
+        return str(self.url)
+
+
+class MCPConfig(BaseModel):
+    """``[plugins.mcp]``: the upstream MCP servers whose tools the kernel offers."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    servers: dict[str, ServerConfig] = Field(
+        default_factory=dict, description="upstream servers by name ([plugins.mcp.servers.<name>])"
+    )
+    name_template: str = Field(
+        "{server}_{tool}",
+        description="kernel tool name of a remote tool; `{server}` is the server's name "
+        "(or its `namespace`), `{tool}` the remote name",
+    )
+    connect_timeout_s: float = Field(
+        10.0, gt=0, description="how long startup waits for each server's first connection"
+    )
+    reconnect_initial_s: float = Field(0.5, gt=0, description="first reconnect delay")
+    reconnect_max_s: float = Field(30.0, gt=0, description="longest reconnect delay (backoff cap)")
+    cache_tools: bool = Field(
+        True,
+        description="remember each server's tool list in the kernel's state store, so a "
+        "server that is down at the next start still shows its tools (answering `unavailable`)",
+    )
+    protocol: Literal["auto", "legacy"] = Field(
+        "auto",
+        description="client protocol: auto (2026-07-28 when the server speaks it, else the "
+        "initialize handshake) or legacy (always the initialize handshake)",
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, v: dict[str, ServerConfig]) -> dict[str, ServerConfig]:
+        for name in v:
+            if not _SERVER_NAME.match(name):
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, '_', '-' or '.' (max 64)"
+                )
+        return v
+
+    @field_validator("name_template")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        if "{tool}" not in v:
+            raise ValueError("must contain {tool}, e.g. '{server}_{tool}'")
+        try:
+            v.format(server="s", tool="t")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"only {{server}} and {{tool}} may be used: {exc}") from exc
+        return v
+
+    @model_validator(mode="after")
+    def _backoff(self) -> MCPConfig:
+        if self.reconnect_max_s < self.reconnect_initial_s:
+            raise ValueError("reconnect_max_s must be >= reconnect_initial_s")
+        return self
+
+    def tool_name(self, server: str, tool: str) -> str:
+        """The kernel name of remote tool ``tool`` of ``server``."""
+        cfg = self.servers.get(server)
+        ns = cfg.namespace if cfg is not None and cfg.namespace else server
+        return self.name_template.format(server=ns, tool=tool)
+
+
+class ServeConfig(BaseModel):
+    """The ``[server]`` table: settings of ``toolwire serve`` (CLI flags override them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    transport: Literal["stdio", "http"] = Field("stdio", description="stdio or http")
+    host: str = Field("127.0.0.1", description="HTTP bind address")
+    port: int = Field(8000, ge=0, le=65535, description="HTTP port; 0 picks a free port")
+    path: str = Field("/mcp", description="HTTP endpoint path")
+    name: str = Field("toolwire", description="server name announced to clients")
+    instructions: str | None = Field(None, description="instructions announced to clients")
+    auth_token: SecretStr | None = Field(
+        None, description='bearer token HTTP clients must send; write {"$secretRef" = "NAME"}'
+    )
+    auth_enabled: bool | None = Field(
+        None,
+        description="require the bearer token (default: when a token is configured); "
+        "TOOLS_AUTH_ENABLED overrides",
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="extra Host header values accepted (reverse proxies)"
+    )
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="extra browser Origins accepted"
+    )
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, description="on SIGINT/SIGTERM, how long in-flight calls may finish"
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("must start with '/', e.g. '/mcp'")
+        return v
+
+
+def _truthy(raw: str, var: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"{var}={raw!r}: expected true or false")
+
+
+def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """The bearer token HTTP clients must present, or None when auth is off.
+
+    Auth is on when ``TOOLS_AUTH_ENABLED`` is true, or (when that variable is
+    unset) when ``[server] auth_enabled`` is true, or when a token is configured
+    (``[server] auth_token`` or ``TOOLS_AUTH_TOKEN``). The config's token wins
+    over ``TOOLS_AUTH_TOKEN``. Raises ``ValueError`` when auth is on without a
+    token, naming what to set.
+    """
+    env = os.environ if env is None else env
+    token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
+    if not token:
+        token = env.get(AUTH_TOKEN_ENV) or None
+    raw = env.get(AUTH_ENABLED_ENV)
+    if raw is not None and raw.strip() != "":
+        enabled = _truthy(raw, AUTH_ENABLED_ENV)
+    elif cfg.auth_enabled is not None:
+        enabled = cfg.auth_enabled
+    else:
+        enabled = token is not None
+    if not enabled:
+        return None
+    if not token:
+        raise ValueError(
+            f"bearer auth is enabled but no token is set: export {AUTH_TOKEN_ENV}=<token> or "
+            f'set [server] auth_token = {{"$secretRef" = "NAME"}} in toolwire.toml'
+        )
+    return token
+
+
+def validate_server_table(data: Mapping[str, Any]) -> ServeConfig:
+    """``[server]`` validated (raises ``pydantic.ValidationError``)."""
+    return ServeConfig.model_validate(dict(data))

@@ -1,0 +1,209 @@
+"""Conversions between kernel results and MCP results, and remote schema validation.
+
+Imports only ``mcp_types`` and ``jsonschema`` (not the FastMCP server or client).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import jsonschema.exceptions  # type: ignore[import-untyped]
+import jsonschema.validators  # type: ignore[import-untyped]
+import mcp_types
+
+from toolwire import ErrorKind, ToolResult
+from toolwire._validate import ArgsError
+
+from ._keys import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
+
+__all__ = [
+    "CALL_ID_META_KEY",
+    "ERROR_META_KEY",
+    "RESULT_META_KEY",
+    "make_validator",
+    "remote_error",
+    "remote_value",
+    "render_text",
+    "result_meta",
+]
+
+_KINDS = frozenset(k.value for k in ErrorKind)
+_TEXT_LIMIT = 2000
+
+
+# ----------------------------------------------------------- kernel -> MCP
+def render_text(result: ToolResult) -> str:
+    """The text rendering of a kernel result.
+
+    Errors read ``<kind>: <message>``; a bare ``{"result": "<text>"}`` is the
+    text itself; anything else is the JSON of ``content``.
+    """
+    if result.is_error:
+        err = result.error
+        if err is not None:
+            return f"{err.kind}: {err.message}"
+    content = result.content
+    if len(content) == 1:
+        only = content.get("result")
+        if type(only) is str:
+            return only
+    return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+
+
+def result_meta(result: ToolResult) -> dict[str, Any]:
+    """The ``_meta`` of an MCP result made from a kernel result."""
+    m = result.meta
+    out: dict[str, Any] = {
+        RESULT_META_KEY: {
+            "call_id": m.call_id,
+            "tool": m.tool,
+            "served_by": m.served_by,
+            "replayed": m.replayed,
+            "attempts": len(m.attempts),
+            "duration_ms": round(m.duration_ms, 3),
+        }
+    }
+    if result.error is not None:
+        out[ERROR_META_KEY] = result.error.to_dict()
+    return out
+
+
+# ----------------------------------------------------------- MCP -> kernel
+def _block_text(blocks: list[mcp_types.ContentBlock]) -> str:
+    return "\n".join(b.text for b in blocks if isinstance(b, mcp_types.TextContent))
+
+
+def _dump_block(block: mcp_types.ContentBlock) -> dict[str, Any]:
+    return block.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def remote_value(result: mcp_types.CallToolResult) -> dict[str, Any]:
+    """The JSON object a successful remote result stands for.
+
+    Structured content (an object) passes through; a non-object structured
+    value becomes ``{"result": value}``; text-only content becomes
+    ``{"result": "<text>"}``; other content blocks (images, resources) are kept
+    as MCP content in ``{"content": [...]}``.
+    """
+    sc = result.structured_content
+    if isinstance(sc, dict):
+        return sc
+    if sc is not None:
+        return {"result": sc}
+    blocks = list(result.content or [])
+    if all(isinstance(b, mcp_types.TextContent) for b in blocks):
+        return {"result": _block_text(blocks)}
+    return {"content": [_dump_block(b) for b in blocks]}
+
+
+_HEURISTICS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"^Unknown tool\b", re.I), ErrorKind.NOT_FOUND),
+    (re.compile(r"\brate[- ]limit", re.I), ErrorKind.RATE_LIMIT),
+    (re.compile(r"\btimed out\b|\btimeout\b", re.I), ErrorKind.TIMEOUT),
+    (
+        re.compile(r"\bvalidation errors? for\b|\binvalid arguments?\b", re.I),
+        ErrorKind.INVALID_ARGS,
+    ),
+)
+
+
+def remote_error(
+    result: mcp_types.CallToolResult, *, server: str, remote_tool: str
+) -> tuple[str, str, float | None, dict[str, Any]]:
+    """(kind, message, retry_after_s, details) for a remote ``isError`` result.
+
+    The kind is what the remote says when it is recognisable: a toolwire
+    gateway's ``_meta["io.toolwire/error"]``, a structured
+    ``{"error": {"kind": ...}}`` with a known kind, or FastMCP's standard
+    messages (unknown tool, rate limited, timed out, validation error);
+    otherwise ``tool_error``.
+    """
+    text = _block_text(list(result.content or []))
+    kind: str = ErrorKind.TOOL_ERROR
+    message = text or "the remote tool reported an error without a message"
+    retry_after: float | None = None
+    remote_info: Any = (result.meta or {}).get(ERROR_META_KEY)
+    sc = result.structured_content
+    if isinstance(remote_info, Mapping) and isinstance(remote_info.get("kind"), str):
+        kind = str(remote_info["kind"])
+        if isinstance(remote_info.get("message"), str):
+            message = remote_info["message"]
+        ra = remote_info.get("retry_after_s")
+        if isinstance(ra, (int, float)) and not isinstance(ra, bool):
+            retry_after = float(ra)
+    elif (
+        isinstance(sc, Mapping)
+        and isinstance(sc.get("error"), Mapping)
+        and sc["error"].get("kind") in _KINDS
+    ):
+        kind = str(sc["error"]["kind"])
+        if isinstance(sc["error"].get("message"), str):
+            message = sc["error"]["message"]
+    else:
+        for pattern, k in _HEURISTICS:
+            if pattern.search(text):
+                kind = k
+                break
+    details: dict[str, Any] = {
+        "server": server,
+        "remote_tool": remote_tool,
+        "remote_text": text[:_TEXT_LIMIT],
+    }
+    if sc is not None:
+        details["remote_structured_content"] = sc
+    return kind, f"MCP server {server!r}, tool {remote_tool!r}: {message}", retry_after, details
+
+
+# -------------------------------------------------------------- validation
+def _field(path: Any) -> str:
+    out = ""
+    for p in path:
+        out = f"{out}[{p}]" if isinstance(p, int) else (f"{out}.{p}" if out else str(p))
+    return out
+
+
+def _problems(err: jsonschema.exceptions.ValidationError) -> list[tuple[str, str]]:
+    base = _field(err.absolute_path)
+    inst = err.instance
+    if err.validator == "required" and isinstance(inst, Mapping):
+        missing = [k for k in err.validator_value if k not in inst]
+        return [(f"{base}.{k}" if base else str(k), "field required") for k in missing]
+    if err.validator == "additionalProperties" and isinstance(inst, Mapping):
+        props = err.schema.get("properties", {}) if isinstance(err.schema, Mapping) else {}
+        extra = [k for k in inst if k not in props]
+        if extra:
+            return [(f"{base}.{k}" if base else str(k), "unexpected argument") for k in extra]
+    if err.validator == "type":
+        return [(base, f"expected {err.validator_value}, got {type(inst).__name__} {inst!r:.60}")]
+    return [(base, err.message[:300])]
+
+
+def make_validator(schema: Mapping[str, Any]) -> Any:
+    """A kernel ``validator`` for a remote tool: full JSON Schema via ``jsonschema``.
+
+    Returns None when the schema itself is invalid (the kernel's subset checker
+    is used instead and the remote side still validates). The validator raises
+    ``ArgsError`` naming every bad field.
+    """
+    try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+        cls.check_schema(schema)
+        checker = cls(schema)
+    except jsonschema.exceptions.SchemaError:
+        return None
+
+    def validate(args: Mapping[str, Any]) -> dict[str, Any]:
+        data = dict(args)
+        errors = sorted(checker.iter_errors(data), key=lambda e: _field(e.absolute_path))
+        if errors:
+            problems: list[tuple[str, str]] = []
+            for e in errors:
+                problems.extend(_problems(e))
+            raise ArgsError(problems)
+        return data
+
+    return validate

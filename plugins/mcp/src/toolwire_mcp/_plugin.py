@@ -1,0 +1,113 @@
+"""The ``mcp`` plugin: upstream MCP servers contribute their tools through ``discover``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from toolwire import Kernel, Tool, hookimpl
+
+from ._config import MCPConfig
+
+if TYPE_CHECKING:
+    from ._upstream import Upstream
+
+__all__ = ["MCPPlugin"]
+
+log = logging.getLogger("toolwire.mcp")
+
+
+class MCPPlugin:
+    """Offers the tools of the MCP servers in ``[plugins.mcp.servers.<name>]``.
+
+    One client per server. Tools are named ``<server>_<tool>`` by default
+    (``name_template``), whether one or many servers are configured. A server
+    that is down at start does not stop the kernel: its known tools (cached
+    from an earlier run, or its ``include`` list) answer ``unavailable`` while
+    the client reconnects with backoff. ``tools/list_changed`` re-lists the
+    server and refreshes the kernel's catalog.
+    """
+
+    name = "mcp"
+    order = 900
+    Config = MCPConfig
+
+    def __init__(self, config: MCPConfig | None = None) -> None:
+        self.config = config or MCPConfig()
+        self._upstreams: dict[str, Upstream] = {}
+        self._kernel: Kernel | None = None
+        self._refresh_lock: anyio.Lock | None = None
+
+    @hookimpl
+    async def startup(self, kernel: Kernel) -> None:
+        servers = {n: c for n, c in self.config.servers.items() if c.enabled}
+        if not servers:
+            return
+        if asyncio._get_running_loop() is None:
+            raise RuntimeError(
+                "MCP upstream servers need an asyncio event loop (the FastMCP client runs on "
+                "asyncio); run the kernel under asyncio or remove [plugins.mcp.servers]"
+            )
+        from ._upstream import Upstream
+
+        self._kernel = kernel
+        self._refresh_lock = anyio.Lock()
+        for name, cfg in servers.items():
+            up = Upstream(name, cfg, self.config, kernel, self._refresh)
+            await up.load_known_tools()
+            self._upstreams[name] = up
+        for up in self._upstreams.values():
+            up.start()
+        with anyio.move_on_after(self.config.connect_timeout_s + 1.0):
+            for up in self._upstreams.values():
+                await up.first_attempt.wait()
+        for up in self._upstreams.values():
+            if up.status != "up":
+                log.warning(
+                    "MCP server %r is not available at startup (%s); its %d known tools answer "
+                    "'unavailable' until it connects",
+                    up.name,
+                    up.last_error or up.status,
+                    len(up.tools),
+                )
+
+    @hookimpl
+    async def shutdown(self) -> None:
+        ups = list(self._upstreams.values())
+        self._upstreams.clear()
+        async with anyio.create_task_group() as tg:
+            for up in ups:
+                tg.start_soon(up.stop)
+        self._kernel = None
+
+    @hookimpl
+    def discover(self, query: str | None) -> list[Tool] | None:
+        if query is not None:
+            return None
+        return [t for up in self._upstreams.values() for t in up.tools]
+
+    async def _refresh(self) -> None:
+        kernel, lock = self._kernel, self._refresh_lock
+        if kernel is None or lock is None:
+            return
+        async with lock:
+            try:
+                await kernel.refresh_tools()
+            except Exception as exc:
+                log.error("plugin 'mcp': refreshing the catalog failed: %s", exc)
+
+    def servers(self) -> dict[str, dict[str, Any]]:
+        """Status of every upstream server: status, target, tools, last error."""
+        return {
+            name: {
+                "status": up.status,
+                "transport": up.cfg.kind,
+                "target": up.cfg.target(),
+                "tools": [t.name for t in up.tools],
+                "last_error": up.last_error,
+            }
+            for name, up in self._upstreams.items()
+        }

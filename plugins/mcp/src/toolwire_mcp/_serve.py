@@ -1,0 +1,615 @@
+"""Serve a kernel as an MCP server (FastMCP 4): a live ``Provider`` over the catalog.
+
+Every ``tools/call`` goes through ``Kernel.call`` so every plugin applies to MCP
+callers exactly as to in-process callers; the kernel validates the arguments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, cast
+
+import anyio
+import anyio.abc
+import mcp_types
+import uvicorn
+from fastmcp import FastMCP
+from fastmcp.server.auth import AccessToken, TokenVerifier
+from fastmcp.server.context import Context
+from fastmcp.server.context import _current_context as _CONTEXT
+from fastmcp.server.dependencies import FastMCPRequestContext
+from fastmcp.server.providers import Provider
+from fastmcp.tools import Tool as MCPTool
+from fastmcp.tools import ToolResult as MCPToolResult
+from fastmcp.utilities.versions import VersionSpec
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import PrivateAttr
+
+import toolwire
+from toolwire import ConfigError, ErrorKind, Kernel, Tool, ToolResult
+
+from ._config import ServeConfig, resolve_auth_token
+from ._convert import CALL_ID_META_KEY, render_text, result_meta
+
+__all__ = [
+    "BearerTokenVerifier",
+    "KernelProvider",
+    "KernelTool",
+    "ServeGate",
+    "create_server",
+    "run_server",
+]
+
+log = logging.getLogger("toolwire.serve")
+
+_PERMISSIVE: dict[str, Any] = {"type": "object", "additionalProperties": True}
+
+
+class ServeGate:
+    """Counts in-flight calls and refuses new ones while the server drains."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.draining = False
+        self._idle: anyio.Event | None = None
+
+    def enter(self) -> None:
+        """A call starts."""
+        self.inflight += 1
+
+    def leave(self) -> None:
+        """A call ended."""
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new calls and wait up to ``grace_s`` for in-flight ones; returns those left."""
+        self.draining = True
+        if self.inflight:
+            self._idle = anyio.Event()
+            with anyio.move_on_after(grace_s):
+                await self._idle.wait()
+        return self.inflight
+
+
+def _current_context() -> Context | None:
+    return _CONTEXT.get()
+
+
+def _session_id(ctx: Context | None, rc: FastMCPRequestContext | None) -> str | None:
+    """The MCP session id when the session has one (Streamable HTTP, or a stable legacy session)."""
+    if rc is None or ctx is None:
+        return None
+    if rc.request is not None:
+        sid = rc.request.headers.get("mcp-session-id")
+        if sid:
+            return str(sid)
+    if rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        return None  # 2026-07-28: every request is its own connection
+    try:
+        return ctx.session_id
+    except RuntimeError:
+        return None
+
+
+def _progress_sender(
+    rc: FastMCPRequestContext, token: str | int
+) -> Callable[[float, float | None, str | None], Awaitable[None]]:
+    """Progress notifications for this request, callable from any task.
+
+    ``Context.report_progress`` reads the request from a context variable, which
+    is not set in the tasks an upstream client delivers its progress on.
+    """
+    session, request_id = rc.session, rc.request_id
+
+    async def send(progress: float, total: float | None, message: str | None) -> None:
+        try:
+            await session.send_progress_notification(
+                progress_token=token,
+                progress=progress,
+                total=total,
+                message=message,
+                related_request_id=request_id,
+            )
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError) as exc:
+            # Progress is best effort: a client that went away must not fail the call.
+            log.debug("progress notification not delivered: %s", exc)
+
+    return send
+
+
+def _error_result(kind: str, message: str) -> MCPToolResult:
+    return to_mcp_result(ToolResult.fail(kind, message, source="mcp"))
+
+
+def to_mcp_result(result: ToolResult) -> MCPToolResult:
+    """A kernel result as an MCP result: structured content + text, or ``isError`` + ``_meta``."""
+    # An error result carries no structured content: clients validate structured
+    # content against the tool's output schema even for errors (the TypeScript SDK
+    # does). The kind travels in ``_meta`` and leads the text.
+    return MCPToolResult.model_construct(
+        content=[mcp_types.TextContent(type="text", text=render_text(result))],
+        structured_content=None if result.is_error else result.content,
+        meta=result_meta(result),
+        is_error=result.is_error,
+    )
+
+
+class KernelTool(MCPTool):
+    """A catalog tool as FastMCP sees it; ``run`` hands the call to ``Kernel.call``."""
+
+    _kernel: Kernel = PrivateAttr()
+    _gate: ServeGate = PrivateAttr()
+
+    @classmethod
+    def wrap(cls, tool: Tool | None, name: str, kernel: Kernel, gate: ServeGate) -> KernelTool:
+        """The MCP view of ``tool`` (None: an unknown name, answered by the kernel)."""
+        if tool is None:
+            out = cls(name=name, description="(not in the catalog)", parameters=dict(_PERMISSIVE))
+        else:
+            ann = tool.annotations.to_dict()
+            out = cls(
+                name=tool.name,
+                description=tool.description,
+                parameters=tool.input_schema,
+                output_schema=tool.output_schema,
+                annotations=mcp_types.ToolAnnotations.model_validate(ann) if ann else None,
+                title=tool.annotations.title,
+                tags=set(tool.tags),
+            )
+        out._kernel = kernel
+        out._gate = gate
+        return out
+
+    async def run(self, arguments: dict[str, Any]) -> MCPToolResult:
+        """Run the call through the kernel pipeline."""
+        gate = self._gate
+        if gate.draining:
+            return _error_result(
+                ErrorKind.UNAVAILABLE,
+                "toolwire is shutting down and accepts no new calls; retry on another instance",
+            )
+        ctx = _current_context()
+        rc = ctx.request_context if ctx is not None else None
+        raw_meta = rc.meta if rc is not None else None
+        call_id: str | None = None
+        progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+        metadata: dict[str, Any] = {"via": "mcp"}
+        if raw_meta:
+            cid = raw_meta.get(CALL_ID_META_KEY)
+            if cid is not None:
+                if isinstance(cid, bool) or not isinstance(cid, (str, int)) or cid == "":
+                    return _error_result(
+                        ErrorKind.INVALID_ARGS,
+                        f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, "
+                        f"got {type(cid).__name__}",
+                    )
+                call_id = str(cid)
+            token = raw_meta.get("progressToken")
+            if token is not None and rc is not None:
+                progress = _progress_sender(rc, token)
+        if rc is not None and rc.request_id is not None:
+            metadata["mcp_request_id"] = rc.request_id
+        gate.enter()
+        try:
+            result = await self._kernel.call(
+                self.name,
+                arguments,
+                call_id=call_id,
+                session_id=_session_id(ctx, rc),
+                metadata=metadata,
+                progress=progress,
+            )
+        finally:
+            gate.leave()
+        return to_mcp_result(result)
+
+
+class KernelProvider(Provider):
+    """A FastMCP provider reading the kernel's live catalog.
+
+    Tools added to the kernel later appear on the next ``tools/list``. A call
+    to a name that is not in the catalog still goes to the kernel, which
+    answers ``not_found`` with close matches.
+    """
+
+    def __init__(self, kernel: Kernel, gate: ServeGate | None = None) -> None:
+        super().__init__()
+        self.kernel = kernel
+        self.gate = gate or ServeGate()
+        self._views: dict[str, tuple[Tool, KernelTool]] = {}
+
+    def _view(self, tool: Tool) -> KernelTool:
+        cached = self._views.get(tool.name)
+        if cached is not None and cached[0] is tool:
+            return cached[1]
+        view = KernelTool.wrap(tool, tool.name, self.kernel, self.gate)
+        self._views[tool.name] = (tool, view)
+        return view
+
+    async def _list_tools(self) -> Sequence[MCPTool]:
+        await self.kernel.start()
+        tools: list[Tool] = self.kernel.list_tools()
+        live = {t.name for t in tools}
+        for stale in self._views.keys() - live:
+            del self._views[stale]
+        return [self._view(t) for t in tools]
+
+    async def _get_tool(self, name: str, version: VersionSpec | None = None) -> MCPTool | None:
+        await self.kernel.start()
+        tool = self.kernel.get_tool(name)
+        if tool is None:
+            return KernelTool.wrap(None, name, self.kernel, self.gate)
+        return self._view(tool)
+
+
+class BearerTokenVerifier(TokenVerifier):
+    """Accepts exactly one bearer token, compared in constant time."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__()
+        if not token:
+            raise ValueError("the bearer token must not be empty")
+        self._digest = hashlib.sha256(token.encode()).digest()
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        """The access granted to ``token``, or None (HTTP 401)."""
+        given = hashlib.sha256(token.encode()).digest()
+        if not hmac.compare_digest(given, self._digest):
+            return None
+        return AccessToken(token="***", client_id="toolwire-bearer", scopes=[])
+
+
+def create_server(
+    kernel: Kernel,
+    *,
+    name: str = "toolwire",
+    instructions: str | None = None,
+    auth_token: str | None = None,
+    gate: ServeGate | None = None,
+) -> FastMCP:
+    """A FastMCP server offering ``kernel``'s catalog; every call goes through ``kernel.call``.
+
+    ``auth_token``: HTTP clients must send ``Authorization: Bearer <token>``
+    (401 otherwise). The kernel is started on first use; closing it is the
+    caller's job.
+    """
+    provider = KernelProvider(kernel, gate)
+    return FastMCP(
+        name,
+        instructions=instructions,
+        version=toolwire.__version__,
+        auth=BearerTokenVerifier(auth_token) if auth_token else None,
+        providers=[provider],
+        mask_error_details=True,
+    )
+
+
+# ------------------------------------------------------------------- running
+_FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.access", "httpx2")
+
+
+def route_foreign_logs() -> None:
+    """Send FastMCP / MCP SDK / uvicorn logs through toolwire's JSON-lines handler (stderr)."""
+    ours = logging.getLogger("toolwire")
+    if not ours.handlers:
+        return
+    for name in _FOREIGN_LOGGERS:
+        lg = logging.getLogger(name)
+        lg.handlers[:] = list(ours.handlers)
+        lg.propagate = False
+        lg.setLevel(max(ours.getEffectiveLevel(), logging.WARNING))
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handlers: ``run_server`` drains first, then stops it."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = anyio.Event()
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: a free port), IPv4 or IPv6 by ``host``."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted sockets
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def run_server(
+    kernel: Kernel,
+    cfg: ServeConfig,
+    *,
+    on_ready: Callable[[dict[str, Any]], None] | None = None,
+    handle_signals: bool = True,
+) -> None:
+    """Serve ``kernel`` over ``cfg.transport`` until stdin closes (stdio) or a signal arrives.
+
+    On SIGINT/SIGTERM new calls are refused (``unavailable``), in-flight calls
+    get ``cfg.shutdown_grace_s`` to finish, then the transport stops and the
+    remaining calls are cancelled (their ``after_call`` hooks still run). The
+    caller closes the kernel.
+    """
+    token = resolve_auth_token(cfg) if cfg.transport == "http" else None
+    gate = ServeGate()
+    mcp = create_server(
+        kernel, name=cfg.name, instructions=cfg.instructions, auth_token=token, gate=gate
+    )
+    route_foreign_logs()
+    tools = len(kernel.list_tools())
+    sock: socket.socket | None = None
+    if cfg.transport == "http":
+        try:
+            sock = bind_socket(cfg.host, cfg.port)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}; "
+                "choose another --port (0 picks a free one) or --host",
+                key="server.port",
+            ) from exc
+    async with anyio.create_task_group() as tg:
+        stop: Callable[[], Awaitable[None]]
+        if cfg.transport == "stdio":
+
+            async def stop_stdio() -> None:
+                tg.cancel_scope.cancel()
+
+            stop = stop_stdio
+            if handle_signals:
+                await tg.start(_on_signal, gate, cfg.shutdown_grace_s, stop)
+            info: dict[str, Any] = {"transport": "stdio", "tools": tools, "auth": False}
+            log.info("toolwire serving %d tools over stdio", tools)
+            if on_ready is not None:
+                on_ready(info)
+            await _run_stdio(mcp, gate, cfg.shutdown_grace_s)
+            tg.cancel_scope.cancel()
+            return
+
+        assert sock is not None
+        port = sock.getsockname()[1]
+        allowed = [*cfg.allowed_hosts, cfg.host] if _is_loopback(cfg.host) else cfg.allowed_hosts
+        app = mcp.http_app(
+            path=cfg.path,
+            transport="http",
+            host_origin_protection="auto",
+            allowed_hosts=allowed or None,
+            allowed_origins=cfg.allowed_origins or None,
+        )
+        server = _Uvicorn(
+            uvicorn.Config(
+                app,
+                log_config=None,
+                access_log=False,
+                lifespan="on",
+                ws="none",
+                timeout_graceful_shutdown=1,
+                log_level=logging.WARNING,
+            )
+        )
+
+        async def stop_http() -> None:
+            server.should_exit = True
+
+        stop = stop_http
+        if handle_signals:
+            await tg.start(_on_signal, gate, cfg.shutdown_grace_s, stop)
+        host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
+        url = f"http://{host}:{port}{cfg.path}"
+        if token is None and not _is_loopback(cfg.host):
+            log.warning(
+                "serving on %s without bearer auth: anyone who can reach it can call every "
+                "tool; set TOOLS_AUTH_TOKEN (or [server] auth_token)",
+                url,
+            )
+        info = {"transport": "http", "url": url, "port": port, "tools": tools, "auth": bool(token)}
+
+        async def announce() -> None:
+            await server.ready.wait()
+            if server.started:
+                log.info("toolwire serving %d tools at %s (auth: %s)", tools, url, bool(token))
+                if on_ready is not None:
+                    on_ready(info)
+
+        tg.start_soon(announce)
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            sock.close()
+        tg.cancel_scope.cancel()
+
+
+class _StdoutFrames:
+    """The protocol's stdout: frames go to a private copy of fd 1, stray output to stderr.
+
+    While serving, fd 1 points at stderr, so a ``print()`` in a tool or a
+    library cannot corrupt the protocol stream. Writes are serialized (the SDK's
+    writer and the parse-error replies share the stream).
+    """
+
+    def __init__(self) -> None:
+        self._wire = os.dup(1)
+        os.dup2(2, 1)
+        self._lock = anyio.Lock()
+
+    async def write(self, text: str) -> None:
+        data = text.encode("utf-8")
+        async with self._lock:
+            await anyio.to_thread.run_sync(self._write_all, data)
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self._wire, view)
+            view = view[n:]
+
+    async def flush(self) -> None:
+        """Writes are unbuffered."""
+
+    def restore(self) -> None:
+        """Point fd 1 back at the wire."""
+        sys.stdout.flush()
+        os.dup2(self._wire, 1)
+        os.close(self._wire)
+
+
+class _StdinFrames:
+    """stdin lines read on the event loop (cancellable), checked before the SDK sees them.
+
+    The MCP SDK's default reader blocks a worker thread in ``read()``, which no
+    cancellation can interrupt (a SIGTERM would hang until the client closed
+    stdin), and it drops malformed lines silently. Here a line that is not
+    JSON, or not a JSON-RPC message, gets the JSON-RPC error reply (-32700 /
+    -32600, ``id: null``) and serving goes on. At end of input, in-flight
+    calls get the shutdown grace period to finish.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, out: _StdoutFrames, gate: ServeGate, grace_s: float
+    ) -> None:
+        self._reader = reader
+        self._out = out
+        self._gate = gate
+        self._grace_s = grace_s
+
+    def __aiter__(self) -> _StdinFrames:
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self._reader.readline()
+            if not line:
+                await anyio.sleep(0.05)  # let the last requests reach their handlers
+                await self._gate.drain(self._grace_s)
+                raise StopAsyncIteration
+            text = line.decode("utf-8", errors="replace")
+            if not text.strip():
+                continue
+            problem = _frame_problem(text)
+            if problem is None:
+                return text
+            code, message, rid = problem
+            log.warning("stdio: rejected a malformed frame: %s", message)
+            reply = {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+            await self._out.write(json.dumps(reply) + "\n")
+
+
+def _frame_problem(text: str) -> tuple[int, str, str | int | None] | None:
+    """(code, message, id) of the JSON-RPC error a malformed line gets, or None when it is fine."""
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        return -32700, f"Parse error: {exc}", None
+    try:
+        mcp_types.jsonrpc_message_adapter.validate_python(data, by_name=False)
+    except ValueError:
+        rid = data.get("id") if isinstance(data, dict) else None
+        rid = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+        return (
+            -32600,
+            'Invalid Request: expected a JSON-RPC 2.0 message ({"jsonrpc": "2.0", "method": ..., '
+            '"id": ...} or a response)',
+            rid,
+        )
+    return None
+
+
+async def _stdin_reader() -> asyncio.StreamReader | None:
+    """stdin as an event-loop stream, or None when it cannot be (a regular file, no stdin)."""
+    if asyncio._get_running_loop() is None:
+        return None
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+    try:
+        pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+    except (OSError, ValueError):
+        pipe.close()
+        return None
+    return reader
+
+
+async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
+    """``FastMCP.run_stdio_async`` with toolwire's stdin/stdout framing."""
+    from fastmcp.server.context import reset_transport, set_transport
+    from mcp.server.stdio import stdio_server
+
+    reader = await _stdin_reader()
+    if reader is None:
+        await mcp.run_stdio_async(show_banner=False)
+        return
+    out = _StdoutFrames()
+    token = set_transport("stdio")
+    try:
+        async with mcp._lifespan_manager():
+            stdin = cast("anyio.AsyncFile[str]", _StdinFrames(reader, out, gate, grace_s))
+            stdout = cast("anyio.AsyncFile[str]", out)
+            async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+                low = mcp._mcp_server
+                await low.run(read_stream, write_stream, low.create_initialization_options())
+    finally:
+        reset_transport(token)
+        out.restore()
+        with contextlib.suppress(OSError, ValueError):
+            os.set_blocking(sys.stdin.fileno(), True)  # the event loop made it non-blocking
+
+
+async def _on_signal(
+    gate: ServeGate,
+    grace_s: float,
+    stop: Callable[[], Awaitable[None]],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for sig in signals:
+            name = signal.Signals(sig).name
+            log.info(
+                "%s: draining (up to %.1fs for %d in-flight calls)", name, grace_s, gate.inflight
+            )
+            left = await gate.drain(grace_s)
+            if left:
+                log.warning("%d calls still running after %.1fs: cancelling them", left, grace_s)
+            await stop()
+            return

@@ -1,0 +1,531 @@
+"""Upstream MCP servers as tool sources: one FastMCP client per server, supervised.
+
+Each server gets a supervisor task that connects, lists the tools, watches the
+session (``tools/list_changed`` -> re-list; lost connection -> reconnect with
+exponential backoff) and hands calls to the live client. The FastMCP client
+runs on asyncio, so this side of the plugin needs an asyncio event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections import deque
+from collections.abc import Awaitable, Callable
+from time import monotonic
+from typing import Any, Literal
+
+import anyio
+import httpx2
+import mcp_types
+from fastmcp import Client
+from fastmcp.client.messages import MessageHandler
+from fastmcp.client.transports import (
+    ClientTransport,
+    SSETransport,
+    StdioTransport,
+    StreamableHttpTransport,
+)
+from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
+
+from ._config import MCPConfig, ServerConfig
+from ._convert import CALL_ID_META_KEY, make_validator, remote_error, remote_value
+
+__all__ = ["Upstream"]
+
+log = logging.getLogger("toolwire.mcp")
+
+_PERMISSIVE: dict[str, Any] = {"type": "object", "additionalProperties": True}
+_CACHE_PREFIX = "toolwire_mcp:tools:"
+_HEALTH_TICK_S = 0.5
+_STOP_WAIT_S = 5.0
+
+
+class _ConnectionLost(Exception):
+    """The session ended (process exited, stream closed) while it was up."""
+
+
+class _StderrTap:
+    """A pipe for a stdio child's stderr: each line is logged (JSON) and the last ones kept."""
+
+    def __init__(self, server: str) -> None:
+        self.server = server
+        self.tail: deque[str] = deque(maxlen=20)
+        rfd, wfd = os.pipe()
+        self.writer = os.fdopen(wfd, "w", buffering=1)
+        self._reader = os.fdopen(rfd, "r", errors="replace")
+        self._thread = threading.Thread(
+            target=self._pump, name=f"toolwire-mcp-stderr-{server}", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self) -> None:
+        lg = logging.getLogger(f"toolwire.mcp.stderr.{self.server}")
+        with self._reader:
+            for line in self._reader:
+                text = line.rstrip("\n")
+                self.tail.append(text)
+                lg.info("%s", text)
+
+    def recent(self, n: int = 3) -> str:
+        """The last ``n`` lines, joined."""
+        return " | ".join(list(self.tail)[-n:])
+
+    def close(self) -> None:
+        """Close our end; the reader stops once the children have exited."""
+        with contextlib.suppress(OSError):
+            self.writer.close()
+
+
+class _Notifications(MessageHandler):
+    def __init__(self, on_list_changed: Callable[[], None]) -> None:
+        self._on_list_changed = on_list_changed
+
+    async def on_tool_list_changed(self, message: mcp_types.ToolListChangedNotification) -> None:
+        self._on_list_changed()
+
+
+def _object_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An output schema the kernel's normalized content matches (objects pass through)."""
+    if schema is None:
+        return None
+    if schema.get("type") == "object" or ("type" not in schema and "properties" in schema):
+        return schema
+    return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, MCPError):
+        return f"MCP error {exc.code}: {exc.message}"
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in exc.exceptions)
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if not isinstance(exc, RuntimeError) else text
+
+
+class Upstream:
+    """One configured upstream MCP server: its client, its tools, its health."""
+
+    def __init__(
+        self,
+        name: str,
+        cfg: ServerConfig,
+        plugin_cfg: MCPConfig,
+        kernel: Kernel,
+        refresh: Callable[[], Awaitable[None]],
+    ) -> None:
+        self.name = name
+        self.cfg = cfg
+        self.plugin_cfg = plugin_cfg
+        self.kernel = kernel
+        self._refresh = refresh
+        self.tools: list[Tool] = []
+        self.status: Literal["connecting", "up", "down", "stopped"] = "connecting"
+        self.last_error: str | None = None
+        self.down_kind: str = ErrorKind.UNAVAILABLE
+        self._http_status: int | None = None
+        self.next_attempt_at: float | None = None
+        self.first_attempt = anyio.Event()
+        self._signature: tuple[Any, ...] = ()
+        self._client: Client[Any] | None = None
+        self._stop = anyio.Event()
+        self._wake = anyio.Event()
+        self._want_relist = False
+        self._lost_client: Client[Any] | None = None
+        self._session_client: Client[Any] | None = None
+        self._session_down = anyio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stderr = _StderrTap(name) if cfg.kind == "stdio" else None
+
+    # ------------------------------------------------------------ lifecycle
+    async def load_known_tools(self) -> None:
+        """Before the first connection: the tools remembered in the state store, or the include list."""
+        remote: list[mcp_types.Tool] = []
+        if self.plugin_cfg.cache_tools:
+            try:
+                cached = await self.kernel.state.get(_CACHE_PREFIX + self.name)
+            except Exception as exc:
+                log.warning("MCP server %r: cannot read its cached tool list: %s", self.name, exc)
+                cached = None
+            if isinstance(cached, list):
+                for item in cached:
+                    with contextlib.suppress(Exception):
+                        remote.append(mcp_types.Tool.model_validate(item))
+        if not remote and self.cfg.include:
+            remote = [
+                mcp_types.Tool(
+                    name=n,
+                    description=f"(tool of MCP server {self.name!r}; its schema is known once "
+                    "the server is reachable)",
+                    input_schema=dict(_PERMISSIVE),
+                )
+                for n in self.cfg.include
+            ]
+        self._adopt(remote)
+
+    def start(self) -> None:
+        """Start the supervisor task (asyncio)."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._supervise(), name=f"toolwire-mcp:{self.name}"
+        )
+
+    async def stop(self) -> None:
+        """Stop the supervisor and close the client (bounded)."""
+        self._stop.set()
+        self._wake.set()
+        task = self._task
+        if task is not None and not task.done():
+            with anyio.CancelScope(shield=True):
+                with anyio.move_on_after(_STOP_WAIT_S):
+                    await asyncio.wait({task})
+                if not task.done():
+                    task.cancel()
+                    with anyio.move_on_after(_STOP_WAIT_S):
+                        await asyncio.wait({task})
+        self.status = "stopped"
+        if self._stderr is not None:
+            self._stderr.close()
+
+    # -------------------------------------------------------------- client
+    def _transport(self) -> ClientTransport:
+        cfg = self.cfg
+        if cfg.kind == "stdio":
+            return StdioTransport(
+                command=str(cfg.command),
+                args=list(cfg.args),
+                env=dict(cfg.env) or None,
+                cwd=cfg.cwd,
+                keep_alive=False,
+                log_file=self._stderr.writer if self._stderr is not None else None,
+            )
+        auth = cfg.auth.get_secret_value() if cfg.auth is not None else None
+        factory: Any = self._http_client  # an McpHttpClientFactory
+        if cfg.kind == "sse":
+            return SSETransport(
+                str(cfg.url), headers=dict(cfg.headers), auth=auth, httpx_client_factory=factory
+            )
+        return StreamableHttpTransport(
+            str(cfg.url), headers=dict(cfg.headers), auth=auth, httpx_client_factory=factory
+        )
+
+    def _http_client(
+        self,
+        headers: dict[str, str] | None = None,
+        timeout: httpx2.Timeout | None = None,
+        auth: httpx2.Auth | None = None,
+        **_: Any,
+    ) -> httpx2.AsyncClient:
+        """The HTTP client of the MCP transport, noting refused responses (401, 403, 5xx)."""
+
+        async def note(response: httpx2.Response) -> None:
+            if response.status_code >= 400:
+                self._http_status = response.status_code
+
+        return httpx2.AsyncClient(
+            headers=headers,
+            timeout=timeout or httpx2.Timeout(30.0, read=300.0),
+            auth=auth,
+            event_hooks={"response": [note]},
+        )
+
+    def _make_client(self) -> Client[Any]:
+        def list_changed() -> None:
+            self._want_relist = True
+            self._wake.set()
+
+        return Client(
+            self._transport(),
+            name=f"toolwire-mcp-{self.name}",
+            timeout=self.cfg.timeout_s,
+            init_timeout=self.plugin_cfg.connect_timeout_s,
+            mode=self.plugin_cfg.protocol,
+            message_handler=_Notifications(list_changed),
+        )
+
+    # ---------------------------------------------------------- supervisor
+    async def _supervise(self) -> None:
+        pcfg = self.plugin_cfg
+        delay = pcfg.reconnect_initial_s
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                await self._session_once()
+            except Exception as exc:
+                self._client = None
+                if self.status == "up":  # it worked before it broke: start the backoff afresh
+                    failures = 0
+                    delay = pcfg.reconnect_initial_s
+                failures += 1
+                if self._stderr is not None:
+                    await anyio.sleep(0.1)  # the last stderr lines of a dying server
+                self._went_down(exc, quiet=failures > 1)
+            finally:
+                self._client = None
+                self._session_down.set()
+            self.first_attempt.set()
+            if self._stop.is_set():
+                break
+            self.next_attempt_at = monotonic() + delay
+            with anyio.move_on_after(delay):
+                await self._stop.wait()
+            delay = min(delay * 2, pcfg.reconnect_max_s)
+
+    async def _session_once(self) -> None:
+        """Connect, list, then watch the session until it ends (raises) or the plugin stops."""
+        client = self._make_client()
+        self.status = "connecting"
+        self._session_client = client
+        self._session_down = anyio.Event()
+        self._http_status = None
+        if self._stderr is not None:
+            self._stderr.tail.clear()
+        async with contextlib.AsyncExitStack() as stack:
+            with anyio.fail_after(self.plugin_cfg.connect_timeout_s):
+                await stack.enter_async_context(client)
+                await self._relist(client)
+            self._client = client
+            self.status = "up"
+            self.last_error = None
+            self.next_attempt_at = None
+            self.first_attempt.set()
+            log.info(
+                "MCP server %r connected (%s, protocol %s): %d tools",
+                self.name,
+                self.cfg.kind,
+                client.protocol_version,
+                len(self.tools),
+            )
+            async with anyio.create_task_group() as tg:
+                if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                    tg.start_soon(self._listen, client)
+                await self._watch(client)
+                tg.cancel_scope.cancel()
+            self._client = None
+
+    async def _watch(self, client: Client[Any]) -> None:
+        while not self._stop.is_set():
+            with anyio.move_on_after(_HEALTH_TICK_S):
+                await self._wake.wait()
+            self._wake = anyio.Event()
+            if self._stop.is_set():
+                return
+            if self._lost_client is client or not client.is_connected():
+                self._client = None  # no new calls on this client from here on
+                raise _ConnectionLost("the connection was lost")
+            if self._want_relist:
+                self._want_relist = False
+                await self._relist(client)
+
+    async def _listen(self, client: Client[Any]) -> None:
+        """2026-07-28 sessions: ``subscriptions/listen`` for ``tools/list_changed`` (best effort)."""
+        try:
+            async with listen(client.session, tools_list_changed=True) as sub:
+                async for event in sub:
+                    if isinstance(event, ToolsListChanged):
+                        self._want_relist = True
+                        self._wake.set()
+        except Exception as exc:  # not offered by the server, or the stream ended
+            log.debug("MCP server %r: no tools/list_changed subscription: %s", self.name, exc)
+
+    def _went_down(self, exc: BaseException, *, quiet: bool) -> None:
+        was_up = self.status == "up"
+        self.status = "down"
+        msg = _describe(exc)
+        if isinstance(exc, TimeoutError):
+            msg = (
+                f"no answer within connect_timeout_s={self.plugin_cfg.connect_timeout_s}s "
+                "(connecting and listing its tools)"
+            )
+        self.down_kind = ErrorKind.UNAVAILABLE
+        status = self._http_status
+        if status in (401, 403):
+            self.down_kind = ErrorKind.AUTH
+            msg = (
+                f"HTTP {status}: the server refused toolwire's credentials; check `auth` and "
+                f"`headers` of [plugins.mcp.servers.{self.name}] ({msg})"
+            )
+        elif status is not None:
+            msg = f"HTTP {status} ({msg})"
+        if self._stderr is not None and self._stderr.tail:
+            msg = f"{msg} (server stderr: {self._stderr.recent()})"
+        self.last_error = msg
+        if was_up or not quiet:
+            log.warning(
+                "MCP server %r (%s) is unavailable: %s; reconnecting with backoff",
+                self.name,
+                self.cfg.target(),
+                msg,
+            )
+        else:
+            log.info("MCP server %r still unavailable: %s", self.name, msg)
+
+    async def _relist(self, client: Client[Any]) -> None:
+        remote = await client.list_tools()
+        changed = self._adopt(remote)
+        if self.plugin_cfg.cache_tools:
+            dumped = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in remote]
+            try:
+                await self.kernel.state.set(_CACHE_PREFIX + self.name, dumped)
+            except Exception as exc:
+                log.warning("MCP server %r: cannot cache its tool list: %s", self.name, exc)
+        if changed:
+            await self._refresh()
+
+    # --------------------------------------------------------------- tools
+    def _adopt(self, remote: list[mcp_types.Tool]) -> bool:
+        """Make kernel tools from a remote listing; True when the catalog changes."""
+        include = set(self.cfg.include) if self.cfg.include is not None else None
+        exclude = set(self.cfg.exclude)
+        keep = [
+            t for t in remote if (include is None or t.name in include) and t.name not in exclude
+        ]
+        signature = tuple((t.model_dump_json(by_alias=True, exclude_none=True)) for t in keep)
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        self.tools = [self._kernel_tool(t) for t in keep]
+        return True
+
+    def _kernel_tool(self, remote: mcp_types.Tool) -> Tool:
+        remote_name = remote.name
+        schema = dict(remote.input_schema or _PERMISSIVE)
+        ann = remote.annotations
+        meta = remote.meta or {}
+        fm = meta.get("fastmcp") if isinstance(meta, dict) else None
+        remote_tags = fm.get("tags", []) if isinstance(fm, dict) else []
+
+        async def execute(args: dict[str, Any], ctx: CallContext) -> Any:
+            return await self.call(remote_name, args, ctx)
+
+        return Tool(
+            name=self.plugin_cfg.tool_name(self.name, remote_name),
+            description=remote.description or "",
+            input_schema=schema,
+            executor=execute,
+            output_schema=_object_schema(remote.output_schema),
+            validator=make_validator(schema),
+            tags=frozenset({"mcp", f"mcp:{self.name}", *(str(t) for t in remote_tags)}),
+            source=f"mcp:{self.name}",
+            annotations=ToolAnnotations(
+                title=(ann.title if ann else None) or remote.title,
+                readOnlyHint=ann.read_only_hint if ann else None,
+                destructiveHint=ann.destructive_hint if ann else None,
+                idempotentHint=ann.idempotent_hint if ann else None,
+                openWorldHint=ann.open_world_hint if ann else None,
+            ),
+            settings={"mcp": {"server": self.name, "remote_name": remote_name}},
+        )
+
+    # ---------------------------------------------------------------- calls
+    def _unavailable(self, remote_tool: str) -> ToolError:
+        wait = None
+        if self.next_attempt_at is not None:
+            wait = max(0.0, self.next_attempt_at - monotonic())
+        state = "is connecting" if self.status == "connecting" else "is not connected"
+        why = f": {self.last_error}" if self.last_error else ""
+        when = f"; next reconnect attempt in {wait:.1f}s" if wait is not None else ""
+        return ToolError(
+            f"MCP server {self.name!r} ({self.cfg.target()}) {state}{why}{when}",
+            kind=self.down_kind if self.status == "down" else ErrorKind.UNAVAILABLE,
+            retry_after_s=wait,
+            details={"server": self.name, "remote_tool": remote_tool, "status": self.status},
+        )
+
+    async def _lost(self, client: Client[Any], remote_tool: str, exc: BaseException) -> ToolError:
+        self._lost_client = client
+        self._wake.set()
+        msg = _describe(exc)
+        if self._session_client is client:
+            # The supervisor notes why the session ended (with the server's last stderr lines).
+            down = self._session_down
+            with anyio.move_on_after(2.0):
+                await down.wait()
+            if down.is_set() and self.last_error and "server stderr" in self.last_error:
+                msg = f"{msg}; {self.last_error}"
+        return ToolError(
+            f"MCP server {self.name!r}: the connection was lost during the call to "
+            f"{remote_tool!r} ({msg}); the outcome is unknown; reconnecting",
+            kind=ErrorKind.UNAVAILABLE,
+            details={"server": self.name, "remote_tool": remote_tool, "in_flight": True},
+        )
+
+    async def call(self, remote_tool: str, args: dict[str, Any], ctx: CallContext) -> Any:
+        """Call ``remote_tool`` on the live client; failures raise ``ToolError`` with a kind."""
+        client = self._client
+        if client is None or self.status != "up":
+            raise self._unavailable(remote_tool)
+        meta = {CALL_ID_META_KEY: ctx.call.call_id} if ctx.call.call_id else None
+        progress = ctx.report_progress if ctx.progress is not None else None
+        try:
+            result = await client.call_tool_mcp(
+                remote_tool,
+                args,
+                progress_handler=progress,
+                timeout=self.cfg.timeout_s,
+                meta=meta,
+            )
+        except MCPError as exc:
+            code = exc.code
+            if code == mcp_types.CONNECTION_CLOSED:
+                raise await self._lost(client, remote_tool, exc) from exc
+            kind: str = {
+                mcp_types.REQUEST_TIMEOUT: ErrorKind.TIMEOUT,
+                mcp_types.INVALID_PARAMS: ErrorKind.INVALID_ARGS,
+                mcp_types.METHOD_NOT_FOUND: ErrorKind.NOT_FOUND,
+            }.get(code, ErrorKind.TOOL_ERROR)
+            raise ToolError(
+                f"MCP server {self.name!r}, tool {remote_tool!r}: {exc.message} (MCP error {code})",
+                kind=kind,
+                details={"server": self.name, "remote_tool": remote_tool, "mcp_code": code},
+            ) from exc
+        except httpx2.HTTPStatusError as exc:
+            status = exc.response.status_code
+            kind = (
+                ErrorKind.AUTH
+                if status in (401, 403)
+                else ErrorKind.RATE_LIMIT
+                if status == 429
+                else ErrorKind.UNAVAILABLE
+                if status >= 500
+                else ErrorKind.TOOL_ERROR
+            )
+            retry_after = None
+            ra = exc.response.headers.get("retry-after")
+            if ra is not None:
+                with contextlib.suppress(ValueError):
+                    retry_after = float(ra)
+            raise ToolError(
+                f"MCP server {self.name!r}, tool {remote_tool!r}: HTTP {status}",
+                kind=kind,
+                status=status,
+                retry_after_s=retry_after,
+                details={"server": self.name, "remote_tool": remote_tool},
+            ) from exc
+        except TimeoutError as exc:
+            raise ToolError(
+                f"MCP server {self.name!r}, tool {remote_tool!r}: timed out",
+                kind=ErrorKind.TIMEOUT,
+                details={"server": self.name, "remote_tool": remote_tool},
+            ) from exc
+        except (
+            RuntimeError,
+            OSError,
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,
+            anyio.EndOfStream,
+            httpx2.TransportError,
+        ) as exc:
+            raise await self._lost(client, remote_tool, exc) from exc
+        if result.is_error:
+            kind, message, retry_after, details = remote_error(
+                result, server=self.name, remote_tool=remote_tool
+            )
+            raise ToolError(message, kind=kind, retry_after_s=retry_after, details=details)
+        return remote_value(result)

@@ -1,0 +1,273 @@
+"""`toolwire serve` as a real subprocess: stdio framing, Streamable HTTP, bearer auth, shutdown."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from fastmcp import Client
+from fastmcp.client.transports import StdioTransport
+from mcp.shared.exceptions import MCPError
+from toolwire_mcp_testkit import clean_env, eventually, write_config
+
+from toolwire.cli import main
+from toolwire_mcp import ERROR_META_KEY
+
+pytestmark = pytest.mark.anyio
+
+NO_PLUGINS = {"TOOLWIRE_LOAD_PLUGINS": ""}
+ACCEPT = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+
+
+def rpc(id_: int, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": id_, "method": method}
+    if params is not None:
+        msg["params"] = params
+    return msg
+
+
+INIT = rpc(
+    1,
+    "initialize",
+    {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+)
+
+
+def sse_json(resp: httpx2.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a Streamable HTTP response (JSON or one SSE event)."""
+    if resp.headers.get("content-type", "").startswith("application/json"):
+        return dict(resp.json())
+    data = [line[5:].strip() for line in resp.text.splitlines() if line.startswith("data:")]
+    return dict(json.loads(data[-1]))
+
+
+def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
+    frames = [
+        INIT,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        rpc(2, "tools/list"),
+        "this is not json",
+        {"jsonrpc": "2.0", "id": 9, "hello": "world"},
+        rpc(3, "tools/call", {"name": "add", "arguments": {"a": 2, "b": 40}}),
+        rpc(4, "tools/call", {"name": "add", "arguments": {"a": "x"}}),
+        rpc(5, "no/such/method"),
+    ]
+    payload = "".join((f if isinstance(f, str) else json.dumps(f)) + "\n" for f in frames)
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "serve"],
+        input=payload.encode(),
+        capture_output=True,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS="audit"),  # audit logs each call to stderr
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = [json.loads(line) for line in proc.stdout.decode().splitlines()]  # every line is JSON
+    assert all(m.get("jsonrpc") == "2.0" for m in out)
+    by_id = {m.get("id"): m for m in out}
+    names = {t["name"] for t in by_id[2]["result"]["tools"]}
+    assert {"add", "echo", "counter_increment"} <= names  # the bundled examples
+    assert by_id[3]["result"]["structuredContent"] == {"result": 42.0}
+    bad = by_id[4]["result"]
+    assert bad["isError"] is True and bad["_meta"][ERROR_META_KEY]["kind"] == "invalid_args"
+    assert by_id[5]["error"]["code"] == -32601
+    parse_errors = [m for m in out if "error" in m and m["error"]["code"] == -32700]
+    assert parse_errors and parse_errors[0]["id"] is None, out  # and serving went on
+    assert by_id[9]["error"]["code"] == -32600  # JSON, but not a JSON-RPC message
+    err_lines = [line for line in proc.stderr.decode().splitlines() if line.strip()]
+    logs = [json.loads(line) for line in err_lines]  # stderr: JSON lines only
+    assert any("serving" in str(x.get("msg", "")) for x in logs)
+    assert sum(1 for x in logs if x.get("tool") == "add") == 2  # the audit plugin saw both calls
+    assert (tmp_path / ".toolwire" / "state.db").exists()  # embedded defaults
+
+
+async def test_stdio_client_lists_and_calls(tmp_path: Path) -> None:
+    transport = StdioTransport(
+        command=sys.executable,
+        args=["-m", "toolwire.cli", "serve"],
+        env=clean_env(**NO_PLUGINS),
+        cwd=str(tmp_path),
+        keep_alive=False,
+    )
+    async with Client(transport, timeout=30) as c:
+        tools = {t.name for t in await c.list_tools()}
+        assert "word_hash" in tools
+        r = await c.call_tool("echo", {"message": "hi", "upper": True})
+        assert r.structured_content == {"message": "HI"}
+
+
+def test_stdio_sigterm_while_idle_exits_cleanly(tmp_path: Path, serve_process: Any) -> None:
+    p = serve_process("serve", env=clean_env(**NO_PLUGINS), stdio=True).wait_ready()
+    p.signal(signal.SIGTERM)  # stdin stays open: the reader must not block the shutdown
+    assert p.wait(15) == 0
+    assert "kernel is closed" in p.stderr
+
+
+async def test_http_serves_and_survives_bad_input(tmp_path: Path, serve_process: Any) -> None:
+    p = serve_process(
+        "serve", "--transport", "http", "--port", "0", env=clean_env(**NO_PLUGINS)
+    ).wait_ready()
+    assert p.url is not None and p.url.startswith("http://127.0.0.1:")
+    async with httpx2.AsyncClient(timeout=10) as http:
+        garbage = await http.post(p.url, content=b"{not json", headers=ACCEPT)
+        assert garbage.status_code == 400
+        assert garbage.json()["error"]["code"] == -32700
+        not_rpc = await http.post(p.url, json={"hello": "world"}, headers=ACCEPT)
+        assert not_rpc.status_code == 400
+    async with Client(p.url, timeout=20) as c:
+        assert "add" in {t.name for t in await c.list_tools()}
+        r = await c.call_tool_mcp("add", {"a": 1.5, "b": 2})
+        assert r.structured_content == {"result": 3.5}
+        wrong = await c.call_tool_mcp("add", {"a": [], "b": 2})
+        assert wrong.is_error and wrong.meta is not None
+        assert wrong.meta[ERROR_META_KEY]["kind"] == "invalid_args"
+        unknown = await c.call_tool_mcp("subtract", {})
+        assert unknown.is_error and unknown.meta is not None
+        assert unknown.meta[ERROR_META_KEY]["kind"] == "not_found"
+    assert p.stop() == 0
+
+
+async def test_http_bearer_token_from_a_secret_ref(tmp_path: Path, serve_process: Any) -> None:
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {
+            "tools": {"modules": ["toolwire.examples"]},
+            "server": {"transport": "http", "port": 0, "auth_token": {"$secretRef": "GW_TOKEN"}},
+        },
+    )
+    p = serve_process("serve", env=clean_env(GW_TOKEN="s3cret-token")).wait_ready()
+    assert p.url is not None
+    async with httpx2.AsyncClient(timeout=10) as http:
+        missing = await http.post(p.url, json=INIT, headers=ACCEPT)
+        assert missing.status_code == 401
+        assert missing.headers["www-authenticate"].lower().startswith("bearer")
+        wrong = await http.post(
+            p.url, json=INIT, headers={**ACCEPT, "authorization": "Bearer s3cret-tokeX"}
+        )
+        assert wrong.status_code == 401
+        ok = await http.post(
+            p.url, json=INIT, headers={**ACCEPT, "authorization": "Bearer s3cret-token"}
+        )
+        assert ok.status_code == 200 and "result" in sse_json(ok)
+    with pytest.raises((MCPError, RuntimeError)):
+        async with Client(p.url, auth="wrong", timeout=10) as c:
+            await c.list_tools()
+    async with Client(p.url, auth="s3cret-token", timeout=20) as c:
+        r = await c.call_tool("word_hash", {"text": "abc", "algorithm": "md5"})
+        assert r.structured_content == {"result": "900150983cd24fb0d6963f7d28e17f72"}
+    assert "s3cret-token" not in p.stderr
+    assert p.stop() == 0
+
+
+async def test_env_token_and_graceful_shutdown_with_a_call_in_flight(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    (tmp_path / "napping.py").write_text(
+        "import anyio, pathlib\n"
+        "from toolwire import tool\n\n"
+        "@tool\n"
+        "async def nap(seconds: float) -> str:\n"
+        '    """Sleeps, then answers."""\n'
+        "    pathlib.Path('started').write_text('x')\n"
+        "    await anyio.sleep(seconds)\n"
+        "    return 'rested'\n"
+    )
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 20}},
+    )
+    env = clean_env(TOOLS_AUTH_ENABLED="true", TOOLS_AUTH_TOKEN="tok-123")
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0", env=env
+    )
+    p.wait_ready()
+    assert p.url is not None
+
+    results: dict[str, Any] = {}
+    c = Client(p.url, auth="tok-123", timeout=30)
+    stack = contextlib.AsyncExitStack()
+    await stack.enter_async_context(c)
+    try:
+        assert [t.name for t in await c.list_tools()] == ["nap"]
+
+        async def long_call() -> None:
+            results["nap"] = await c.call_tool_mcp("nap", {"seconds": 1.5})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long_call)
+            await eventually((tmp_path / "started").exists, 15)
+            p.signal(signal.SIGTERM)
+            await eventually(lambda: "draining" in p.stderr)
+            results["late"] = await c.call_tool_mcp("nap", {"seconds": 0})
+    finally:
+        with contextlib.suppress(Exception):  # the server may already be gone
+            await stack.aclose()
+    assert results["nap"].structured_content == {"result": "rested"}  # finished, not cut
+    late = results["late"]
+    assert late.is_error and late.meta[ERROR_META_KEY]["kind"] == "unavailable"
+    assert "shutting down" in late.meta[ERROR_META_KEY]["message"]
+    assert p.wait(20) == 0
+    assert "kernel is closed" in p.stderr
+
+
+def test_config_errors_exit_2_naming_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith(("TOOLWIRE_", "TOOLS_AUTH_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
+    write_config(tmp_path / "bad.toml", {}, {"server": {"transport": "pigeon", "colour": 1}})
+    assert main(["serve", "--config", "bad.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml" in err and "server.transport" in err and "server.colour: unknown key" in err
+    monkeypatch.setenv("TOOLS_AUTH_ENABLED", "true")
+    assert main(["serve", "--transport", "http"]) == 2
+    err = capsys.readouterr().err
+    assert "TOOLS_AUTH_TOKEN" in err
+    monkeypatch.delenv("TOOLS_AUTH_ENABLED")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = str(busy.getsockname()[1])
+        assert main(["serve", "--transport", "http", "--port", port]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    write_config(
+        tmp_path / "up.toml", {}, {"plugins.mcp.servers.x": {"command": "a", "url": "http://b"}}
+    )
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "mcp")
+    assert main(["--config", "up.toml", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "plugins.mcp.servers.x" in err and "either `command`" in err
+
+
+def test_serve_is_documented_in_cli_help() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert proc.returncode == 0
+    for flag in ("--transport", "--host", "--port", "--config"):
+        assert flag in proc.stdout

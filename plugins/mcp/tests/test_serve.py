@@ -1,0 +1,245 @@
+"""The kernel served over MCP, checked with a real FastMCP client in memory."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import mcp_types
+import pytest
+from fastmcp import Client
+
+import toolwire.examples as examples
+from toolwire import (
+    CallContext,
+    CallRejected,
+    Kernel,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    hookimpl,
+    tool,
+)
+from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY, create_server
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+async def reporter(steps: int, ctx: CallContext) -> dict[str, Any]:
+    """Reports progress, then returns what the kernel saw of the call.
+
+    Args:
+        steps: How many progress notifications to send.
+    """
+    for i in range(steps):
+        await ctx.report_progress(i + 1, steps, f"step {i + 1}")
+    return {
+        "call_id": ctx.call.call_id,
+        "session_id": ctx.call.session_id,
+        "via": ctx.call.metadata.get("via"),
+    }
+
+
+@tool
+def throttled() -> str:
+    """Always rate limited."""
+    raise ToolError("slow down", kind="rate_limit", retry_after_s=2.5)
+
+
+@tool(destructive=True, tags=["danger"])
+def wipe(confirm: bool) -> str:
+    """Pretends to wipe.
+
+    Args:
+        confirm: Must be true.
+    """
+    return "wiped" if confirm else "kept"
+
+
+class Replay:
+    """An idempotency stand-in: the second call with the same call id is replayed."""
+
+    name, order = "replay", 200
+
+    def __init__(self) -> None:
+        self.seen: dict[str, ToolResult] = {}
+
+    @hookimpl
+    def before_call(self, call: ToolCall) -> ToolResult | None:
+        if call.call_id and call.call_id in self.seen:
+            first = self.seen[call.call_id]
+            return ToolResult(dict(first.content), meta=type(first.meta)(replayed=True))
+        return None
+
+    @hookimpl
+    def after_call(self, call: ToolCall, result: ToolResult) -> None:
+        if call.call_id and not result.is_error:
+            self.seen.setdefault(call.call_id, result)
+
+
+class Deny:
+    name, order = "deny", 300
+
+    @hookimpl
+    def before_call(self, call: ToolCall) -> None:
+        if call.name == "wipe":
+            raise CallRejected("denied", "wiping needs approval")
+
+
+@pytest.fixture
+async def kernel() -> AsyncIterator[Kernel]:
+    k = Kernel(tools=[examples, reporter, throttled, wipe], plugins=[Replay(), Deny()])
+    async with k:
+        yield k
+
+
+@pytest.fixture
+async def client(kernel: Kernel) -> AsyncIterator[Client[Any]]:
+    async with Client(create_server(kernel)) as c:
+        yield c
+
+
+async def test_catalog_passes_through_with_schemas_and_annotations(
+    kernel: Kernel, client: Client[Any]
+) -> None:
+    tools = {t.name: t for t in await client.list_tools()}
+    assert set(tools) == {t.name for t in kernel.list_tools()}
+    add = tools["add"]
+    assert add.input_schema == kernel.get_tool("add").input_schema  # type: ignore[union-attr]
+    assert add.output_schema == {
+        "type": "object",
+        "properties": {"result": {"type": "number"}},
+        "required": ["result"],
+    }
+    assert add.annotations is not None
+    assert add.annotations.read_only_hint is True and add.annotations.idempotent_hint is True
+    wipe_ann = tools["wipe"].annotations
+    assert wipe_ann is not None and wipe_ann.destructive_hint is True
+    assert add.description == "Add two numbers."
+
+
+async def test_tools_added_later_appear_on_the_next_list(
+    kernel: Kernel, client: Client[Any]
+) -> None:
+    @tool
+    def late(x: int) -> int:
+        """Added after the client connected."""
+        return x * 2
+
+    assert "late" not in {t.name for t in await client.list_tools()}
+    kernel.add_tool(late)
+    assert "late" in {t.name for t in await client.list_tools()}
+    r = await client.call_tool("late", {"x": 21})
+    assert r.structured_content == {"result": 42}
+    kernel.remove_tool("late")
+    assert "late" not in {t.name for t in await client.list_tools()}
+
+
+async def test_success_is_structured_content_plus_text(client: Client[Any]) -> None:
+    r = await client.call_tool_mcp("add", {"a": 2, "b": 3})
+    assert not r.is_error
+    assert r.structured_content == {"result": 5.0}
+    assert [c.text for c in r.content if isinstance(c, mcp_types.TextContent)] == ['{"result":5.0}']
+    stats = await client.call_tool_mcp("text_stats", {"text": "a b\nc"})
+    assert stats.structured_content == {"characters": 5, "words": 3, "lines": 2}
+    now = await client.call_tool_mcp("now", {})
+    text = now.content[0]
+    assert isinstance(text, mcp_types.TextContent) and now.structured_content == {
+        "result": text.text
+    }
+    assert r.meta is not None and r.meta[RESULT_META_KEY]["served_by"] == "add"
+
+
+async def test_error_results_carry_the_kind(client: Client[Any]) -> None:
+    r = await client.call_tool_mcp("throttled", {})
+    assert r.is_error
+    assert r.structured_content is None  # clients would check it against the output schema
+    assert isinstance(r.content[0], mcp_types.TextContent)
+    assert r.content[0].text == "rate_limit: slow down"
+    assert r.meta is not None
+    info = r.meta[ERROR_META_KEY]
+    assert info["kind"] == "rate_limit" and info["retry_after_s"] == 2.5
+
+
+async def test_plugins_apply_to_mcp_callers(client: Client[Any]) -> None:
+    r = await client.call_tool_mcp("wipe", {"confirm": True})
+    assert r.is_error and r.meta is not None
+    assert r.meta[ERROR_META_KEY]["kind"] == "denied"
+    assert "needs approval" in r.meta[ERROR_META_KEY]["message"]
+
+
+async def test_wrong_argument_types_are_rejected_by_the_kernel(client: Client[Any]) -> None:
+    r = await client.call_tool_mcp("add", {"a": "two", "b": 3})
+    assert r.is_error and r.meta is not None
+    err = r.meta[ERROR_META_KEY]
+    assert err["kind"] == "invalid_args"
+    assert [p["field"] for p in err["details"]["problems"]] == ["a"]
+    missing = await client.call_tool_mcp("echo", {})
+    assert missing.meta is not None
+    assert "field 'message': field required" in missing.meta[ERROR_META_KEY]["message"]
+    extra = await client.call_tool_mcp("echo", {"message": "x", "bogus": 1})
+    assert extra.is_error and "bogus" in extra.meta[ERROR_META_KEY]["message"]  # type: ignore[index]
+
+
+async def test_unknown_tool_is_an_error_result_with_suggestions(client: Client[Any]) -> None:
+    r = await client.call_tool_mcp("ad", {"a": 1})
+    assert r.is_error and r.meta is not None
+    err = r.meta[ERROR_META_KEY]
+    assert err["kind"] == "not_found" and "did you mean 'add'" in err["message"]
+    assert "ad" not in {t.name for t in await client.list_tools()}
+
+
+async def test_call_id_travels_in_meta_and_deduplicates(client: Client[Any]) -> None:
+    first = await client.call_tool_mcp(
+        "counter_increment", {"by": 5}, meta={CALL_ID_META_KEY: "job-1/step-3"}
+    )
+    again = await client.call_tool_mcp(
+        "counter_increment", {"by": 5}, meta={CALL_ID_META_KEY: "job-1/step-3"}
+    )
+    other = await client.call_tool_mcp("counter_increment", {"by": 5})
+    assert first.structured_content == again.structured_content
+    assert again.meta is not None and again.meta[RESULT_META_KEY]["replayed"] is True
+    assert first.meta is not None and first.meta[RESULT_META_KEY]["call_id"] == "job-1/step-3"
+    assert first.structured_content is not None
+    assert other.structured_content == {"result": first.structured_content["result"] + 5}
+    seen = await client.call_tool_mcp("reporter", {"steps": 0}, meta={CALL_ID_META_KEY: "c-9"})
+    assert seen.structured_content is not None
+    assert seen.structured_content["call_id"] == "c-9" and seen.structured_content["via"] == "mcp"
+    bad = await client.call_tool_mcp("reporter", {"steps": 0}, meta={CALL_ID_META_KEY: ["x"]})
+    assert bad.is_error and bad.meta is not None
+    assert CALL_ID_META_KEY in bad.meta[ERROR_META_KEY]["message"]
+
+
+async def test_tool_progress_becomes_mcp_progress_notifications(client: Client[Any]) -> None:
+    got: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        got.append((progress, total, message))
+
+    r = await client.call_tool_mcp("reporter", {"steps": 3}, progress_handler=on_progress)
+    assert not r.is_error
+    assert got == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+async def test_legacy_sessions_pass_a_stable_session_id(kernel: Kernel) -> None:
+    async with Client(create_server(kernel), mode="legacy") as c:
+        a = await c.call_tool_mcp("reporter", {"steps": 0})
+        b = await c.call_tool_mcp("reporter", {"steps": 0})
+    assert a.structured_content is not None and b.structured_content is not None
+    assert a.structured_content["session_id"]
+    assert a.structured_content["session_id"] == b.structured_content["session_id"]
+
+
+async def test_concurrent_calls_are_independent(client: Client[Any]) -> None:
+    results: dict[int, Any] = {}
+
+    async def one(i: int) -> None:
+        r = await client.call_tool_mcp("add", {"a": i, "b": 1})
+        results[i] = r.structured_content
+
+    async with anyio.create_task_group() as tg:
+        for i in range(20):
+            tg.start_soon(one, i)
+    assert results == {i: {"result": float(i + 1)} for i in range(20)}

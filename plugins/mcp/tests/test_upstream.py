@@ -1,0 +1,238 @@
+"""Remote MCP servers as tool sources: a real upstream FastMCP server over stdio."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from toolwire_mcp_testkit import clean_env, eventually, upstream_entry, write_config
+
+from toolwire import ErrorInfo, Kernel, ToolCall, ToolError, hookimpl
+from toolwire_mcp import MCPConfig, MCPPlugin
+
+pytestmark = pytest.mark.anyio
+
+
+class Classifier:
+    """What a ratelimit/retry plugin sees in on_error."""
+
+    name, order = "classifier", 400
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, dict[str, Any], bool]] = []
+
+    @hookimpl
+    def on_error(self, call: ToolCall, error: ErrorInfo) -> None:
+        self.seen.append(
+            (
+                call.name,
+                str(error.kind),
+                dict(error.details),
+                isinstance(error.exception, ToolError),
+            )
+        )
+
+
+def plugin(servers: dict[str, Any], **extra: Any) -> MCPPlugin:
+    cfg = {"servers": servers, "reconnect_initial_s": 0.05, "reconnect_max_s": 0.2, **extra}
+    return MCPPlugin(MCPConfig.model_validate(cfg))
+
+
+@pytest.fixture
+async def kernel() -> AsyncIterator[Kernel]:
+    k = Kernel(plugins=[plugin({"up": upstream_entry()}), Classifier()])
+    async with k:
+        yield k
+
+
+async def test_one_server_is_namespaced_and_its_schemas_pass_through(kernel: Kernel) -> None:
+    names = {t.name for t in kernel.list_tools()}
+    assert {"up_forecast", "up_stats", "up_fail", "up_steps", "up_crash"} <= names
+    forecast = kernel.get_tool("up_forecast")
+    assert forecast is not None and forecast.source == "mcp:up"
+    assert forecast.input_schema["required"] == ["city"]
+    assert forecast.annotations.readOnlyHint is True
+    assert forecast.annotations.idempotentHint is True
+    assert {"mcp", "mcp:up"} <= forecast.tags
+    r = await kernel.call("up_forecast", {"city": "Lyon"})
+    assert r.content == {"result": "sunny in Lyon"} and not r.is_error
+    r = await kernel.call("up_stats", {"text": "a b c", "times": 2})
+    assert r.content == {"words": 6, "chars": 10}
+    r = await kernel.call("up_seen_meta", {}, call_id="order-17")
+    assert r.content == {"call_id": "order-17"}  # the call id travels on upstream
+
+
+async def test_arguments_are_validated_against_the_remote_schema(kernel: Kernel) -> None:
+    r = await kernel.call("up_stats", {"text": 5, "times": "x", "extra": 1})
+    assert r.is_error and r.error is not None and r.error.kind == "invalid_args"
+    problems = {p["field"]: p["message"] for p in r.error.details["problems"]}
+    assert problems["text"].startswith("expected string")
+    assert problems["times"].startswith("expected integer")
+    assert problems["extra"] == "unexpected argument"
+    assert not r.meta.attempts  # the remote tool never ran
+
+
+async def test_remote_errors_become_classifiable_tool_errors(kernel: Kernel) -> None:
+    classifier = kernel.plugins.plugins["classifier"].plugin
+    assert isinstance(classifier, Classifier)
+    r = await kernel.call("up_fail", {"message": "disk on fire"})
+    assert r.is_error and r.error is not None
+    assert r.error.kind == "tool_error" and "disk on fire" in r.error.message
+    assert r.error.details["server"] == "up" and r.error.details["remote_tool"] == "fail"
+    r = await kernel.call("up_limited", {})
+    assert r.error is not None and r.error.kind == "rate_limit"
+    assert [(n, k) for n, k, _, _ in classifier.seen] == [
+        ("up_fail", "tool_error"),
+        ("up_limited", "rate_limit"),
+    ]
+    assert all(is_tool_error for *_, is_tool_error in classifier.seen)
+
+
+async def test_progress_is_forwarded_from_the_remote_tool(kernel: Kernel) -> None:
+    got: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        got.append((progress, total, message))
+
+    r = await kernel.call("up_steps", {"n": 2}, progress=on_progress)
+    assert r.content == {"steps": 2}
+    assert got == [(1, 2, "step 1 of 2"), (2, 2, "step 2 of 2")]
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+async def test_list_changed_re_lists_the_server(protocol: str) -> None:
+    async with Kernel(plugins=[plugin({"up": upstream_entry()}, protocol=protocol)]) as kernel:
+        assert kernel.get_tool("up_fresh") is None
+        r = await kernel.call("up_grow", {"name": "fresh"})
+        assert r.content == {"result": "added fresh"}
+        await eventually(lambda: kernel.get_tool("up_fresh") is not None)
+        r = await kernel.call("up_fresh", {})
+        assert r.content == {"result": "I am fresh"}
+
+
+async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kernel) -> None:
+    r = await kernel.call("up_crash", {})
+    assert r.is_error and r.error is not None and r.error.kind == "unavailable"
+    assert "connection was lost during the call to 'crash'" in r.error.message
+    assert "simulated crash" in r.error.message  # the server's last stderr lines
+    assert r.error.details["in_flight"] is True
+    with anyio.fail_after(20):
+        while True:
+            r = await kernel.call("up_forecast", {"city": "Oslo"})
+            if not r.is_error:
+                break
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            await anyio.sleep(0.05)
+    assert r.content == {"result": "sunny in Oslo"}
+
+
+async def test_naming_include_exclude_and_many_servers() -> None:
+    servers = {
+        "a": upstream_entry(include=["forecast", "stats"], namespace="weather"),
+        "b": upstream_entry(exclude=["crash", "grow", "hidden"]),
+    }
+    async with Kernel(plugins=[plugin(servers)]) as k:
+        names = {t.name for t in k.list_tools()}
+        assert {"weather_forecast", "weather_stats"} <= names
+        assert not any(
+            n.startswith("weather_") and n not in ("weather_forecast", "weather_stats")
+            for n in names
+        )
+        assert "b_forecast" in names and "b_fail" in names
+        assert not {"b_crash", "b_grow", "b_hidden"} & names
+        r = await k.call("weather_forecast", {"city": "Rome"})
+        assert r.content == {"result": "sunny in Rome"}
+    async with Kernel(
+        plugins=[plugin({"a": upstream_entry()}, name_template="mcp.{server}.{tool}")]
+    ) as k:
+        assert k.get_tool("mcp.a.forecast") is not None
+
+
+async def test_a_server_that_cannot_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
+    servers = {
+        "ghost": {"command": str(tmp_path / "no-such-server"), "include": ["forecast"]},
+        "up": upstream_entry(include=["forecast"]),
+    }
+    mcp = plugin(servers, connect_timeout_s=5)
+    async with Kernel(plugins=[mcp]) as k:
+        assert {t.name for t in k.list_tools()} == {"ghost_forecast", "up_forecast"}
+        r = await k.call("ghost_forecast", {"city": "Paris"})
+        assert r.is_error and r.error is not None and r.error.kind == "unavailable"
+        assert "MCP server 'ghost'" in r.error.message and "no-such-server" in r.error.message
+        assert r.error.retry_after_s is not None
+        ok = await k.call("up_forecast", {"city": "Paris"})
+        assert ok.content == {"result": "sunny in Paris"}
+        status = mcp.servers()
+        assert status["ghost"]["status"] in ("down", "connecting")
+        assert status["up"]["status"] == "up"
+
+
+async def test_known_tools_are_remembered_across_restarts(tmp_path: Path) -> None:
+    state = f"sqlite:///{tmp_path / 'state.db'}"
+    async with Kernel(state=state, plugins=[plugin({"srv": upstream_entry()})]) as k:
+        schema = k.get_tool("srv_stats").input_schema  # type: ignore[union-attr]
+    down = {"srv": {"command": sys.executable, "args": [str(tmp_path / "missing.py")]}}
+    async with Kernel(state=state, plugins=[plugin(down, connect_timeout_s=5)]) as k:
+        stats = k.get_tool("srv_stats")
+        assert stats is not None and stats.input_schema == schema
+        bad = await k.call("srv_stats", {"text": 1})
+        assert bad.error is not None and bad.error.kind == "invalid_args"  # real schema, locally
+        r = await k.call("srv_stats", {"text": "a"})
+        assert r.error is not None and r.error.kind == "unavailable"
+        assert "missing.py" in r.error.message
+
+
+def test_the_client_side_needs_asyncio() -> None:
+    trio = pytest.importorskip("trio")
+
+    async def run() -> str:
+        k = Kernel(plugins=[plugin({"up": upstream_entry()})])
+        try:
+            await k.start()
+        except Exception as exc:
+            return str(exc)
+        await k.close()
+        return "started"
+
+    msg = trio.run(run)
+    assert "need an asyncio event loop" in msg
+
+
+async def test_an_http_upstream_with_bearer_auth(tmp_path: Path, serve_process: Any) -> None:
+    """Another toolwire gateway over Streamable HTTP: its error kinds come through as they are."""
+    (tmp_path / "quota_tools.py").write_text(
+        "from toolwire import ToolError, tool\n\n"
+        "@tool\n"
+        "def spend(amount: int) -> int:\n"
+        '    """Spends from a budget of 10."""\n'
+        "    if amount > 10:\n"
+        "        raise ToolError('monthly budget exceeded', kind='quota', retry_after_s=30)\n"
+        "    return 10 - amount\n"
+    )
+    write_config(
+        tmp_path / "upstream.toml",
+        {"state": "memory://", "enabled_plugins": []},
+        {"tools": {"modules": ["quota_tools"]}, "server": {"transport": "http", "port": 0}},
+    )
+    env = clean_env(TOOLS_AUTH_TOKEN="up-token")
+    p = serve_process("--config", "upstream.toml", "serve", env=env).wait_ready()
+    assert p.url is not None
+    good = plugin({"budget": {"url": p.url, "auth": "up-token", "headers": {"X-Tenant": "t1"}}})
+    async with Kernel(plugins=[good]) as k:
+        assert k.get_tool("budget_spend") is not None
+        r = await k.call("budget_spend", {"amount": 4})
+        assert r.content == {"result": 6}
+        r = await k.call("budget_spend", {"amount": 40})
+        assert r.error is not None and r.error.kind == "quota"
+        assert r.error.retry_after_s == 30 and "monthly budget exceeded" in r.error.message
+    bad = plugin(
+        {"budget": {"url": p.url, "auth": "wrong", "include": ["spend"]}}, connect_timeout_s=5
+    )
+    async with Kernel(plugins=[bad]) as k:
+        r = await k.call("budget_spend", {"amount": 1})
+        assert r.error is not None and r.error.kind == "auth", r.error
+        assert "HTTP 401" in r.error.message and "[plugins.mcp.servers.budget]" in r.error.message

@@ -1,0 +1,177 @@
+"""Helpers shared by the toolwire-mcp tests (imported by conftest.py and the test modules).
+
+A plain module with a unique name (not a `tests` package): several distributions
+in the workspace have a `tests/` directory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+UPSTREAM = HERE / "upstream_server.py"
+READY = re.compile(r"toolwire serving (\d+) tools (?:over stdio|at (http://\S+))")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The MCP client side runs on asyncio (FastMCP's client is asyncio-only)."""
+    return "asyncio"
+
+
+def upstream_entry(**extra: Any) -> dict[str, Any]:
+    """A `[plugins.mcp.servers.<name>]` entry starting the test upstream over stdio."""
+    return {"command": sys.executable, "args": [str(UPSTREAM)], **extra}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The current environment without toolwire/auth settings, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TOOLWIRE_", "TOOLS_AUTH_", "FASTMCP_")) and k != "REDIS_URL"
+    }
+    env.update(extra)
+    return env
+
+
+def toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{toml_value(k)} = {toml_value(x)}" for k, x in v.items()) + "}"
+    raise TypeError(type(v))
+
+
+def write_config(path: Path, top: dict[str, Any], tables: dict[str, dict[str, Any]]) -> Path:
+    """A toolwire.toml: top-level keys, then `[table]` sections (dotted names allowed)."""
+    lines = [f"{k} = {toml_value(v)}" for k, v in top.items()]
+    for name, table in tables.items():
+        lines.append(f"\n[{name}]")
+        lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class ServeProcess:
+    """`toolwire serve` in a subprocess; stderr is collected; waits for the ready line."""
+
+    def __init__(
+        self, args: Sequence[str], *, cwd: Path, env: dict[str, str], stdio: bool = False
+    ) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "toolwire.cli", *args],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if stdio else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self.url: str | None = None
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            self.lines.append(line)
+            m = READY.search(line)
+            if m:
+                self.url = m.group(2)
+                self._ready.set()
+        self._ready.set()
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_ready(self, timeout: float = 30.0) -> ServeProcess:
+        if not self._ready.wait(timeout) or (self.proc.poll() is not None and self.url is None):
+            self.stop()
+            raise AssertionError(f"toolwire serve did not become ready:\n{self.stderr}")
+        return self
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def wait(self, timeout: float = 20.0) -> int:
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError(
+                f"toolwire serve did not exit in {timeout}s:\n{self.stderr}"
+            ) from None
+        self._reader.join(5)
+        return code
+
+    def stop(self) -> int:
+        self.signal(signal.SIGTERM)
+        return self.wait()
+
+
+@pytest.fixture
+def serve_process(tmp_path: Path) -> Iterator[Any]:
+    """Start `toolwire serve` subprocesses; every one is stopped at the end of the test."""
+    started: list[ServeProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, stdio: bool = False) -> ServeProcess:
+        p = ServeProcess(args, cwd=tmp_path, env=env or clean_env(), stdio=stdio)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        if p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait(5)
+
+
+async def eventually(predicate: Any, within: float = 10.0) -> None:
+    """Await until ``predicate()`` is true; fail after ``within`` seconds."""
+    import anyio
+
+    with anyio.fail_after(within):
+        while True:
+            if predicate():
+                return
+            await anyio.sleep(0.02)
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> None:
+    """Poll ``predicate`` (sync) until true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise AssertionError("condition not met in time")
