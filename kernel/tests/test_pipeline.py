@@ -617,3 +617,29 @@ async def test_spawned_background_tasks_stop_when_the_kernel_closes(anyio_backen
     assert k.get_plugin("spawner").name == "spawner"
     with pytest.raises(KeyError, match="loaded plugins"):
         k.get_plugin("nope")
+
+
+async def test_transport_extensions_reach_hooks_and_tools() -> None:
+    seen: list[object] = []
+
+    @tool
+    async def ask(ctx: CallContext) -> str:
+        """Ask the user through the transport."""
+        return str(await ctx.extensions["test.ask"]("sure?"))
+
+    class Peek:
+        name = "peek"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            seen.append(ctx.extensions.get("test.ask"))
+
+    async def answer(q: str) -> str:
+        return f"yes to {q}"
+
+    k = Kernel(tools=[ask], plugins=[Peek()])
+    r = await k.call("ask", {}, extensions={"test.ask": answer})
+    assert r.content == {"result": "yes to sure?"}
+    assert seen == [answer]
+    r = await k.call("ask", {})
+    assert r.error is not None and "KeyError" in r.error.message

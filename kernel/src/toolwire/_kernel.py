@@ -392,6 +392,7 @@ class Kernel:
         metadata: dict[str, Any] | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the call's overall deadline
         progress: ProgressHandler | None = None,
+        extensions: Mapping[str, Any] | None = None,
     ) -> ToolResult:
         """Run one tool call through the pipeline and return its normalized result.
 
@@ -399,6 +400,9 @@ class Kernel:
         ``result.raise_for_error()``); raises only for cancellation and
         programming errors. ``timeout`` is the overall deadline for this call
         (retries included); it overrides the kernel's ``deadline_s``.
+        ``progress`` receives the tool's ``ctx.report_progress`` calls;
+        ``extensions`` offers transport capabilities to plugins and tools as
+        ``ctx.extensions`` (e.g. ``"mcp.elicit"``).
         """
         if not self._started:
             await self.start()
@@ -418,6 +422,8 @@ class Kernel:
         dl = timeout if timeout is not None else self.deadline_s
         deadline = None if dl is None else self.clock.monotonic() + dl
         ctx = CallContext(self, call, None, 0, attempts, deadline, t0, {}, meta, progress)
+        if extensions:
+            ctx.extensions = dict(extensions)
         events = self.events.active
         if events:
             await self.events.emit("call_started", call)

@@ -399,6 +399,9 @@ class CallContext:
     attempt_timeout_s: float | None = None
     #: The tool of the attempt running now (differs from ``tool`` after a Fallback).
     current_tool: Tool | None = None
+    #: Capabilities the caller's transport offers for this call, by namespaced key
+    #: (e.g. ``"mcp.elicit"``: ask the MCP client's user). Not JSON: live objects.
+    extensions: dict[str, Any] = field(default_factory=dict)
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""

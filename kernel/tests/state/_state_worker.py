@@ -17,8 +17,11 @@ RUN_NAME = "__toolwire_state_worker__"
 
 
 async def contend(url: str, index: int, rounds: int, barrier: Any, results: Any) -> None:
-    """Race on ``rounds`` set_if_absent keys while CAS-incrementing a shared counter."""
+    """Race on ``rounds`` set_if_absent and set_if_absent_or_get keys while
+    CAS-incrementing a shared counter."""
     won: list[int] = []
+    claimed: list[int] = []
+    claim_seen: dict[int, tuple[Any, int, str | None]] = {}
     written: list[int] = []
     cas_losses = 0
     async with open_store(url) as store:
@@ -26,6 +29,12 @@ async def contend(url: str, index: int, rounds: int, barrier: Any, results: Any)
         for r in range(rounds):
             if await store.set_if_absent(f"race:{r}", index, owner=f"p{index}") is not None:
                 won.append(r)
+            entry, created = await store.set_if_absent_or_get(
+                f"claim:{r}", index, ttl=600, owner=f"p{index}"
+            )
+            if created:
+                claimed.append(r)
+            claim_seen[r] = (entry.value, entry.version, entry.owner)
             while True:
                 entry = await store.get_entry("counter")
                 new = 1 if entry is None else entry.value + 1
@@ -37,7 +46,16 @@ async def contend(url: str, index: int, rounds: int, barrier: Any, results: Any)
                     break
                 cas_losses += 1
             await store.incr("hits")
-    results.put({"index": index, "won": won, "written": written, "cas_losses": cas_losses})
+    results.put(
+        {
+            "index": index,
+            "won": won,
+            "claimed": claimed,
+            "claim_seen": claim_seen,
+            "written": written,
+            "cas_losses": cas_losses,
+        }
+    )
 
 
 async def signal(url: str, key: str, value: Any) -> None:

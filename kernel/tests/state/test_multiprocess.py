@@ -77,6 +77,15 @@ def test_processes_agree(shared_url: str) -> None:
     winners = {r: [rep["index"] for rep in reports if r in rep["won"]] for r in range(ROUNDS)}
     assert all(len(w) == 1 for w in winners.values()), winners
 
+    # set_if_absent_or_get: exactly one creator per key, every process saw its entry
+    creators = {r: [rep["index"] for rep in reports if r in rep["claimed"]] for r in range(ROUNDS)}
+    assert all(len(c) == 1 for c in creators.values()), creators
+    for r in range(ROUNDS):
+        seen = {tuple(rep["claim_seen"][r]) for rep in reports}
+        assert len(seen) == 1, seen
+        value, _, owner = seen.pop()
+        assert (value, owner) == (creators[r][0], f"p{creators[r][0]}")
+
     # CAS increments: every value 1..N written exactly once -> no lost update
     written = sorted(v for rep in reports for v in rep["written"])
     assert written == list(range(1, PROCESSES * ROUNDS + 1))

@@ -186,6 +186,30 @@ async def test_foreign_keys_are_reported_or_skipped(fresh_redis_url: str) -> Non
         assert await raw.get("foreign:str") == "x"
         assert await store.get_entry("foreign:hash") is None
         assert [e.key for e in await store.scan("foreign:")] == ["foreign:ours"]
+        for key in ("foreign:str", "foreign:hash"):
+            with pytest.raises(StateStoreError, match=key):
+                await store.set_if_absent_or_get(key, 1)
+        assert await raw.hgetall("foreign:hash") == {"a": "b"}
+
+
+@pytest.mark.redis
+async def test_set_if_absent_or_get_is_one_round_trip(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        await store.set_if_absent_or_get("warm", 0)  # loads the script
+        before = await raw.info("commandstats")
+        created, _ = await store.set_if_absent_or_get("rt", {"a": 1}, ttl=30, owner="o")
+        got, was_created = await store.set_if_absent_or_get("rt", {"a": 2})
+        after = await raw.info("commandstats")
+        assert not was_created and got == created
+
+        def calls(stats: dict[str, Any], name: str) -> int:
+            return int(stats.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+        # two operations: two EVALSHA, and nothing else from the store's connection
+        assert calls(after, "evalsha") - calls(before, "evalsha") == 2
+        assert calls(after, "eval") == calls(before, "eval")
+        fields = await raw.hgetall("rt")
+        assert fields["v"] == '{"a":1}' and fields["o"] == "o"
 
 
 @pytest.mark.redis

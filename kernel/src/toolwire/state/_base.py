@@ -25,6 +25,9 @@ gives for ``json.dumps(value)`` - tuples come back as lists, non-string dict
 keys as strings. NaN/Infinity and non-JSON types (sets, bytes, objects...) are
 rejected with :class:`StateStoreError` before anything is written.
 
+``set_if_absent_or_get`` is the claim-or-read primitive: it creates the key
+or returns the live entry already there, atomically and in one round trip.
+
 Backends: ``memory`` (one process), ``sqlite`` (one file shared by the
 processes of one host) and ``redis`` (shared by hosts; asyncio only, as
 ``redis.asyncio`` is). Memory and SQLite work under asyncio and trio.
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import abc
 import json
+import json.encoder as _json_encoder
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -139,6 +143,22 @@ class StateStore(abc.ABC):
 
         Returns the new entry, or None when a live entry already exists.
         Atomic: of N concurrent callers (tasks or processes) exactly one wins.
+        """
+
+    @abc.abstractmethod
+    async def set_if_absent_or_get(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> tuple[Entry, bool]:
+        """Create ``key`` if it is absent (or expired), else read it: one atomic step.
+
+        Returns ``(entry, created)``: the entry now at ``key`` and whether this
+        call created it. When the key already holds a live entry, that entry is
+        returned untouched (``value``, ``ttl`` and ``owner`` are ignored, no
+        version changes, no waiter wakes). Of N concurrent callers (tasks or
+        processes) exactly one gets ``created=True`` and all get the same
+        entry. One round trip on every backend (a claim-or-read is what an
+        idempotency check needs: the replay path costs a single operation).
+        ``value`` is checked like :meth:`set`'s even when the key exists.
         """
 
     @abc.abstractmethod
@@ -258,8 +278,29 @@ def _check_amount(amount: int) -> None:
         raise TypeError(f"incr amount must be an int, not {type(amount).__name__}")
 
 
+def _reject(obj: object) -> Any:
+    raise TypeError(f"{type(obj).__qualname__} is not JSON-serializable")
+
+
+# A reusable C encoder (json.dumps builds an encoder object per call: ~2x slower,
+# and this runs on every write). markers=None: no circular-reference bookkeeping;
+# a cycle ends in RecursionError, and the slow path below then names the problem.
+_fast_encode: Callable[[Any, int], Any] | None = (
+    None
+    if _json_encoder.c_make_encoder is None
+    else _json_encoder.c_make_encoder(
+        None, _reject, _json_encoder.encode_basestring_ascii, None, ":", ",", False, False, False
+    )
+)
+
+
 def _encode(key: str, value: Any) -> str:
     """``value`` as JSON text, or StateStoreError naming the key and the bad type."""
+    if _fast_encode is not None:
+        try:
+            return "".join(_fast_encode(value, 0))
+        except (TypeError, ValueError, RecursionError):
+            pass  # the slow path explains what is wrong
     bad: list[str] = []
 
     def reject(obj: object) -> Any:

@@ -174,6 +174,20 @@ class MemoryStore(StateStore):
             return None
         return self._write(key, text, owner, None if ttl is None else now + ttl, now)
 
+    async def set_if_absent_or_get(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> tuple[Entry, bool]:
+        """Create ``key`` if absent (or expired), else return the live entry; atomic."""
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+        now = await self._enter()
+        rec = self._live(key, now)
+        if rec is not None:
+            return self._entry(key, rec), False
+        return self._write(key, text, owner, None if ttl is None else now + ttl, now), True
+
     async def compare_and_set(
         self,
         key: str,

@@ -372,6 +372,41 @@ class SQLiteStore(StateStore):
             self._notify(key)
         return entry
 
+    async def set_if_absent_or_get(
+        self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
+    ) -> tuple[Entry, bool]:
+        """Create ``key`` if absent (or expired), else return the live entry; atomic.
+
+        One trip to the worker thread: a plain read first (no write lock, so
+        concurrent readers of an existing key never queue on the database
+        lock), then, only when the key is absent, ``BEGIN IMMEDIATE``, read
+        again and create.
+        """
+        _check_key(key)
+        ttl = _check_ttl(ttl)
+        _check_expected(ANY, ANY, owner)
+        text = _encode(key, value)
+
+        def found(row: _Row) -> tuple[Entry, bool]:
+            return Entry(key, _decode(row[0]), *row[1:]), False
+
+        def body(conn: sqlite3.Connection) -> tuple[Entry, bool]:
+            row = self._select(conn, key, self._clock())
+            if row is not None:
+                return found(row)
+            return self._put(conn, key, text, owner, self._expiry(ttl)), True
+
+        def op(conn: sqlite3.Connection) -> tuple[Entry, bool]:
+            row = self._select(conn, key, self._clock())
+            if row is not None:
+                return found(row)
+            return self._write_tx(conn, lambda: body(conn))
+
+        entry, created = await self._run(op)
+        if created:
+            self._notify(key)
+        return entry, created
+
     async def compare_and_set(
         self,
         key: str,
