@@ -6,6 +6,10 @@ Fixtures (available in any project that installs toolwire):
 - ``kernel``: a fresh ``Kernel`` on ``memory://`` state using ``fake_clock``.
 - ``register_plugin``: ``register_plugin(plugin, name=None, order=None)`` adds a
   plugin to ``kernel`` for the current test only.
+- ``redis_url``: the URL of a reachable test Redis (``$TOOLWIRE_REDIS_URL``,
+  default ``redis://127.0.0.1:6379/15``); the test is skipped without one, or
+  fails when ``TOOLWIRE_REQUIRE_REDIS=1`` (CI). Nothing is flushed: use unique
+  key prefixes.
 
 Helpers: ``FakeClock``, ``FakeTool`` (a scripted tool that records its calls),
 ``RecordingPlugin`` (records every hook call, for ordering assertions).
@@ -13,6 +17,8 @@ Helpers: ``FakeClock``, ``FakeTool`` (a scripted tool that records its calls),
 
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +32,19 @@ from ._kernel import Kernel
 from ._types import CallContext, ErrorInfo, Tool, ToolAnnotations, ToolCall, ToolResult
 from .hookspecs import hookimpl
 
-__all__ = ["FakeClock", "FakeTool", "RecordingPlugin", "fake_clock", "kernel", "register_plugin"]
+__all__ = [
+    "DEFAULT_TEST_REDIS_URL",
+    "FakeClock",
+    "FakeTool",
+    "RecordingPlugin",
+    "fake_clock",
+    "kernel",
+    "redis_url",
+    "register_plugin",
+    "require_redis",
+]
+
+DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
 
 
 class FakeClock(Clock):
@@ -160,3 +178,43 @@ def register_plugin(kernel: Kernel) -> Iterator[Callable[..., Any]]:
     for n in names:
         if n in kernel.plugins.plugins:
             kernel.unregister(n)
+
+
+@functools.cache
+def _redis_problem(url: str) -> str | None:
+    try:
+        import redis
+    except ImportError:
+        return "redis-py is not installed (pip install 'toolwire[redis]')"
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    try:
+        client.ping()
+    except Exception as exc:
+        return f"no Redis answers at {url} ({exc})"
+    finally:
+        client.close()
+    return None
+
+
+def require_redis(url: str | None = None) -> str:
+    """The test Redis URL, or skip the test (fail it under ``TOOLWIRE_REQUIRE_REDIS=1``).
+
+    ``url`` defaults to ``$TOOLWIRE_REDIS_URL``, else ``redis://127.0.0.1:6379/15``.
+    """
+    url = url or os.environ.get("TOOLWIRE_REDIS_URL") or DEFAULT_TEST_REDIS_URL
+    problem = _redis_problem(url)
+    if problem is not None:
+        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
+            pytest.fail(
+                f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. Start one with `redis-server --port 6379 "
+                "--save '' --appendonly no --daemonize yes` or point TOOLWIRE_REDIS_URL at one.",
+                pytrace=False,
+            )
+        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
+    return url
+
+
+@pytest.fixture
+def redis_url() -> str:
+    """A reachable test Redis URL (see ``require_redis``); nothing is flushed."""
+    return require_redis()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +11,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-REDIS_URL = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
 @pytest.fixture
@@ -57,30 +53,3 @@ def otel() -> Iterator[Otel]:
     o = Otel()
     yield o
     o.shutdown()
-
-
-@functools.cache
-def _redis_problem(url: str) -> str | None:
-    try:
-        import redis
-    except ImportError:
-        return "redis-py is not installed (pip install 'toolwire[redis]')"
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-    try:
-        client.ping()
-    except Exception as exc:
-        return f"no Redis answers at {url} ({exc})"
-    finally:
-        client.close()
-    return None
-
-
-@pytest.fixture
-def redis_url() -> str:
-    """A reachable Redis URL, or skip (fail under TOOLWIRE_REQUIRE_REDIS=1)."""
-    problem = _redis_problem(REDIS_URL)
-    if problem is not None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}", pytrace=False)
-        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
-    return REDIS_URL

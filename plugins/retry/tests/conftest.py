@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -22,34 +20,6 @@ A1, A2, B1 = "alpha-secret-111111", "alpha-secret-222222", "beta-secret-333333"
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
-
-
-@functools.cache
-def _redis_problem(url: str) -> str | None:
-    try:
-        import redis
-    except ImportError:
-        return "redis-py is not installed"
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-    try:
-        client.ping()
-    except Exception as exc:
-        return f"no Redis answers at {url} ({exc})"
-    finally:
-        client.close()
-    return None
-
-
-@pytest.fixture
-def redis_url() -> str:
-    """A reachable Redis (skips, or fails under TOOLWIRE_REQUIRE_REDIS=1); nothing is flushed."""
-    url = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/15")
-    problem = _redis_problem(url)
-    if problem is not None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}", pytrace=False)
-        pytest.skip(problem)
-    return url
 
 
 @pytest.fixture
