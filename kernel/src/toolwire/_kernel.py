@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import difflib
 import logging
 import types
@@ -154,8 +155,8 @@ class Kernel:
                 f"cannot make tools from {obj!r}: pass a function, a Tool, a ToolSet instance or a module"
             )
         if namespace and not isinstance(obj, types.ModuleType):
-            for t in new:
-                t.name = f"{namespace}_{t.name}"
+            # copies: a Tool the caller passed in keeps its own name
+            new = [dataclasses.replace(t, name=f"{namespace}_{t.name}") for t in new]
         for t in new:
             self._check_collision(t, self._local)
         for t in new:
