@@ -1,0 +1,226 @@
+"""``[plugins.search]``: backends, their keys, the fallback chain and local collections."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
+
+from toolwire_ratelimit import ProviderConfig
+
+__all__ = [
+    "BackendConfig",
+    "CollectionConfig",
+    "KeyEntry",
+    "SearchConfig",
+    "SearxngConfig",
+]
+
+#: Aliases appear in logs, errors and results instead of the keys themselves.
+ALIAS_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
+#: Collection names become tool names: ``search_<name>``.
+COLLECTION_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+_ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class KeyEntry(BaseModel):
+    """An API key (or a SearXNG instance URL) with an alias and a rotation weight."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    alias: Annotated[str, Field(pattern=ALIAS_RE)]
+    secret: SecretStr = Field(validation_alias=AliasChoices("secret", "key", "api_key", "url"))
+    weight: int = Field(1, ge=1, le=1000)
+
+
+def _check_pool(value: dict[str, Any]) -> dict[str, Any]:
+    """``pool`` holds provider settings of the ratelimit plugin (no keys, no tools)."""
+    bad = sorted(set(value) & {"keys", "api_keys", "api_key", "tools"})
+    if bad:
+        raise ValueError(f"{bad} cannot be set in pool; give keys with api_keys/urls")
+    ProviderConfig.model_validate(value)  # typos fail at load, naming the key
+    return value
+
+
+class _BackendBase(BaseModel):
+    """Keys every backend table accepts."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    enabled: bool = Field(True, description="false: no tool, and web_search skips it")
+    env: list[Annotated[str, Field(pattern=_ENV_RE)]] | None = Field(
+        None,
+        description="environment variables read when no key is configured (comma-separated "
+        "values give several keys); default per backend",
+    )
+    timeout_seconds: float | None = Field(
+        None, gt=0, le=600, description="HTTP timeout per request (default: the global one)"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="extra native request parameters, merged over the plugin's defaults",
+    )
+    pool: dict[str, Any] = Field(
+        default_factory=dict,
+        description="ratelimit provider settings for this backend's key pool (cooldown_seconds, "
+        "rate, suspend_seconds...), used when [plugins.ratelimit.providers.<name>] is absent",
+    )
+
+    @field_validator("pool")
+    @classmethod
+    def _pool_ok(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return _check_pool(v)
+
+    def entries(self) -> list[SecretStr | KeyEntry]:
+        """The configured keys (empty: read the environment)."""
+        raise NotImplementedError
+
+
+class BackendConfig(_BackendBase):
+    """``[plugins.search.brave]``, ``[plugins.search.exa]``: an API-key backend."""
+
+    api_keys: list[SecretStr | KeyEntry] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("api_keys", "keys", "api_key"),
+        description='keys: {"$secretRef" = "NAME"} or {alias, secret, weight}',
+    )
+    base_url: str | None = Field(
+        None, description="API base URL (a proxy or a local fake); default per backend"
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _one_key(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (str, dict, SecretStr)) else v
+
+    @field_validator("base_url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {v!r}")
+        return v.rstrip("/") if v else v
+
+    def entries(self) -> list[SecretStr | KeyEntry]:
+        """The configured keys."""
+        return list(self.api_keys)
+
+
+class SearxngConfig(_BackendBase):
+    """``[plugins.search.searxng]``: SearXNG instances; each base URL is a pool "key"."""
+
+    urls: list[SecretStr | KeyEntry] = Field(
+        default_factory=list,
+        validation_alias=AliasChoices("urls", "url", "instances", "base_url"),
+        description="instance base URLs (https://searx.example.org), or {alias, url, weight}",
+    )
+
+    @field_validator("urls", mode="before")
+    @classmethod
+    def _one_url(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (str, dict, SecretStr)) else v
+
+    def entries(self) -> list[SecretStr | KeyEntry]:
+        """The configured instance URLs."""
+        return list(self.urls)
+
+
+class CollectionConfig(BaseModel):
+    """``[plugins.search.collections.<name>]``: a folder of documents searched locally."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(description="folder to index, relative to toolwire.toml (or absolute)")
+    description: str | None = Field(None, description="tool description (default: generated)")
+    include: list[str] = Field(
+        default_factory=lambda: ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst"],
+        min_length=1,
+        description="glob patterns of the files to index, relative to path",
+    )
+    exclude: list[str] = Field(
+        default_factory=list, description="glob patterns (relative paths) to leave out"
+    )
+    chunk_words: int = Field(200, ge=20, le=5000, description="target passage length in words")
+    overlap_words: int = Field(
+        40, ge=0, le=1000, description="words of the previous passage repeated at the start"
+    )
+    max_results: int = Field(5, ge=1, le=50, description="default number of passages returned")
+    max_file_bytes: int = Field(2_000_000, ge=1, description="larger files are skipped")
+    max_files: int = Field(20_000, ge=1, description="at most this many files are indexed")
+    url_prefix: str | None = Field(
+        None,
+        description="results link to url_prefix + relative path (e.g. a repository's blob URL); "
+        "default: the relative path",
+    )
+    reload_interval_s: float | None = Field(
+        None, gt=0, description="re-scan the folder this often and re-index changed files"
+    )
+
+    @model_validator(mode="after")
+    def _overlap(self) -> CollectionConfig:
+        if self.overlap_words >= self.chunk_words:
+            raise ValueError("overlap_words must be smaller than chunk_words")
+        return self
+
+
+class SearchConfig(BaseModel):
+    """``[plugins.search]``. Every key is optional: with none, keys come from the
+    environment (``BRAVE_API_KEY``, ``EXA_API_KEY``, ``SEARXNG_URL``) and tools
+    of unconfigured backends answer ``config_error`` naming the variable."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    chain_order: list[str] | None = Field(
+        None,
+        description="backends web_search walks, in order (default: [plugins.retry] chain_order, "
+        "else [plugins.ratelimit] chain_order, else brave, exa, searxng)",
+    )
+    fallback_on_empty: bool = Field(
+        False, description="an empty result falls over to the next backend (needs toolwire-retry)"
+    )
+    timeout_seconds: float = Field(10.0, gt=0, le=600, description="HTTP timeout per request")
+    proxy: str | None = Field(None, description="HTTP(S) proxy URL for every backend request")
+    user_agent: str = Field("toolwire-search/0.1", min_length=1)
+    brave: BackendConfig = Field(default_factory=BackendConfig)
+    exa: BackendConfig = Field(default_factory=BackendConfig)
+    searxng: SearxngConfig = Field(default_factory=SearxngConfig)
+    backends: dict[str, BackendConfig] = Field(
+        default_factory=dict,
+        description="settings of backends added in code (SearchPlugin(extra_backends=...))",
+    )
+    collections: dict[str, CollectionConfig] = Field(default_factory=dict)
+
+    @field_validator("chain_order")
+    @classmethod
+    def _no_duplicates(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None:
+            dup = sorted({x for x in v if v.count(x) > 1})
+            if dup:
+                raise ValueError(f"listed more than once: {dup}")
+        return v
+
+    @field_validator("collections")
+    @classmethod
+    def _names(cls, v: dict[str, CollectionConfig]) -> dict[str, CollectionConfig]:
+        for name in v:
+            if not COLLECTION_RE.match(name):
+                raise ValueError(
+                    f"collection name {name!r} must be lower-case letters, digits and '_' "
+                    "(it becomes the tool name search_<name>)"
+                )
+        return v
+
+    def backend_config(self, name: str) -> _BackendBase:
+        """The table of backend ``name`` (defaults when it is absent)."""
+        if name in ("brave", "exa", "searxng"):
+            cfg: _BackendBase = getattr(self, name)
+            return cfg
+        return self.backends.get(name) or BackendConfig()

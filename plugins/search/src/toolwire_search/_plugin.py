@@ -1,0 +1,793 @@
+"""The ``search`` plugin: web-search tools over pluggable backends, and local collections.
+
+A tool source (``discover``) contributing ``web_search``, ``web_search_<backend>``
+and ``search_<collection>``. Keys come from the ratelimit plugin's KeyPool
+(registered at startup), failures are classified by the ratelimit plugin and
+fallbacks decided by the retry plugin: this plugin never retries, sleeps or
+rotates keys itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from toolwire import (
+    CallContext,
+    ConfigError,
+    ErrorKind,
+    Kernel,
+    Tool,
+    ToolAnnotations,
+    ToolError,
+    hookimpl,
+)
+from toolwire_ratelimit import ApiKey, RateLimitPlugin
+from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
+
+from ._backend import Backend, KeyExhausted
+from ._brave import BraveBackend
+from ._config import KeyEntry, SearchConfig
+from ._exa import ExaBackend
+from ._kb import (
+    Collection,
+    load_collection,
+    resolve_root,
+    result_of,
+    signature,
+)
+from ._models import SearchQuery, input_schema, output_schema, validate_query
+from ._searxng import SearxngBackend
+from ._text import tokenize
+
+__all__ = ["BUILTIN_BACKENDS", "DEFAULT_CHAIN", "SearchPlugin"]
+
+log = logging.getLogger("toolwire.search")
+
+BUILTIN_BACKENDS: tuple[type[Backend], ...] = (BraveBackend, ExaBackend, SearxngBackend)
+#: The chain web_search walks when nothing configures one.
+DEFAULT_CHAIN: tuple[str, ...] = ("brave", "exa", "searxng")
+_BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+_MAX_WARNINGS = 20
+
+
+class _BorrowedTransport(httpx.AsyncBaseTransport):
+    """The caller's transport, not closed with the plugin's client."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class _Plan:
+    """What web_search does: the chain, and which of its backends have keys."""
+
+    chain: list[str] = field(default_factory=list)
+    configured: list[str] = field(default_factory=list)
+
+
+class _CollectionQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    query: str = Field(min_length=1, max_length=1000)
+    max_results: int | None = Field(None, ge=1, le=50)
+
+
+def _config_error(message: str, **details: Any) -> ToolError:
+    return ToolError(message, kind=ErrorKind.CONFIG_ERROR, details=details)
+
+
+class SearchPlugin:
+    """Web search over Brave, Exa and SearXNG, and BM25 search over local folders.
+
+    Tools (contributed through ``discover``):
+
+    - ``web_search``: the first configured backend of ``chain_order`` (or the
+      one named by the ``backend`` argument); on a classified failure the
+      retry plugin falls over to the next configured backends.
+    - ``web_search_brave``, ``web_search_exa``, ``web_search_searxng``: one
+      backend only (key rotation and same-backend retries, no fallback).
+    - ``search_<collection>`` for each ``[plugins.search.collections.<name>]``.
+
+    Args:
+        config: the validated ``[plugins.search]`` table (defaults when None).
+        transport: an ``httpx`` transport for every request (tests, embedding);
+            the caller keeps ownership of it.
+        environ: where environment keys are read (default ``os.environ``).
+        extra_backends: more ``Backend`` subclasses (see the README's
+            "Adding a backend"); their settings live in ``backends.<name>``.
+    """
+
+    name = "search"
+    order = 900
+    Config = SearchConfig
+
+    def __init__(
+        self,
+        config: SearchConfig | None = None,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        environ: Mapping[str, str] | None = None,
+        extra_backends: Sequence[type[Backend]] = (),
+    ) -> None:
+        self.config = config or SearchConfig()
+        self.backends: dict[str, Backend] = {}
+        for cls in (*BUILTIN_BACKENDS, *extra_backends):
+            if not _BACKEND_NAME.match(getattr(cls, "name", "")):
+                raise ConfigError(
+                    f"search backend {cls.__name__}: name must match {_BACKEND_NAME.pattern}"
+                )
+            if cls.name in self.backends:
+                raise ConfigError(f"search backend {cls.name!r} is registered twice")
+            self.backends[cls.name] = cls(self.config.backend_config(cls.name))
+        unknown = sorted(set(self.config.backends) - set(self.backends))
+        if unknown:
+            raise ConfigError(
+                f"[plugins.search.backends] names unknown backends {unknown}; "
+                f"known: {sorted(self.backends)}",
+                key="plugins.search.backends",
+            )
+        for n in self.config.chain_order or []:
+            if self._backend_name(n) is None:
+                raise ConfigError(
+                    f"chain_order names an unknown backend {n!r}; known: {sorted(self.backends)}",
+                    key="plugins.search.chain_order",
+                )
+        self._transport = _BorrowedTransport(transport) if transport is not None else None
+        self._environ = environ
+        self._client: httpx.AsyncClient | None = None
+        self._kernel: Kernel | None = None
+        self._rl: RateLimitPlugin | None = None
+        self._problems: dict[str, list[str]] = {}
+        self._plan = _Plan()
+        self._collections: dict[str, Collection | str] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._injected: set[str] = set()
+
+    # ------------------------------------------------------------ access
+    @classmethod
+    def of(cls, kernel: Kernel) -> SearchPlugin:
+        """The search plugin registered on ``kernel`` (LookupError if there is none)."""
+        for info in kernel.plugins.plugins.values():
+            if isinstance(info.plugin, cls):
+                return info.plugin
+        raise LookupError("the search plugin is not loaded on this kernel")
+
+    @property
+    def client(self) -> httpx.AsyncClient | None:
+        """The shared HTTP client (open between startup and shutdown)."""
+        return self._client
+
+    def status(self) -> dict[str, Any]:
+        """Backends (configured, key aliases, problems), the chain, and collections.
+
+        Never shows a key or an instance URL: aliases only.
+        """
+        backends: dict[str, Any] = {}
+        for name, b in self.backends.items():
+            pool = self._rl.pool(name) if self._rl is not None else None
+            backends[name] = {
+                "enabled": b.config.enabled,
+                "configured": bool(pool is not None and pool.has_keys),
+                "keys": pool.aliases if pool is not None else [],
+                "env": b.env,
+                "problems": list(self._problems.get(name, [])),
+            }
+        cols: dict[str, Any] = {}
+        for name, c in self._collections.items():
+            if isinstance(c, str):
+                cols[name] = {"error": c}
+            else:
+                cols[name] = {
+                    "root": str(c.root),
+                    "files": c.files,
+                    "passages": len(c.index),
+                    "skipped": list(c.skipped),
+                }
+        return {
+            "chain": list(self._plan.chain),
+            "configured": list(self._plan.configured),
+            "backends": backends,
+            "collections": cols,
+        }
+
+    # ------------------------------------------------------------- hooks
+    @hookimpl
+    async def startup(self, kernel: Kernel) -> None:
+        """Open the shared HTTP client, register the backends' keys with the KeyPool."""
+        self._kernel = kernel
+        self._locks = {n: anyio.Lock() for n in self.config.collections}
+        try:
+            self._rl = RateLimitPlugin.of(kernel)
+        except LookupError:
+            self._rl = None
+            log.warning(
+                "plugin 'search': the ratelimit plugin is not loaded; web search tools answer "
+                "config_error until it is (it holds the API keys)"
+            )
+        self._problems = {}
+        if self._rl is not None:
+            for b in self.backends.values():
+                if b.config.enabled:
+                    self._register(self._rl, b)  # may raise: nothing is open yet
+        self._client = httpx.AsyncClient(
+            transport=self._transport,
+            timeout=self.config.timeout_seconds,
+            proxy=self.config.proxy if self._transport is None else None,
+            headers={"User-Agent": self.config.user_agent},
+            follow_redirects=False,  # keys travel in headers: never to another host
+        )
+        for name, cfg in self.config.collections.items():
+            if cfg.reload_interval_s:
+                kernel.spawn(
+                    self._reload_loop, name, cfg.reload_interval_s, name=f"search: reload {name}"
+                )
+
+    @hookimpl
+    async def shutdown(self) -> None:
+        """Close the shared HTTP client."""
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+        self._kernel = None
+
+    @hookimpl
+    async def discover(self, kernel: Kernel, query: str | None) -> list[Tool] | None:
+        """The search tools (for a full listing; nothing extra for a query)."""
+        if query is not None:
+            return None
+        self._plan = self._make_plan(kernel)
+        tools = self._web_tools()
+        self._register_fallbacks(kernel)
+        for name in self.config.collections:
+            await self._refresh_collection(name)
+            tools.append(self._collection_tool(name))
+        return tools
+
+    # ------------------------------------------------------------- keys
+    def _register(self, rl: RateLimitPlugin, b: Backend) -> None:
+        keys: list[ApiKey] = []
+        problems = self._problems.setdefault(b.name, [])
+        where = f"[plugins.search.{b.name}]"
+        entries: list[tuple[str | None, str, int, str]] = []
+        for i, e in enumerate(b.config.entries(), 1):
+            if isinstance(e, KeyEntry):
+                entries.append((e.alias, e.secret.get_secret_value(), e.weight, where))
+            elif isinstance(e, SecretStr):
+                entries.append((f"{b.name}-{i}", e.get_secret_value(), 1, where))
+        if not entries:
+            pc = rl.provider_config(b.name)
+            if pc is not None and (pc.keys or pc.api_key is not None):
+                return  # keys configured in [plugins.ratelimit.providers.<name>]
+            env = self._environ if self._environ is not None else os.environ
+            n = 0
+            for var in b.env:
+                for part in (env.get(var) or "").split(","):
+                    if part.strip():
+                        n += 1
+                        entries.append((f"{b.name}-{n}", part.strip(), 1, var))
+        for alias, secret, weight, origin in entries:
+            if b.key_is_base_url and not secret.startswith(("http://", "https://")):
+                problems.append(f"{origin}: {alias} is not an http:// or https:// URL (ignored)")
+                continue
+            keys.append(ApiKey(str(alias), secret, weight))
+        if not keys:
+            return
+        try:
+            rl.register_keys(b.name, keys, **b.config.pool)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"search backend {b.name!r}: {exc}; give its keys in one place "
+                f"({where} or [plugins.ratelimit.providers.{b.name}])"
+            ) from None
+        log.info(
+            "plugin 'search': backend %s has %d key(s): %s",
+            b.name,
+            len(keys),
+            [k.alias for k in keys],
+        )
+
+    def _configured(self, name: str) -> bool:
+        b = self.backends.get(name)
+        if b is None or not b.config.enabled or self._rl is None:
+            return False
+        return self._rl.pool(name).has_keys
+
+    # ------------------------------------------------------------- chain
+    def _backend_name(self, entry: str) -> str | None:
+        name = entry.removeprefix("web_search_")
+        return name if name in self.backends else None
+
+    @staticmethod
+    def _retry(kernel: Kernel) -> RetryPlugin | None:
+        for info in kernel.plugins.plugins.values():
+            if isinstance(info.plugin, RetryPlugin):
+                return info.plugin
+        return None
+
+    def _make_plan(self, kernel: Kernel) -> _Plan:
+        order: list[str] | None = self.config.chain_order
+        if order is None:
+            retry = self._retry(kernel)
+            if retry is not None and retry.config.chain_order:
+                order = retry.config.chain_order
+        if order is None and self._rl is not None and self._rl.settings.chain_order:
+            order = self._rl.settings.chain_order
+        names: list[str] = []
+        for entry in order or []:
+            n = self._backend_name(entry)
+            if n is not None and n not in names:
+                names.append(n)
+        if not names:
+            names = [n for n in DEFAULT_CHAIN if n in self.backends]
+            names += [n for n in self.backends if n not in names]
+        chain = [n for n in names if self.backends[n].config.enabled]
+        return _Plan(chain, [n for n in chain if self._configured(n)])
+
+    def _register_fallbacks(self, kernel: Kernel) -> None:
+        """Tell the retry plugin where web_search falls over to (unless the operator did).
+
+        web_search -> the forced tools of the configured backends after the
+        first; web_search_<backend> -> nothing (forced means forced).
+        """
+        retry = self._retry(kernel)
+        if retry is None:
+            return
+        plan: dict[str, list[str]] = {
+            "web_search": [f"web_search_{n}" for n in self._plan.configured[1:]]
+        }
+        for n, b in self.backends.items():
+            if b.config.enabled:
+                plan[f"web_search_{n}"] = []
+        cfg = retry.config
+        for tool, targets in plan.items():
+            policy = cfg.tools.get(tool)
+            if policy is not None and policy.fallbacks is not None:
+                continue
+            if tool in cfg.fallbacks and tool not in self._injected:
+                continue  # the operator's own list
+            cfg.fallbacks[tool] = [FallbackSpec(tool=t) for t in targets]
+            self._injected.add(tool)
+
+    # ------------------------------------------------------------- tools
+    def _web_tools(self) -> list[Tool]:
+        names = [n for n, b in self.backends.items() if b.config.enabled]
+        schema = input_schema(names)
+        out_schema = output_schema()
+        chain = self._plan.configured or self._plan.chain
+
+        def validator(args: Mapping[str, Any]) -> dict[str, Any]:
+            return validate_query(args, names)
+
+        walk = " -> ".join(chain) if chain else "none configured"
+        tools = [
+            Tool(
+                name="web_search",
+                description=(
+                    "Search the web. Returns results (title, url, snippet, date, score) and "
+                    f"which backend served them. Backends, in order: {walk}; when one fails "
+                    "(rate limit, quota, outage) the next one answers."
+                ),
+                input_schema=schema,
+                executor=self._web_executor("web_search", None),
+                output_schema=out_schema,
+                validator=validator,
+                tags=frozenset({"search", "web"}),
+                source="search",
+                annotations=_web_annotations("Web search"),
+                settings={"provider": chain[0]} if chain else {},
+            )
+        ]
+        for n in names:
+            b = self.backends[n]
+            tools.append(
+                Tool(
+                    name=f"web_search_{n}",
+                    description=(
+                        f"Search the web with {b.title} only (no other backend). Returns "
+                        "results (title, url, snippet, date, score)."
+                    ),
+                    input_schema=schema,
+                    executor=self._web_executor(f"web_search_{n}", n),
+                    output_schema=out_schema,
+                    validator=validator,
+                    tags=frozenset({"search", "web", n}),
+                    source="search",
+                    annotations=_web_annotations(f"Web search ({b.title})"),
+                    settings={"provider": n},
+                )
+            )
+        return tools
+
+    def _web_executor(self, tool: str, fixed: str | None) -> Any:
+        async def run(args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+            return await self._run_web(tool, fixed, args, ctx)
+
+        return run
+
+    async def _run_web(
+        self, tool: str, fixed: str | None, args: dict[str, Any], ctx: CallContext
+    ) -> dict[str, Any]:
+        q = SearchQuery.model_validate(args)
+        warnings = _trail(ctx)
+        if fixed is not None:
+            name = fixed
+            if q.backend not in ("auto", fixed) and ctx.call.name == tool:
+                warnings.append(f"{tool} always uses {fixed}; backend {q.backend!r} was ignored")
+        elif q.backend != "auto":
+            name = q.backend
+            b = self.backends.get(name)
+            if b is None or not b.config.enabled:
+                raise _config_error(f"{tool}: backend {name!r} is disabled", backend=name)
+        else:
+            if not self._plan.configured:
+                raise self._nothing_configured(tool)
+            name = self._plan.configured[0]
+        return await self._search(tool, self.backends[name], q, ctx, warnings)
+
+    def _nothing_configured(self, tool: str) -> ToolError:
+        if self._rl is None:
+            return self._no_ratelimit(tool)
+        parts = []
+        for n in self._plan.chain:
+            b = self.backends[n]
+            parts.append(f"{' or '.join(b.env) or f'[plugins.search.{n}]'} ({b.title})")
+        problems = [p for n in self._plan.chain for p in self._problems.get(n, [])]
+        return _config_error(
+            f"{tool}: no web search backend is configured; set "
+            + ", or ".join(parts)
+            + " — or give keys in [plugins.search.<backend>]"
+            + (f" (problems: {'; '.join(problems)})" if problems else ""),
+            env={n: self.backends[n].env for n in self._plan.chain},
+        )
+
+    @staticmethod
+    def _no_ratelimit(tool: str) -> ToolError:
+        return _config_error(
+            f"{tool}: the search plugin takes its API keys from the ratelimit plugin, which is "
+            "not loaded; install toolwire-ratelimit and enable it (enabled_plugins)"
+        )
+
+    async def _search(
+        self, tool: str, b: Backend, q: SearchQuery, ctx: CallContext, warnings: list[str]
+    ) -> dict[str, Any]:
+        rl = self._rl
+        if rl is None:
+            raise self._no_ratelimit(tool)
+        pool = rl.pool(b.name)
+        if not pool.has_keys:
+            problems = self._problems.get(b.name, [])
+            raise _config_error(
+                f"{tool}: {b.missing_key_message()}"
+                + (f" (problems: {'; '.join(problems)})" if problems else ""),
+                backend=b.name,
+                env=b.env,
+            )
+        client = self._client
+        if client is None:
+            raise ToolError(f"{tool}: the search plugin is not started", kind=ErrorKind.INTERNAL)
+        now = ctx.kernel.clock.time()
+        timeout = b.config.timeout_seconds or self.config.timeout_seconds
+        async with pool.lease(ctx) as lease:
+            secret, alias = lease.secret or "", lease.alias
+            who = f"{b.name} ({alias})" if alias else b.name
+            req = b.build_request(q, secret=secret, base_url=b.base_url(secret), now=now)
+            try:
+                resp = await client.request(
+                    req.method,
+                    req.url,
+                    params=req.params or None,
+                    json=req.json,
+                    headers=req.headers,
+                    timeout=timeout,
+                )
+            except httpx.TimeoutException as exc:
+                raise ToolError(
+                    f"{who}: no answer within {timeout:g}s ({type(exc).__name__})",
+                    kind=ErrorKind.TIMEOUT,
+                    details={"backend": b.name},
+                ) from exc
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+                raise _config_error(
+                    f"{who}: invalid URL ({type(exc).__name__}); check the backend's base URL",
+                    backend=b.name,
+                ) from None
+            except httpx.HTTPError as exc:
+                raise ToolError(
+                    f"{who}: {type(exc).__name__}: {exc}",
+                    kind=ErrorKind.UNAVAILABLE,
+                    details={"backend": b.name},
+                ) from exc
+            status = resp.status_code
+            if 300 <= status < 400:
+                raise _config_error(
+                    f"{who}: HTTP {status} redirect; redirects are not followed (keys travel in "
+                    "headers): set the backend's base URL to the final address",
+                    backend=b.name,
+                    status=status,
+                    failover=True,
+                )
+            if status >= 400:
+                err = b.error_for(resp, alias)
+                if isinstance(err, KeyExhausted) and alias is not None:
+                    # only this key: put it aside, don't suspend the provider
+                    await pool.report(
+                        alias,
+                        "rate_limit",
+                        retry_after_s=pool.settings.suspend_s,
+                        pattern=f"search.{b.name}.key_exhausted",
+                    )
+                    err.details.update(
+                        classified_by="search",
+                        failover=True,
+                        provider=b.name,
+                        key=alias,
+                        pattern=f"search.{b.name}.key_exhausted",
+                    )
+                raise err
+            page = b.parse(b.decode(resp, alias), q)
+            exhausted = b.exhaustion(resp, now)
+        if exhausted is not None and alias is not None:
+            await pool.report(
+                alias,
+                "quota",
+                retry_after_s=exhausted.retry_after_s,
+                pattern=f"search.{b.name}.exhausted",
+                reason=exhausted.reason,
+            )
+            warnings.append(f"{who}: {exhausted.reason}; the key is set aside until its reset")
+        results = page.results
+        if req.filter_domains:
+            results = [r for r in results if q.wants(r["url"])]
+        if req.filter_dates:
+            results = _within_dates(results, q, now)
+        results = results[: q.max_results]
+        warnings.extend(req.warnings)
+        warnings.extend(page.warnings)
+        out: dict[str, Any] = {
+            "results": results,
+            "served_by": b.name,
+            "warnings": warnings[:_MAX_WARNINGS],
+            "provider_metadata": {b.name: page.metadata},
+        }
+        if secret and not b.key_is_base_url and secret in json.dumps(out, default=str):
+            out = rl.redactor.value(out)  # a provider echoing the key in a success body
+        if not results:
+            self._soft_failure(tool, b, page.failure, out, ctx)
+        return out
+
+    def _soft_failure(
+        self, tool: str, b: Backend, failure: str | None, out: dict[str, Any], ctx: CallContext
+    ) -> None:
+        """An empty answer: a success, unless the backend could not search (every
+        SearXNG engine failed) or ``fallback_on_empty`` is on."""
+        if failure is None and not self.config.fallback_on_empty:
+            return
+        current = ctx.current_tool.name if ctx.current_tool is not None else tool
+        if failure is not None:
+            out["warnings"] = [*out["warnings"], f"{b.name}: {failure}"][:_MAX_WARNINGS]
+        if self._kernel is not None and self._retry(self._kernel) is not None:
+            # the retry plugin's soft failure: fall over; if every candidate is empty or
+            # failed, the first empty answer (with its warnings) is the result
+            exc = EmptyResult(current, out)
+            if failure is not None:
+                exc.args = (f"{b.name}: {failure}",)
+                exc.details["pattern"] = f"search.{b.name}.backend_failed"
+            exc.details.update(backend=b.name, provider=b.name)
+            raise exc
+        if failure is not None:
+            # classified here: the engines' own messages ("too many requests") describe
+            # the engines behind the instance, not a rate limit of the instance itself
+            raise ToolError(
+                f"{b.name}: {failure}",
+                kind=ErrorKind.UNAVAILABLE,
+                details={
+                    "backend": b.name,
+                    "provider": b.name,
+                    "classified_by": "search",
+                    "pattern": f"search.{b.name}.backend_failed",
+                    "failover": True,
+                },
+            )
+
+    # ------------------------------------------------------- collections
+    def _collection_root(self, name: str) -> Path:
+        cfg = self.config.collections[name]
+        kcfg = self._kernel.config if self._kernel is not None else None
+        base = os.path.dirname(kcfg.path) if kcfg is not None and kcfg.path else None
+        return resolve_root(cfg.path, base)
+
+    async def _refresh_collection(self, name: str) -> None:
+        """(Re)index a collection when its files changed (or it failed before)."""
+        cfg = self.config.collections[name]
+        root = self._collection_root(name)
+        lock = self._locks.setdefault(name, anyio.Lock())
+        async with lock:
+            if not root.is_dir():
+                what = "does not exist" if not root.exists() else "is not a folder"
+                self._collections[name] = (
+                    f"collection {name!r}: {str(root)!r} {what}; fix "
+                    f"[plugins.search.collections.{name}] path (relative to toolwire.toml)"
+                )
+                log.warning("plugin 'search': %s", self._collections[name])
+                return
+            current = self._collections.get(name)
+            if isinstance(current, Collection) and current.root == root:
+                sig = await anyio.to_thread.run_sync(
+                    signature, root, cfg.include, cfg.exclude, cfg.max_files
+                )
+                if sig == current.signature:
+                    return
+            col = await anyio.to_thread.run_sync(
+                lambda: load_collection(
+                    name,
+                    root,
+                    include=cfg.include,
+                    exclude=cfg.exclude,
+                    chunk_words=cfg.chunk_words,
+                    overlap_words=cfg.overlap_words,
+                    max_file_bytes=cfg.max_file_bytes,
+                    max_files=cfg.max_files,
+                )
+            )
+            self._collections[name] = col
+            log.info(
+                "plugin 'search': collection %r: %d files, %d passages%s",
+                name,
+                col.files,
+                len(col.index),
+                f", {len(col.skipped)} skipped" if col.skipped else "",
+            )
+
+    async def _reload_loop(self, name: str, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            try:
+                await self._refresh_collection(name)
+            except Exception:  # a transient file-system error must not end the loop
+                log.exception("plugin 'search': re-indexing collection %r failed", name)
+
+    def _collection_tool(self, name: str) -> Tool:
+        cfg = self.config.collections[name]
+        col = self._collections.get(name)
+        size = f"{col.files} documents, " if isinstance(col, Collection) else ""
+        description = cfg.description or (
+            f"Search the {name!r} knowledge base ({size}local files in {cfg.path}). Returns the "
+            "best-matching passages with their file, section and line numbers."
+        )
+        schema = {
+            "type": "object",
+            "properties": {
+                "query": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 1000,
+                    "description": "What to look for (keywords work best).",
+                },
+                "max_results": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": 50,
+                    "default": cfg.max_results,
+                    "description": "How many passages to return.",
+                },
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        }
+
+        def validator(args: Mapping[str, Any]) -> dict[str, Any]:
+            v = _CollectionQuery.model_validate(args)
+            return {"query": v.query, "max_results": v.max_results or cfg.max_results}
+
+        async def run(args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
+            return await self._run_collection(name, args)
+
+        return Tool(
+            name=f"search_{name}",
+            description=description,
+            input_schema=schema,
+            executor=run,
+            output_schema=output_schema(),
+            validator=validator,
+            tags=frozenset({"search", "knowledge-base"}),
+            source="search",
+            annotations=ToolAnnotations(
+                title=f"Search {name}",
+                readOnlyHint=True,
+                destructiveHint=False,
+                idempotentHint=True,
+                openWorldHint=False,
+            ),
+        )
+
+    async def _run_collection(self, name: str, args: dict[str, Any]) -> dict[str, Any]:
+        cfg = self.config.collections[name]
+        col = self._collections.get(name)
+        if col is None:
+            await self._refresh_collection(name)
+            col = self._collections.get(name)
+        if isinstance(col, str) or col is None:
+            raise _config_error(str(col), collection=name)
+        query = str(args["query"])
+        limit = int(args.get("max_results") or cfg.max_results)
+        warnings: list[str] = []
+        if not tokenize(query):
+            warnings.append("the query has no searchable words (only stopwords or symbols)")
+        if col.skipped:
+            shown = "; ".join(col.skipped[:5])
+            more = f" and {len(col.skipped) - 5} more" if len(col.skipped) > 5 else ""
+            warnings.append(f"files not indexed: {shown}{more}")
+        hits = col.index.search(query, limit)
+        return {
+            "results": [result_of(name, c, s, terms, cfg.url_prefix) for c, s, terms in hits],
+            "served_by": f"collection:{name}",
+            "warnings": warnings,
+            "provider_metadata": {
+                "collection": {"name": name, "files": col.files, "passages": len(col.index)}
+            },
+        }
+
+
+# ------------------------------------------------------------------ helpers
+def _web_annotations(title: str) -> ToolAnnotations:
+    """Web search reads the open world and changes nothing: safe to repeat."""
+    return ToolAnnotations(
+        title=title,
+        readOnlyHint=True,
+        destructiveHint=False,
+        idempotentHint=True,
+        openWorldHint=True,
+    )
+
+
+def _trail(ctx: CallContext) -> list[str]:
+    """Warnings for the attempts that failed earlier in this call (fallback trail)."""
+    out: list[str] = []
+    details = ctx.meta.extra.get("attempt_details")
+    lst = details if isinstance(details, list) else []
+    for i, a in enumerate(ctx.attempts):
+        if a.error_kind is None:
+            continue
+        d = lst[i] if i < len(lst) and isinstance(lst[i], dict) else {}
+        who = d.get("provider") or a.tool
+        key = f", key {d['key']}" if d.get("key") else ""
+        out.append(f"attempt {i + 1}: {who} failed ({a.error_kind}{key})")
+    return out
+
+
+def _within_dates(
+    results: list[dict[str, Any]], q: SearchQuery, now: float
+) -> list[dict[str, Any]]:
+    """Drop results whose known publication date is outside the requested range."""
+    start, end = q.date_bounds(now)
+    if start is None and end is None:
+        return results
+    out = []
+    for r in results:
+        d = r.get("published_date")
+        day = d[:10] if isinstance(d, str) and re.match(r"^\d{4}-\d{2}-\d{2}", d) else None
+        if day is not None and (
+            (start is not None and day < start.isoformat())
+            or (end is not None and day > end.isoformat())
+        ):
+            continue
+        out.append(r)
+    return out

@@ -1,0 +1,251 @@
+"""Configuration, key sources, tool definitions, and adding a backend in code."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+import httpx
+import pydantic
+import pytest
+import respx
+from toolwire_search_testkit import B1, B2, BRAVE_URL, E1, keys_sent, load, make_kernel
+
+from toolwire import ConfigError, Kernel
+from toolwire.testing import FakeClock
+from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin
+from toolwire_retry import RetryConfig, RetryPlugin
+from toolwire_search import (
+    Backend,
+    BackendPage,
+    BackendRequest,
+    SearchConfig,
+    SearchPlugin,
+    SearchQuery,
+    make_result,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"collections": {"My Docs": {"path": "d"}}}, "lower-case"),
+        ({"collections": {"d": {"path": "d", "chunk_words": 50, "overlap_words": 50}}}, "overlap"),
+        ({"brave": {"pool": {"keys": ["x"]}}}, "cannot be set in pool"),
+        ({"brave": {"pool": {"cooldown_secs": 1}}}, "cooldown_secs"),
+        ({"brave": {"base_url": "api.search.brave.com"}}, "http://"),
+        ({"chain_order": ["exa", "exa"]}, "more than once"),
+        ({"brave": {"api_key": "k", "colour": "red"}}, "colour"),
+    ],
+)
+def test_invalid_configuration_names_the_key(data: dict[str, Any], message: str) -> None:
+    with pytest.raises(pydantic.ValidationError, match=message):
+        SearchConfig.model_validate(data)
+
+
+def test_unknown_backends_in_the_chain_or_tables_are_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown backend 'bing'"):
+        SearchPlugin(SearchConfig(chain_order=["brave", "bing"]))
+    with pytest.raises(ConfigError, match="unknown backends"):
+        SearchPlugin(SearchConfig.model_validate({"backends": {"bing": {}}}))
+
+
+def test_secrets_do_not_show_in_the_config_repr() -> None:
+    cfg = SearchConfig.model_validate(
+        {
+            "brave": {"api_keys": [B1, {"alias": "two", "secret": B2}]},
+            "searxng": {"urls": "https://s.test"},
+        }
+    )
+    text = repr(cfg) + str(cfg.model_dump())
+    assert B1 not in text and B2 not in text and "s.test" not in text
+
+
+async def test_environment_keys_comma_separated() -> None:
+    kernel = make_kernel(environ={"BRAVE_API_KEY": f" {B1} , {B2},", "EXA_API_KEY": ""})
+    async with kernel:
+        status = SearchPlugin.of(kernel).status()
+    assert status["backends"]["brave"]["keys"] == ["brave-1", "brave-2"]
+    assert status["backends"]["exa"]["configured"] is False
+    assert status["configured"] == ["brave"]
+
+
+async def test_custom_env_variable_names() -> None:
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "CORP_BRAVE": B2}, search={"brave": {"env": ["CORP_BRAVE"]}}
+    )
+    async with kernel:
+        pool = RateLimitPlugin.of(kernel).pool("brave")
+        assert pool.aliases == ["brave-1"]
+        lease = await pool.acquire()
+        assert lease.secret == B2
+        await lease.release()
+
+
+async def test_keys_in_the_ratelimit_section_are_used_and_env_is_ignored(
+    respx_mock: respx.MockRouter,
+) -> None:
+    route = respx_mock.get(BRAVE_URL).mock(
+        return_value=httpx.Response(200, json=load("brave_web_search_200.json"))
+    )
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B2},
+        rl={"providers": {"brave": {"keys": [{"alias": "ops", "secret": B1}]}}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+    assert keys_sent(route, "X-Subscription-Token") == [B1]
+    assert res.meta.extra["served_by"]["key"] == "ops"
+
+
+async def test_the_same_alias_in_both_sections_fails_at_startup() -> None:
+    kernel = make_kernel(
+        search={"brave": {"api_keys": [{"alias": "main", "secret": B1}]}},
+        rl={"providers": {"brave": {"keys": [{"alias": "main", "secret": B2}]}}},
+    )
+    with pytest.raises(ConfigError, match="give its keys in one place"):
+        await kernel.start()
+
+
+async def test_pool_settings_reach_the_key_pool() -> None:
+    kernel = make_kernel(
+        environ={"EXA_API_KEY": E1},
+        search={"exa": {"pool": {"cooldown_seconds": 7, "suspend_seconds": 60}}},
+    )
+    async with kernel:
+        pool = RateLimitPlugin.of(kernel).pool("exa")
+    assert pool.settings.cooldown_s == 7 and pool.settings.suspend_s == 60
+
+
+async def test_disabled_backends_have_no_tool_and_are_skipped() -> None:
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1}, search={"brave": {"enabled": False}}
+    )
+    async with kernel:
+        names = {t.name for t in kernel.list_tools()}
+        web = kernel.get_tool("web_search")
+        res = await kernel.call("web_search", {"query": "q", "backend": "brave"})
+    assert "web_search_brave" not in names and web is not None
+    assert web.settings["provider"] == "exa"
+    assert res.error is not None and res.error.kind == "invalid_args"
+
+
+async def test_tool_definitions() -> None:
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1})
+    async with kernel:
+        tools = {t.name: t for t in kernel.list_tools()}
+        mcp = {d["name"]: d for d in kernel.list_tools(format="mcp")}
+    web = tools["web_search"]
+    assert web.input_schema["properties"]["backend"]["enum"] == ["auto", "brave", "exa", "searxng"]
+    assert web.input_schema["required"] == ["query"]
+    assert web.input_schema is tools["web_search_exa"].input_schema  # one schema for all
+    assert web.output_schema is not None
+    assert set(web.output_schema["properties"]) == {
+        "results",
+        "served_by",
+        "warnings",
+        "provider_metadata",
+    }
+    assert web.annotations.readOnlyHint and web.annotations.openWorldHint
+    assert tools["web_search_searxng"].settings == {"provider": "searxng"}
+    assert all(t.source == "search" for t in tools.values())
+    assert mcp["web_search_brave"]["annotations"]["readOnlyHint"] is True
+    json.dumps(mcp)  # exportable
+
+
+# ------------------------------------------------------------ a new backend
+class ToyBackend(Backend):
+    """A backend as the README's "Adding a backend" describes it."""
+
+    name = "toy"
+    title = "Toy Search"
+    default_env = ("TOY_API_KEY",)
+    default_base_url = "https://toy.test/v1"
+    default_params: ClassVar[dict[str, Any]] = {"lang": "en"}
+
+    def build_request(
+        self, q: SearchQuery, *, secret: str, base_url: str, now: float
+    ) -> BackendRequest:
+        return BackendRequest(
+            "GET",
+            f"{base_url}/find",
+            params={"text": q.query, "n": q.max_results, **self.params},
+            headers={"Authorization": f"Bearer {secret}"},
+        )
+
+    def parse(self, data: Any, q: SearchQuery) -> BackendPage:
+        return BackendPage(
+            [
+                make_result(
+                    title=h["name"], url=h["link"], snippet=h["text"], engine=self.name, native=h
+                )
+                for h in data["hits"]
+            ],
+            metadata={"took_ms": data["took_ms"]},
+        )
+
+
+async def test_a_backend_added_in_code(respx_mock: respx.MockRouter) -> None:
+    hits = {
+        "took_ms": 3,
+        "hits": [{"name": "T", "link": "https://t.test/x", "text": "toy <b>hit</b>"}],
+    }
+    route = respx_mock.get("https://toy.test/v1/find").mock(
+        side_effect=[httpx.Response(429, text="Too Many Requests"), httpx.Response(200, json=hits)]
+    )
+
+    kernel = Kernel(
+        clock=FakeClock(),
+        plugins=[
+            RateLimitPlugin(RateLimitConfig()),
+            RetryPlugin(RetryConfig(seed=1)),
+            SearchPlugin(
+                SearchConfig.model_validate(
+                    {
+                        "chain_order": ["toy", "brave"],
+                        "backends": {"toy": {"params": {"lang": "de"}}},
+                    }
+                ),
+                environ={"TOY_API_KEY": "toy-secret-555555,toy-secret-666666"},
+                extra_backends=[ToyBackend],
+            ),
+        ],
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "toys"})
+        forced = kernel.get_tool("web_search_toy")
+    assert forced is not None
+    assert res.content["served_by"] == "toy"
+    assert res.content["results"][0]["snippet"] == "toy hit"
+    assert res.content["provider_metadata"] == {"toy": {"took_ms": 3}}
+    # the 429 was classified and the second key used: rotation comes with the KeyPool
+    assert [c.request.headers["Authorization"] for c in route.calls] == [
+        "Bearer toy-secret-555555",
+        "Bearer toy-secret-666666",
+    ]
+    assert route.calls.last.request.url.params["lang"] == "de"
+
+
+def test_every_config_key_is_in_the_readme() -> None:
+    from pathlib import Path
+
+    from toolwire_search import BackendConfig, CollectionConfig, SearxngConfig
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    models: list[type[pydantic.BaseModel]] = [
+        SearchConfig,
+        BackendConfig,
+        SearxngConfig,
+        CollectionConfig,
+    ]
+    missing = [
+        f"{m.__name__}.{name}"
+        for m in models
+        for name in m.model_fields
+        if not any(f in readme for f in (f"| `{name}`", f"| `{name}.", f"`{name}` ("))
+    ]
+    assert not missing, f"configuration keys missing from the README tables: {missing}"
+    guide = (Path(__file__).parents[3] / "docs" / "search.md").read_text(encoding="utf-8")
+    assert "plugins/search/README.md" in guide

@@ -1,0 +1,270 @@
+"""search_<collection>: BM25 over the passages of a local folder (no network)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from toolwire_search_testkit import make_kernel
+
+from toolwire import Kernel, load_config
+from toolwire_search import ChunkIndex, SearchPlugin, chunk_document, tokenize
+
+pytestmark = pytest.mark.anyio
+
+GUIDE = """\
+---
+title: ignored front matter
+---
+# Operations guide
+
+Intro paragraph about the gateway.
+
+## Rotating keys
+
+The key pool rotates API keys with smooth weighted round-robin.
+A key that hits a rate limit cools down.
+
+```python
+# this comment is not a heading
+pool.register_keys("brave", keys)
+```
+
+## Backups
+
+Snapshots of the SQLite state file are taken nightly.
+"""
+
+FAQ = """\
+Frequently asked questions
+==========================
+
+Why is my search slow?
+----------------------
+
+Check the provider latency first. Network latency dominates.
+"""
+
+
+def no_network() -> httpx.MockTransport:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise AssertionError(f"a collection search made a request: {request.url}")
+
+    return httpx.MockTransport(refuse)
+
+
+def write(root: Path, files: dict[str, str | bytes]) -> None:
+    for rel, content in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content, encoding="utf-8")
+
+
+def docs_kernel(root: Path, **collection: Any) -> Kernel:
+    return make_kernel(
+        search={"collections": {"docs": {"path": str(root), **collection}}},
+        transport=no_network(),
+    )
+
+
+# ------------------------------------------------------------------ chunking
+def test_markdown_sections_lines_and_code_fences() -> None:
+    chunks = chunk_document("ops/guide.md", GUIDE, chunk_words=200, overlap_words=0)
+    lines = GUIDE.splitlines()
+    assert [c.headings for c in chunks] == [
+        ("Operations guide",),
+        ("Operations guide", "Rotating keys"),
+        ("Operations guide", "Backups"),
+    ]
+    assert all(c.title == "Operations guide" for c in chunks)
+    rotating = chunks[1]
+    assert rotating.heading_path == "Operations guide > Rotating keys"
+    # line numbers point at the file's real lines
+    assert lines[rotating.line_start - 1].startswith("The key pool rotates")
+    assert lines[rotating.line_end - 1] == "```"
+    assert "# this comment is not a heading" in rotating.text
+    assert "front matter" not in " ".join(c.text for c in chunks)
+
+
+def test_rst_style_and_plain_text_titles() -> None:
+    chunks = chunk_document("faq.rst", FAQ)
+    assert chunks[0].title == "Frequently asked questions"
+    assert chunks[0].headings == ("Frequently asked questions", "Why is my search slow?")
+    plain = chunk_document("notes/release_notes-2026.txt", "just text\n")
+    assert plain[0].title == "release notes 2026"
+
+
+def test_long_sections_are_cut_with_overlap() -> None:
+    body = "\n\n".join(
+        f"Paragraph {i} " + " ".join(f"w{i}x{j}" for j in range(30)) for i in range(20)
+    )
+    chunks = chunk_document("long.md", "# Long\n\n" + body, chunk_words=100, overlap_words=35)
+    assert len(chunks) > 5
+    for c in chunks:
+        assert len(c.text.split()) <= 100 + 35
+    for prev, nxt in itertools.pairwise(chunks):
+        last_para = prev.text.split("\n")[-1]
+        assert nxt.text.startswith(last_para)  # the overlap repeats the previous paragraph
+        assert nxt.line_start <= prev.line_end
+
+
+def test_a_single_huge_line_is_cut_at_words() -> None:
+    text = " ".join(f"word{i}" for i in range(1000))
+    chunks = chunk_document("blob.txt", text, chunk_words=100, overlap_words=0)
+    assert len(chunks) == 10 and all(len(c.text.split()) == 100 for c in chunks)
+
+
+# --------------------------------------------------------------------- BM25
+def test_bm25_ranks_rare_terms_headings_and_stems() -> None:
+    docs = {
+        "a.md": "# Caching\n\nThe cache stores results. The cache is fast. Results results results.",
+        "b.md": "# Batteries\n\nA solid-state battery uses a solid electrolyte.",
+        "c.md": "# Misc\n\nResults are returned as JSON; the battery of tests passes.",
+    }
+    chunks = [c for p, t in docs.items() for c in chunk_document(p, t)]
+    index = ChunkIndex(chunks)
+    top = index.search("batteries electrolyte", 3)
+    assert [c.path for c, _, _ in top][:2] == ["b.md", "c.md"]  # stemming: batteries ~ battery
+    assert top[0][1] > top[1][1] > 0
+    assert set(top[0][2]) == set(tokenize("batteries electrolyte"))
+    # the same word once in a heading outranks it once in a body of the same length
+    boost = ChunkIndex(
+        chunk_document("x.md", "# Zebra\n\nanimals live in the savanna")
+        + chunk_document("y.md", "# Savanna\n\nthe zebra lives with animals")
+    )
+    assert [c.path for c, _, _ in boost.search("zebra", 2)] == ["x.md", "y.md"]
+    assert index.search("the of and", 5) == []  # stopwords only: nothing
+
+
+# --------------------------------------------------------------------- tool
+async def test_collection_tool_finds_the_right_passage(tmp_path: Path) -> None:
+    write(tmp_path, {"ops/guide.md": GUIDE, "faq.rst": FAQ, "README.txt": "Unrelated words."})
+    kernel = docs_kernel(tmp_path, url_prefix="https://git.example/docs/")
+    async with kernel:
+        tool = kernel.get_tool("search_docs")
+        res = await kernel.call("search_docs", {"query": "how are API keys rotated?"})
+        latency = await kernel.call("search_docs", {"query": "latency", "max_results": 1})
+    assert tool is not None and tool.annotations.readOnlyHint and "3 documents" in tool.description
+    assert not res.is_error, res.error
+    best = res.content["results"][0]
+    assert best["title"] == "Operations guide > Rotating keys"
+    meta = best["provider_metadata"]["collection"]
+    assert meta["path"] == "ops/guide.md"
+    assert (
+        best["url"]
+        == f"https://git.example/docs/ops/guide.md#L{meta['line_start']}-L{meta['line_end']}"
+    )
+    assert "rotates API keys" in best["snippet"]
+    assert res.content["served_by"] == "collection:docs"
+    assert [r["provider_metadata"]["collection"]["path"] for r in latency.content["results"]] == [
+        "faq.rst"
+    ]
+    assert "Network latency dominates." in latency.content["results"][0]["highlights"]
+
+
+async def test_include_exclude_hidden_binary_and_large_files(tmp_path: Path) -> None:
+    write(
+        tmp_path,
+        {
+            "keep.md": "# Zebra\n\nzebra facts",
+            "drafts/skip.md": "# Zebra draft\n\nzebra draft",
+            ".hidden/secret.md": "zebra hidden",
+            "image.md": b"\x89PNG\x00\x00zebra",
+            "big.md": "zebra " * 600,
+            "code.py": "zebra = 1",
+        },
+    )
+    kernel = docs_kernel(tmp_path, exclude=["drafts/*"], max_file_bytes=2000)
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "zebra", "max_results": 10})
+        status = SearchPlugin.of(kernel).status()["collections"]["docs"]
+    paths = [r["provider_metadata"]["collection"]["path"] for r in res.content["results"]]
+    assert paths == ["keep.md"]
+    assert status["files"] == 1
+    joined = " ".join(res.content["warnings"])
+    assert "image.md: binary file" in joined and "big.md" in joined
+
+
+async def test_changed_files_are_reindexed_on_refresh(tmp_path: Path) -> None:
+    write(tmp_path, {"a.md": "# A\n\nalpha"})
+    kernel = docs_kernel(tmp_path)
+    async with kernel:
+        before = await kernel.call("search_docs", {"query": "omega"})
+        write(tmp_path, {"b.md": "# B\n\nomega"})
+        stale = await kernel.call("search_docs", {"query": "omega"})
+        await kernel.refresh_tools()
+        after = await kernel.call("search_docs", {"query": "omega"})
+    assert before.content["results"] == [] and stale.content["results"] == []
+    assert [r["provider_metadata"]["collection"]["path"] for r in after.content["results"]] == [
+        "b.md"
+    ]
+
+
+async def test_reload_interval_reindexes_in_the_background(tmp_path: Path) -> None:
+    write(tmp_path, {"a.md": "# A\n\nalpha"})
+    kernel = docs_kernel(tmp_path, reload_interval_s=0.02)
+    async with kernel:
+        write(tmp_path, {"b.md": "# B\n\nomega"})
+        found: list[Any] = []
+        for _ in range(500):  # a bound (10 s), not a speed assertion
+            res = await kernel.call("search_docs", {"query": "omega"})
+            found = res.content["results"]
+            if found:
+                break
+            await anyio.sleep(0.02)
+    assert [r["provider_metadata"]["collection"]["path"] for r in found] == ["b.md"]
+
+
+async def test_missing_folder_is_a_config_error_not_a_crash(tmp_path: Path) -> None:
+    kernel = docs_kernel(tmp_path / "nope")
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "x"})
+    assert res.error is not None and res.error.kind == "config_error"
+    assert "does not exist" in res.error.message
+    assert "[plugins.search.collections.docs] path" in res.error.message
+
+
+async def test_stopword_query_warns(tmp_path: Path) -> None:
+    write(tmp_path, {"a.md": "# A\n\nalpha"})
+    kernel = docs_kernel(tmp_path)
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "what is the"})
+    assert res.content["results"] == []
+    assert res.content["warnings"] == [
+        "the query has no searchable words (only stopwords or symbols)"
+    ]
+
+
+async def test_path_is_relative_to_toolwire_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write(tmp_path / "site", {"docs/setup.md": "# Setup\n\nInstall the widget."})
+    (tmp_path / "site" / "toolwire.toml").write_text(
+        'enabled_plugins = ["ratelimit", "retry", "search"]\n'
+        "[plugins.search.collections.handbook]\n"
+        'path = "docs"\n',
+        encoding="utf-8",
+    )
+    monkeypatch.chdir(tmp_path)  # elsewhere: the path must not depend on the cwd
+    cfg = load_config(os.path.join("site", "toolwire.toml"), env={})
+    async with Kernel.from_config(cfg) as kernel:
+        res = await kernel.call("search_handbook", {"query": "widget"})
+    assert res.content["results"][0]["provider_metadata"]["collection"]["path"] == "setup.md"
+
+
+async def test_invalid_collection_arguments(tmp_path: Path) -> None:
+    write(tmp_path, {"a.md": "alpha"})
+    kernel = docs_kernel(tmp_path)
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "alpha", "max_results": 500})
+        extra = await kernel.call("search_docs", {"query": "alpha", "backend": "brave"})
+    for r in (res, extra):
+        assert r.error is not None and r.error.kind == "invalid_args"
