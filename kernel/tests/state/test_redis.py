@@ -264,3 +264,15 @@ async def test_exhausted_pool_says_so(fresh_redis_url: str) -> None:
         with pytest.raises(StateStoreError, match="max_connections") as info:
             await store.wait_for_change("k", version=None, timeout=5)
         assert "busy" in str(info.value)
+
+
+@pytest.mark.redis
+async def test_scripts_survive_a_flushed_script_cache(fresh_redis_url: str) -> None:
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        first = await store.set("k", 1)
+        await raw.script_flush()  # as after a server restart
+        second = await store.set("k", 2)
+        got, created = await store.set_if_absent_or_get("k", 3)
+        assert not created and got == second and second.version != first.version
+        await raw.script_flush()
+        assert await store.compare_and_set("k", 4, expected_version=second.version)

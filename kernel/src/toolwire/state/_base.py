@@ -285,10 +285,11 @@ def _reject(obj: object) -> Any:
 # A reusable C encoder (json.dumps builds an encoder object per call: ~2x slower,
 # and this runs on every write). markers=None: no circular-reference bookkeeping;
 # a cycle ends in RecursionError, and the slow path below then names the problem.
+_c_make_encoder = getattr(_json_encoder, "c_make_encoder", None)  # None without the C accelerator
 _fast_encode: Callable[[Any, int], Any] | None = (
     None
-    if _json_encoder.c_make_encoder is None
-    else _json_encoder.c_make_encoder(
+    if _c_make_encoder is None
+    else _c_make_encoder(
         None, _reject, _json_encoder.encode_basestring_ascii, None, ":", ",", False, False, False
     )
 )

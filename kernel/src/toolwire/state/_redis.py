@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 __all__ = ["RedisStore", "redact_url"]
 
 _log = logging.getLogger(__name__)
+_running_loop = asyncio._get_running_loop
 
 #: Channel a write publishes on; the key follows the prefix verbatim.
 CHANNEL_PREFIX = "toolwire:changed:"
@@ -97,7 +98,8 @@ _QUERY_PASSWORD = re.compile(r"(?i)([?&;]password=)[^&;#]*")
 
 # -- Lua ---------------------------------------------------------------------
 # Return convention of the write scripts: false (nil) when the condition
-# failed, else {ver, owner|false, expires_ms|false}.
+# failed, else one string "<ver>:<expires_ms>:<o>" where <o> is "-" (no owner)
+# or "=" .. owner (one bulk string: each RESP element costs the client ~4 µs).
 _LUA_PRELUDE = """
 local k = KEYS[1]
 local function now_ms()
@@ -149,7 +151,7 @@ end
 local function done(chan)
   local r = redis.call('HMGET', k, 'ver', 'o', 'x')
   redis.call('PUBLISH', chan, r[1])
-  return r
+  return r[1] .. ':' .. (r[3] or '') .. ':' .. (r[2] and ('=' .. r[2]) or '-')
 end
 """
 
@@ -175,7 +177,7 @@ return done(ARGV[1])
 # ARGV: chan, value, owner_mode, owner, ttl_ms
 # One bulk-string reply (each extra RESP element costs the client ~4 µs to parse,
 # and this is the idempotency replay path):
-#   created:          "1<ver>:<expires_ms>:"               (the caller knows value and owner)
+#   created:          "1<ver>:<expires_ms>:<o>"            (the caller knows the value)
 #   live entry there: "0<ver>:<expires_ms>:<value>\0<o>"  <o> = "-" (no owner) or "=" .. owner
 #   not our hash:     "-"
 # <value> is JSON text, which never holds a raw NUL (json.dumps escapes it), so
@@ -190,8 +192,7 @@ bump(false)
 redis.call('HSET', k, 'v', ARGV[2])
 apply_owner(ARGV[3], ARGV[4])
 apply_ttl(ARGV[5])
-local r = done(ARGV[1])
-return '1' .. r[1] .. ':' .. (r[3] or '') .. ':'
+return '1' .. done(ARGV[1])
 """
 
 # ARGV: chan, value, ev_mode, ev, eo_mode, eo, owner_mode, owner, ttl_ms
@@ -567,17 +568,33 @@ class RedisStore(StateStore):
             ) from exc
 
     async def _script(self, name: str, key: str, args: list[str]) -> Any:
-        await self._ready()
-        try:  # no context manager on the hot path: ~1.5 µs per call
-            return await self._scripts[name](keys=[key], args=[_channel(key), *args])
+        client = self._client
+        if self._state != "open" or client is None or self._loop is not _running_loop():
+            client = await self._ready()
+        script = self._scripts[name]
+        try:  # EVALSHA straight on the client, no context manager: the hot path
+            try:
+                return await client.evalsha(script.sha, 1, key, _channel(key), *args)
+            except Exception as exc:
+                if type(exc).__name__ != "NoScriptError":
+                    raise
+                # the server lost its script cache (restart, SCRIPT FLUSH): load it again
+                return await script(keys=[key], args=[_channel(key), *args])
         except Exception:
             with self._errors(key):
                 raise
 
     @staticmethod
-    def _entry(key: str, text: str, reply: list[Any]) -> Entry:
-        ver, owner, expires = reply
-        return Entry(key, _decode(text), int(ver), owner, int(expires) / 1000 if expires else None)
+    def _entry(key: str, text: str, reply: str) -> Entry:
+        """The entry a write script reported as ``"<ver>:<expires_ms>:<o>"``."""
+        ver, expires, who = reply.split(":", 2)
+        return Entry(
+            key,
+            _decode(text),
+            int(ver),
+            None if who == "-" else who[1:],
+            int(expires) / 1000 if expires else None,
+        )
 
     # -- reads -------------------------------------------------------------
     async def get_entry(self, key: str) -> Entry | None:
@@ -672,10 +689,7 @@ class RedisStore(StateStore):
                 int(expires) / 1000 if expires else None,
             ), False
         if status == "1":
-            ver, expires, _ = reply[1:].split(":", 2)
-            return Entry(
-                key, _decode(text), int(ver), owner, int(expires) / 1000 if expires else None
-            ), True
+            return self._entry(key, text, reply[1:]), True
         raise StateStoreError(
             f"redis state store at {self.safe_url}: key {key!r} holds a hash that is not a "
             "toolwire state entry; delete it or use another key"

@@ -1,0 +1,676 @@
+"""The idempotency plugin: a replayed tool call returns the stored result, never runs twice.
+
+Record lifecycle at ``{prefix}:idempotency:{sha256(tenant, tool, call_id)}``::
+
+    absent --claim (set_if_absent_or_get, owner=o, lease)--> pending(o)
+    pending(o) --renew (CAS on o)--> pending(o) with a later lease
+    pending(o) --complete (CAS on o, owner cleared)--> done | oversized
+    pending(o) --release (compare-and-delete on o)--> absent
+    pending(o), lease lapsed --reclaim (CAS on o + version, read-only tools)--> pending(o')
+
+Each record carries the request hash (sha256 over tenant, tool, call_id and
+the canonical args): a call whose hash differs from the record's is a
+payload mismatch (``conflict``) and never runs.
+
+Store round trips: a replay costs one (``set_if_absent_or_get``), a first call
+two (that claim, then the completing compare-and-set). Lease renewals only
+happen for calls running longer than ``lease_secs / 4``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+
+from toolwire import (
+    CallContext,
+    CallRejected,
+    ErrorInfo,
+    ErrorKind,
+    ResultMeta,
+    ToolCall,
+    ToolResult,
+    hookimpl,
+)
+from toolwire.state import Entry, StateStore, StateStoreError
+
+from ._canonical import UnencodableArgumentError, hashes, record_hash
+from ._config import IdempotencyConfig, apply_env
+
+if TYPE_CHECKING:
+    from toolwire import Kernel, Tool
+    from toolwire._background import BackgroundTask
+
+__all__ = ["IdempotencyCounters", "IdempotencyPlugin"]
+
+log = logging.getLogger("toolwire.idempotency")
+
+STATE_KEY = "idempotency"  # ctx.state[STATE_KEY]: the claim this call holds
+PENDING, DONE, OVERSIZED = "pending", "done", "oversized"
+_JSON_SEPARATORS = (",", ":")
+
+
+@dataclass(slots=True)
+class IdempotencyCounters:
+    """What the plugin did, since it was created (plain ints; read them, reset them)."""
+
+    hits: int = 0  #: replays answered from a stored result (waited ones included)
+    misses: int = 0  #: first executions: claims won (reclaims included)
+    waits: int = 0  #: duplicates that waited for an in-flight original
+    conflicts: int = 0  #: every `conflict` answer (the four below)
+    in_flight: int = 0  #: ... the original still ran past the wait (or on_in_flight="error")
+    mismatches: int = 0  #: ... same call_id, different args
+    outcome_unknown: int = 0  #: ... a side-effecting original died before recording
+    result_unavailable: int = 0  #: ... the original's result was too large to keep
+    reclaims: int = 0  #: read-only calls re-run after their original's owner died
+    released: int = 0  #: claims given back (failures, cancellation): a replay re-runs
+    errors_cached: int = 0  #: terminal errors kept for replays (cache_errors = true)
+    oversized: int = 0  #: results too large to keep (a marker was stored instead)
+    store_errors: int = 0  #: state store failures seen (claim, completion, renewal)
+    fail_open: int = 0  #: calls run unprotected because the store failed (fail_open)
+    no_call_id: int = 0  #: calls without call_id (not de-duplicated)
+    exempt: int = 0  #: calls of exempt tools (no store access)
+    unencodable: int = 0  #: calls refused because an argument has no canonical encoding
+    lost_claims: int = 0  #: completions/renewals that found the claim gone or taken over
+    renewals: int = 0  #: lease renewals of long-running calls
+
+    def as_dict(self) -> dict[str, int]:
+        """The counters as a dict."""
+        return asdict(self)
+
+    def reset(self) -> None:
+        """Set every counter back to zero."""
+        for f in fields(self):
+            setattr(self, f.name, 0)
+
+
+@dataclass(slots=True, eq=False)
+class _Claim:
+    """A claim this process holds for one running call (in ``ctx.state``)."""
+
+    key: str
+    owner: str
+    pending: dict[str, Any]  # the pending record (renewals copy it with a new lease)
+    renewed_at: float  # kernel clock time of the claim or its last renewal
+    store: StateStore
+    clock: Callable[[], float]
+    finished: bool = False
+
+
+class _Renewer:
+    """The one background task (``kernel.spawn``) renewing this plugin's claims, on one loop."""
+
+    __slots__ = ("idle", "loop", "task", "wake")
+
+    def __init__(self, loop: object) -> None:
+        self.loop = loop
+        self.wake = anyio.Event()
+        self.idle = False
+        self.task: BackgroundTask | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.task is not None and not self.task.done
+
+
+# Bumped in every forked child, so owner ids are never shared with the parent
+# (cheaper than calling os.getpid() on every claim).
+_fork_generation = 0
+
+
+def _after_fork() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
+
+
+def _current_loop() -> object:
+    """The running asyncio loop, or the trio token (identifies the event loop)."""
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        return loop
+    import trio
+
+    return trio.lowlevel.current_trio_token()
+
+
+class IdempotencyPlugin:
+    """De-duplicates tool calls by ``call_id``: a replay returns the stored result.
+
+    Register it (``Kernel(plugins=[IdempotencyPlugin()])``) or enable it in
+    ``toolwire.toml`` (``[plugins.idempotency]``, see :class:`IdempotencyConfig`).
+    ``counters`` tells what it did. ``env`` (default ``os.environ``) supplies
+    ``TOOL_IDEMPOTENCY_ENABLED`` / ``TOOL_IDEMPOTENCY_TTL_SECS``.
+    """
+
+    name = "idempotency"
+    order = 200  # after profiling (100), before approval (300): replays skip approval
+    Config = IdempotencyConfig
+
+    def __init__(
+        self, config: IdempotencyConfig | None = None, *, env: Mapping[str, str] | None = None
+    ) -> None:
+        cfg = apply_env(config or IdempotencyConfig(), os.environ if env is None else env)
+        self.config = cfg
+        self.counters = IdempotencyCounters()
+        self._exempt = frozenset(cfg.exempt_tools)
+        self._read_only = frozenset(cfg.read_only_tools)
+        self._key_prefix = f"{cfg.prefix}:idempotency:"
+        self._renew_every = cfg.lease_secs / 4
+        # A claim must outlive its lease (a dead owner's claim is what makes a
+        # replay answer "outcome unknown"), even when ttl_secs is shorter.
+        self._pending_ttl = max(cfg.ttl_secs, 2 * cfg.lease_secs)
+        self._pid = -1  # the _fork_generation of _owner_base
+        self._owner_base = ""
+        self._seq = itertools.count(1)
+        self._active: dict[str, _Claim] = {}
+        self._renewer: _Renewer | None = None
+        self._kernel: Kernel | None = None
+
+    def __repr__(self) -> str:
+        return f"IdempotencyPlugin(enabled={self.config.enabled}, prefix={self.config.prefix!r})"
+
+    # ------------------------------------------------------------ public helpers
+    def key_for(self, tool: str, call_id: str, *, tenant: str | None = None) -> str:
+        """The state key of the record for (tenant, tool, call_id)."""
+        return self._key_prefix + record_hash(tenant, tool, call_id)
+
+    async def forget(
+        self,
+        tool: str,
+        call_id: str,
+        *,
+        tenant: str | None = None,
+        store: StateStore | None = None,
+    ) -> bool:
+        """Delete the record of one call (after settling an "outcome unknown" by hand).
+
+        The next call with that call_id runs again. True when a record was there.
+        ``store`` defaults to the state store of the kernel the plugin started with.
+        """
+        if store is None:
+            if self._kernel is None:
+                raise RuntimeError("forget() before startup: pass store=kernel.state")
+            store = self._kernel.state
+        return await store.delete(self.key_for(tool, call_id, tenant=tenant))
+
+    def is_read_only(self, tool: Tool) -> bool:
+        """Whether ``tool`` counts as read-only (``readOnlyHint`` or ``read_only_tools``)."""
+        return tool.annotations.readOnlyHint is True or tool.name in self._read_only
+
+    # -------------------------------------------------------------- lifecycle
+    @hookimpl
+    def startup(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        if self.config.enabled:
+            self._ensure_renewer(kernel)
+
+    @hookimpl
+    async def shutdown(self) -> None:
+        await self._stop_renewer()
+
+    # ------------------------------------------------------------------ hooks
+    @hookimpl
+    async def before_call(self, call: ToolCall, ctx: CallContext) -> ToolResult | None:
+        cfg = self.config
+        if not cfg.enabled:
+            return None
+        name = call.name
+        tool = ctx.tool
+        if name in self._exempt or (tool is not None and tool.settings.get("idempotency") is False):
+            self.counters.exempt += 1
+            return None
+        read_only = tool is not None and (
+            tool.annotations.readOnlyHint is True or name in self._read_only
+        )
+        if read_only and cfg.exempt_read_only:
+            self.counters.exempt += 1
+            return None
+        call_id = call.call_id
+        if call_id is None:
+            if cfg.require_call_id:
+                raise CallRejected(
+                    ErrorKind.INVALID_ARGS,
+                    f"tool {name!r} needs a call_id (plugins.idempotency.require_call_id = true); "
+                    "pass the tool call's id, the same one on every replay",
+                    details={"reason": "call_id_required"},
+                )
+            self.counters.no_call_id += 1
+            log.debug("tool %r called without call_id: not de-duplicated", name)
+            return None
+        try:
+            rec_hash, req = hashes(call.tenant, name, call_id, call.args)
+        except UnencodableArgumentError as exc:
+            self.counters.unencodable += 1
+            raise CallRejected(
+                ErrorKind.INVALID_ARGS,
+                f"tool {name!r}: argument {exc.path} ({exc.type_name}) has no canonical "
+                f"encoding for the idempotency key: {exc.reason}; nothing was run. Pass "
+                f"encodable values, or add {name!r} to plugins.idempotency.exempt_tools",
+                details={"reason": "unencodable_argument", "path": exc.path, "type": exc.type_name},
+            ) from None
+        key = self._key_prefix + rec_hash
+        kernel = ctx.kernel
+        store = kernel.state
+        now = kernel.clock.time()
+        pending = {
+            "s": PENDING,
+            "req": req,
+            "lease": now + cfg.lease_secs,
+            "at": now,
+            "ro": read_only,
+        }
+        owner = self._new_owner()
+        try:
+            try:  # _claim(), inlined: this is the path of every call
+                entry, created = await store.set_if_absent_or_get(
+                    key, pending, ttl=self._pending_ttl, owner=owner
+                )
+            except anyio.get_cancelled_exc_class():
+                await self._undo(store, key, owner)
+                raise
+            if created:
+                self._hold(ctx, key, owner, pending, now)
+                return None
+            value = entry.value
+            if type(value) is dict and value.get("s") == DONE and value.get("req") == req:
+                self.counters.hits += 1  # the replay path, without the general loop below
+                return self._replay(call, value, waited=False)
+            return await self._existing(call, ctx, key, req, read_only, pending, owner, entry)
+        except StateStoreError as exc:
+            return self._store_failed(call, store, exc)
+
+    @hookimpl
+    async def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
+        claim = ctx.state.get(STATE_KEY)
+        if claim is None:
+            return
+        del ctx.state[STATE_KEY]
+        claim.finished = True
+        self._active.pop(claim.owner, None)
+        store = claim.store
+        cfg = self.config
+        try:
+            if result.is_error:
+                err = result.error
+                if (
+                    not cfg.cache_errors
+                    or err is None
+                    or err.retryable
+                    or err.kind == ErrorKind.CANCELLED
+                    or not ctx.attempts  # the tool never ran: nothing to protect
+                ):
+                    await store.compare_and_delete(claim.key, expected_owner=claim.owner)
+                    self.counters.released += 1
+                    return
+            record = self._done_record(claim, result)
+            done = await store.compare_and_set(
+                claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
+            )
+        except StateStoreError as exc:
+            self.counters.store_errors += 1
+            log.warning(
+                "idempotency: could not record the outcome of tool %r call %r (%s); the caller "
+                "gets the result, and a replay after the lease (%gs) answers 'outcome unknown' "
+                "(read-only tools run again)",
+                call.name,
+                call.call_id,
+                exc,
+                cfg.lease_secs,
+            )
+            return
+        if done is None:
+            self.counters.lost_claims += 1
+            log.warning(
+                "idempotency: the claim of tool %r call %r was gone or taken over when its "
+                "result came (the lease lapsed, or the record was forgotten); result not stored",
+                call.name,
+                call.call_id,
+            )
+        elif result.is_error:
+            self.counters.errors_cached += 1
+
+    # ------------------------------------------------------------ internals
+    def _new_owner(self) -> str:
+        """A claim owner id unique across processes, hosts and time."""
+        if self._pid != _fork_generation:  # first use, or a forked child
+            self._pid = _fork_generation
+            self._owner_base = f"{os.getpid()}-{secrets.token_hex(8)}-"
+        return self._owner_base + str(next(self._seq))
+
+    async def _claim(
+        self, store: StateStore, key: str, pending: dict[str, Any], owner: str
+    ) -> tuple[Entry, bool]:
+        """Claim ``key`` or read what is there; a cancelled claim is taken back."""
+        try:
+            return await store.set_if_absent_or_get(
+                key, pending, ttl=self._pending_ttl, owner=owner
+            )
+        except anyio.get_cancelled_exc_class():
+            await self._undo(store, key, owner)
+            raise
+
+    async def _undo(self, store: StateStore, key: str, owner: str) -> None:
+        """Delete a claim we may have made when the call was cancelled mid-request."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            try:
+                await store.compare_and_delete(key, expected_owner=owner)
+            except StateStoreError:
+                pass
+
+    def _hold(
+        self, ctx: CallContext, key: str, owner: str, pending: dict[str, Any], now: float
+    ) -> None:
+        kernel = ctx.kernel
+        claim = _Claim(key, owner, pending, now, kernel.state, kernel.clock.time)
+        ctx.state[STATE_KEY] = claim
+        self._active[owner] = claim
+        self.counters.misses += 1
+        r = self._renewer
+        if r is None or r.loop is not _current_loop() or not r.alive:
+            r = self._ensure_renewer(kernel)
+        if r.idle:
+            r.idle = False
+            r.wake.set()
+
+    async def _existing(
+        self,
+        call: ToolCall,
+        ctx: CallContext,
+        key: str,
+        req: str,
+        read_only: bool,
+        pending: dict[str, Any],
+        owner: str,
+        entry: Entry | None,
+    ) -> ToolResult | None:
+        """Someone else's record is at ``key``: replay, wait, reclaim or refuse."""
+        cfg = self.config
+        store = ctx.kernel.state
+        clock = ctx.kernel.clock
+        deadline: float | None = None
+        while True:
+            if entry is None:  # released or expired while we waited: our turn
+                now = clock.time()
+                pending["lease"] = now + cfg.lease_secs
+                entry, created = await self._claim(store, key, pending, owner)
+                if created:
+                    self._hold(ctx, key, owner, pending, now)
+                    return None
+            value = entry.value
+            if type(value) is not dict or "req" not in value or "s" not in value:
+                raise CallRejected(
+                    ErrorKind.INTERNAL,
+                    f"state key {key!r} holds something that is not an idempotency record; "
+                    f"tool {call.name!r} was not run. Delete the key or change "
+                    "plugins.idempotency.prefix",
+                    details={"reason": "corrupt_record", "key": key},
+                )
+            if value["req"] != req:
+                self.counters.conflicts += 1
+                self.counters.mismatches += 1
+                raise CallRejected(
+                    ErrorKind.CONFLICT,
+                    f"call_id {call.call_id!r} was already used for tool {call.name!r} with "
+                    "different arguments; nothing was run and the stored result is kept. A "
+                    "replay must repeat the original arguments; a new call needs a new call_id",
+                    details={"reason": "payload_mismatch", "call_id": call.call_id},
+                )
+            state = value["s"]
+            if state == DONE:
+                self.counters.hits += 1
+                return self._replay(call, value, waited=deadline is not None)
+            if state == OVERSIZED:
+                self.counters.conflicts += 1
+                self.counters.result_unavailable += 1
+                raise CallRejected(
+                    ErrorKind.CONFLICT,
+                    f"tool {call.name!r} call {call.call_id!r} already ran, but its result "
+                    f"({value.get('size')} bytes) was larger than max_result_bytes "
+                    f"({value.get('limit')}) and was not kept; it is not run again. Use a new "
+                    "call_id to run it again, or raise plugins.idempotency.max_result_bytes",
+                    details={
+                        "reason": "result_unavailable",
+                        "call_id": call.call_id,
+                        "size": value.get("size"),
+                        "max_result_bytes": value.get("limit"),
+                        "started_at": value.get("at"),
+                    },
+                )
+            if state != PENDING:
+                raise CallRejected(
+                    ErrorKind.INTERNAL,
+                    f"idempotency record {key!r} has unknown state {state!r}; tool "
+                    f"{call.name!r} was not run (written by a newer toolwire-idempotency?)",
+                    details={"reason": "corrupt_record", "key": key},
+                )
+            now = clock.time()
+            lease = float(value["lease"])
+            if lease <= now:  # the owner stopped renewing: it died (or lost the store)
+                if read_only:
+                    pending["lease"] = now + cfg.lease_secs
+                    won = await self._reclaim(store, key, pending, owner, entry)
+                    if won is not None:
+                        self.counters.reclaims += 1
+                        self._hold(ctx, key, owner, pending, now)
+                        return None
+                    entry = await store.get_entry(key)
+                    continue
+                self.counters.conflicts += 1
+                self.counters.outcome_unknown += 1
+                raise CallRejected(
+                    ErrorKind.CONFLICT,
+                    f"outcome unknown: tool {call.name!r} call {call.call_id!r} started "
+                    "earlier, but whoever ran it stopped renewing its claim (the process "
+                    "died?) before recording a result; it may or may not have taken effect, "
+                    "so it is not run again. Check whether it took effect; to run it anyway, "
+                    "use a new call_id (or IdempotencyPlugin.forget())",
+                    details={
+                        "reason": "outcome_unknown",
+                        "call_id": call.call_id,
+                        "started_at": value.get("at"),
+                        "lease_expired_at": lease,
+                    },
+                )
+            if cfg.on_in_flight == "error":
+                raise self._in_flight(call, value, waited=0.0)
+            if deadline is None:
+                self.counters.waits += 1
+                deadline = anyio.current_time() + cfg.wait_secs
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                raise self._in_flight(call, value, waited=cfg.wait_secs)
+            # wake on any change of the record, and when its lease would lapse
+            timeout = min(remaining, lease - now + 0.01)
+            entry = await store.wait_for_change(key, version=entry.version, timeout=timeout)
+
+    async def _reclaim(
+        self,
+        store: StateStore,
+        key: str,
+        pending: dict[str, Any],
+        owner: str,
+        entry: Entry,
+    ) -> Entry | None:
+        """Take over a lapsed claim: compare-and-set on its owner and version."""
+        try:
+            return await store.compare_and_set(
+                key,
+                pending,
+                expected_version=entry.version,
+                expected_owner=entry.owner,
+                ttl=self._pending_ttl,
+                owner=owner,
+            )
+        except anyio.get_cancelled_exc_class():
+            await self._undo(store, key, owner)
+            raise
+
+    def _in_flight(self, call: ToolCall, value: dict[str, Any], waited: float) -> CallRejected:
+        self.counters.conflicts += 1
+        self.counters.in_flight += 1
+        how = "is still running" if not waited else f"was still running after {waited:g}s"
+        return CallRejected(
+            ErrorKind.CONFLICT,
+            f"tool {call.name!r} call {call.call_id!r} {how} elsewhere; retry later to get "
+            "its result (it is never run twice)",
+            retryable=True,
+            retry_after_s=max(1.0, min(self.config.lease_secs, 5.0)),
+            details={"reason": "in_flight", "call_id": call.call_id, "started_at": value.get("at")},
+        )
+
+    def _replay(self, call: ToolCall, value: dict[str, Any], waited: bool) -> ToolResult:
+        extra = {STATE_KEY: {"replayed": True, "waited": waited, "completed_at": value.get("end")}}
+        meta = ResultMeta(
+            call_id=call.call_id,
+            tool=call.name,
+            duration_ms=value.get("d") or 0.0,
+            replayed=True,
+            served_by=value.get("by"),
+            approval=value.get("ap"),
+            started_at=value.get("at"),
+            extra=extra,
+        )
+        e = value.get("e")
+        if e is None:
+            return ToolResult(content=value["c"], meta=meta)
+        info = ErrorInfo(
+            kind=e.get("kind") or ErrorKind.INTERNAL,
+            message=e.get("message") or "",
+            retryable=bool(e.get("retryable")),
+            retry_after_s=e.get("retry_after_s"),
+            source=e.get("source"),
+            details=e.get("details") or {},
+        )
+        return ToolResult(content=value["c"], is_error=True, error=info, meta=meta)
+
+    def _done_record(self, claim: _Claim, result: ToolResult) -> dict[str, Any]:
+        meta = result.meta
+        base = {
+            "req": claim.pending["req"],
+            "at": meta.started_at,
+            "d": meta.duration_ms,
+            "end": claim.clock(),
+        }
+        limit = self.config.max_result_bytes
+        try:
+            size = len(json.dumps(result.content, separators=_JSON_SEPARATORS, allow_nan=False))
+        except (TypeError, ValueError, RecursionError):
+            size = -1  # not JSON: cannot be kept either
+        if size < 0 or size > limit:
+            self.counters.oversized += 1
+            log.info(
+                "idempotency: result of tool %r is %s; a replay will get 'result unavailable'",
+                meta.tool,
+                f"{size} bytes (max_result_bytes = {limit})" if size >= 0 else "not JSON",
+            )
+            return {"s": OVERSIZED, **base, "size": size, "limit": limit}
+        record = {"s": DONE, **base, "c": result.content, "by": meta.served_by}
+        if result.is_error and result.error is not None:
+            record["e"] = result.error.to_dict()
+        if meta.approval is not None:
+            record["ap"] = meta.approval
+        return record
+
+    def _store_failed(
+        self, call: ToolCall, store: StateStore, exc: StateStoreError
+    ) -> ToolResult | None:
+        self.counters.store_errors += 1
+        if self.config.on_store_error == "fail_open":
+            self.counters.fail_open += 1
+            log.warning(
+                "idempotency: state store failed (%s); running tool %r call %r WITHOUT "
+                "de-duplication (on_store_error = 'fail_open')",
+                exc,
+                call.name,
+                call.call_id,
+            )
+            return None
+        raise CallRejected(
+            ErrorKind.UNAVAILABLE,
+            f"the idempotency state store failed ({exc}); tool {call.name!r} was not run, so "
+            "it cannot run twice. Retry when the store is back, or set "
+            "plugins.idempotency.on_store_error = 'fail_open' to run unprotected",
+            retryable=True,
+            details={"reason": "store_error", "backend": store.backend},
+        )
+
+    # ----------------------------------------------------------- renewals
+    def _ensure_renewer(self, kernel: Kernel) -> _Renewer:
+        """The renewal task of the running event loop (spawned on ``kernel`` if needed).
+
+        ``kernel.close()`` cancels it (and so does this plugin's ``shutdown``).
+        A task left on an event loop that has ended is simply replaced.
+        """
+        loop = _current_loop()
+        r = self._renewer
+        if r is not None and r.loop is loop and r.alive:
+            return r
+        r = self._renewer = _Renewer(loop)
+        r.task = kernel.spawn(self._renew_loop, r, name="toolwire-idempotency-renewer")
+        return r
+
+    async def _stop_renewer(self) -> None:
+        r, self._renewer = self._renewer, None
+        if r is not None and r.task is not None and r.loop is _current_loop():
+            await r.task.cancel()
+
+    async def _renew_loop(self, r: _Renewer) -> None:
+        """Renew the leases of running calls; sleeps while there are none."""
+        while True:
+            if not self._active:
+                r.wake = anyio.Event()
+                r.idle = True
+                await r.wake.wait()
+                continue
+            await anyio.sleep(self._renew_every)
+            due = [
+                c
+                for c in list(self._active.values())
+                if not c.finished and c.clock() - c.renewed_at >= self._renew_every
+            ]
+            if due:
+                async with anyio.create_task_group() as tg:
+                    for claim in due:
+                        tg.start_soon(self._renew, claim)
+
+    async def _renew(self, claim: _Claim) -> None:
+        now = claim.clock()
+        value = {**claim.pending, "lease": now + self.config.lease_secs}
+        try:
+            with anyio.move_on_after(self._renew_every):
+                renewed = await claim.store.compare_and_set(
+                    claim.key,
+                    value,
+                    expected_owner=claim.owner,
+                    owner=claim.owner,
+                    ttl=self._pending_ttl,
+                )
+                if renewed is not None:
+                    claim.pending = value
+                    claim.renewed_at = now
+                    self.counters.renewals += 1
+                elif not claim.finished:
+                    self._active.pop(claim.owner, None)
+                    self.counters.lost_claims += 1
+                    log.warning(
+                        "idempotency: lost the claim %s while the tool still ran (its lease "
+                        "lapsed and another caller took it, or it was forgotten)",
+                        claim.key,
+                    )
+        except StateStoreError as exc:
+            self.counters.store_errors += 1
+            log.warning("idempotency: could not renew the claim %s: %s", claim.key, exc)

@@ -1,0 +1,554 @@
+"""The plugin's behaviour, on memory, SQLite and a real Redis (the ``env`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import anyio
+import pytest
+
+from toolwire import CallContext, Tool, ToolError, ToolResult, hookimpl
+from toolwire.testing import FakeTool, RecordingPlugin
+from toolwire_idempotency import IdempotencyPlugin
+
+from .conftest import CountingStore, Env, counting_tool
+
+pytestmark = pytest.mark.anyio
+
+SCHEMA = {"type": "object", "properties": {}, "additionalProperties": True}
+
+
+# -- first call, replay, round trips -------------------------------------------------
+
+
+async def test_replay_returns_the_stored_result_and_never_runs_twice(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+        first = await kernel.call("send", {"to": "a"}, call_id="c1")
+        again = await kernel.call("send", {"to": "a"}, call_id="c1")
+        third = await kernel.call("send", {"to": "a"}, call_id="c1")
+    assert len(runs) == 1
+    assert not first.is_error and not first.meta.replayed
+    for replay in (again, third):
+        assert replay.content == first.content == {"run": 1, "args": {"to": "a"}}
+        assert replay.meta.replayed is True
+        assert replay.meta.started_at == first.meta.started_at
+        assert replay.meta.duration_ms == pytest.approx(first.meta.duration_ms)
+        assert replay.meta.served_by == "send"
+        assert replay.meta.call_id == "c1" and replay.meta.tool == "send"
+        assert replay.meta.attempts == []  # nothing ran now
+        assert replay.meta.extra["idempotency"]["replayed"] is True
+    assert plugin.counters.misses == 1 and plugin.counters.hits == 2
+
+
+async def test_hit_is_one_store_operation_and_first_call_two(env: Env) -> None:
+    tool, _ = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        await kernel.call("send", {"x": 1}, call_id="c1")
+        assert store.ops == ["set_if_absent_or_get", "compare_and_set"]  # claim + complete
+        store.ops.clear()
+        await kernel.call("send", {"x": 1}, call_id="c1")
+        assert store.ops == ["set_if_absent_or_get"]  # the replay: one round trip
+
+
+@pytest.mark.parametrize("value", [0, False, "", [], {}, None, 0.0], ids=repr)
+async def test_falsy_results_are_replayed_exactly(env: Env, value: Any) -> None:
+    tool, runs = counting_tool(result=lambda args: value)
+    async with env.kernel([tool], [env.plugin()]) as kernel:
+        first = await kernel.call("send", {}, call_id="f")
+        replay = await kernel.call("send", {}, call_id="f")
+    assert len(runs) == 1
+    assert replay.meta.replayed
+    assert replay.content == first.content
+    assert json.dumps(replay.content) == json.dumps(first.content)  # types kept: 0 vs false vs 0.0
+
+
+async def test_stored_record_is_the_result_json(env: Env) -> None:
+    content = {"nested": {"list": [1, 2.5, "x", None, True]}, "empty": "", "zero": 0}
+    tool, _ = counting_tool(result=content)
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+        await kernel.call("send", {"a": 1}, call_id="j", tenant="acme")
+        entry = await kernel.state.get_entry(plugin.key_for("send", "j", tenant="acme"))
+        replay = await kernel.call("send", {"a": 1}, call_id="j", tenant="acme")
+    assert entry is not None
+    assert entry.key == f"{env.prefix}:idempotency:{entry.key.rsplit(':', 1)[1]}"
+    assert len(entry.key.rsplit(":", 1)[1]) == 64  # sha256 hex
+    assert entry.value["s"] == "done" and entry.value["c"] == content
+    assert entry.owner is None  # completion cleared the claim's owner
+    assert replay.content == content
+
+
+async def test_distinct_tenant_tool_or_call_id_run_separately(env: Env) -> None:
+    send, send_runs = counting_tool("send")
+    other, other_runs = counting_tool("other")
+    async with env.kernel([send, other], [env.plugin()]) as kernel:
+        await kernel.call("send", {"a": 1}, call_id="c")
+        await kernel.call("send", {"a": 1}, call_id="c", tenant="t1")
+        await kernel.call("send", {"a": 1}, call_id="c", tenant="t2")
+        await kernel.call("send", {"a": 1}, call_id="d")
+        await kernel.call("other", {"a": 1}, call_id="c")
+        for _ in range(2):  # and each of them replays
+            await kernel.call("send", {"a": 1}, call_id="c", tenant="t1")
+            await kernel.call("other", {"a": 1}, call_id="c")
+    assert len(send_runs) == 4 and len(other_runs) == 1
+
+
+# -- payload mismatch, mutation, unencodable args --------------------------------------
+
+
+async def test_same_call_id_different_args_is_a_conflict_and_nothing_runs(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+        first = await kernel.call("send", {"amount": 10}, call_id="pay-1")
+        key = plugin.key_for("send", "pay-1")
+        before = await kernel.state.get_entry(key)
+        bad = await kernel.call("send", {"amount": 1000}, call_id="pay-1")
+        after = await kernel.state.get_entry(key)
+        replay = await kernel.call("send", {"amount": 10}, call_id="pay-1")
+    assert len(runs) == 1
+    assert bad.is_error and bad.error is not None
+    assert bad.error.kind == "conflict" and bad.error.retryable is False
+    assert bad.error.details["reason"] == "payload_mismatch"
+    assert bad.error.source == "idempotency"
+    assert "different arguments" in bad.error.message
+    assert after == before  # the stored record is untouched (same version)
+    assert replay.meta.replayed and replay.content == first.content
+    assert plugin.counters.mismatches == 1 and plugin.counters.conflicts == 1
+
+
+async def test_a_tool_mutating_its_args_cannot_move_its_record(env: Env) -> None:
+    def mutate(args: dict[str, Any]) -> dict[str, Any]:
+        args["items"].append("added-by-tool")
+        args["extra"] = True
+        del args["to"]
+        return {"ok": True}
+
+    tool, runs = counting_tool(result=mutate)
+    async with env.kernel([tool], [env.plugin()]) as kernel:
+        first = await kernel.call("send", {"to": "a", "items": [1]}, call_id="m")
+        replay = await kernel.call("send", {"to": "a", "items": [1]}, call_id="m")
+    assert len(runs) == 1
+    assert not first.is_error
+    assert replay.meta.replayed and not replay.is_error
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=str)
+async def test_nan_or_infinity_in_args_is_refused_before_anything_runs(
+    env: Env, bad: float
+) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        result = await kernel.call("send", {"deep": [{"x": bad}]}, call_id="n")
+        assert kernel.state.ops == []  # type: ignore[attr-defined]
+    assert runs == []
+    assert result.error is not None and result.error.kind == "invalid_args"
+    assert result.error.details["reason"] == "unencodable_argument"
+    assert result.error.details["path"] == "args['deep'][0]['x']"
+    assert plugin.counters.unencodable == 1
+
+
+async def test_an_unencodable_type_is_refused_before_anything_runs(env: Env) -> None:
+    runs: list[Any] = []
+
+    async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+        runs.append(args)
+        return {}
+
+    tool = Tool(
+        name="odd",
+        description="a tool whose validator produces an object",
+        input_schema=SCHEMA,
+        executor=executor,
+        validator=lambda args: {"handle": object()},
+    )
+    async with env.kernel([tool], [env.plugin()]) as kernel:
+        result = await kernel.call("odd", {}, call_id="o")
+    assert runs == []
+    assert result.error is not None and result.error.kind == "invalid_args"
+    assert result.error.details["type"] == "object"
+    assert "exempt_tools" in result.error.message
+
+
+# -- call ids, exemptions, switches --------------------------------------------------
+
+
+async def test_without_call_id_every_call_runs_and_is_counted(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        await kernel.call("send", {"a": 1})
+        await kernel.call("send", {"a": 1})
+        assert kernel.state.ops == []  # type: ignore[attr-defined]
+    assert len(runs) == 2
+    assert plugin.counters.no_call_id == 2
+
+
+async def test_require_call_id_makes_a_missing_one_an_error(env: Env) -> None:
+    tool, runs = counting_tool()
+    async with env.kernel([tool], [env.plugin(require_call_id=True)]) as kernel:
+        result = await kernel.call("send", {"a": 1})
+    assert runs == []
+    assert result.error is not None and result.error.kind == "invalid_args"
+    assert "call_id" in result.error.message
+
+
+async def test_exempt_tools_cause_zero_store_operations(env: Env) -> None:
+    ping, ping_runs = counting_tool("ping")
+    search, search_runs = counting_tool("search", read_only=True)
+    send, send_runs = counting_tool("send")
+    plugin = env.plugin(exempt_tools=["ping"], exempt_read_only=True)
+    async with env.kernel([ping, search, send], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        for _ in range(3):
+            await kernel.call("ping", {}, call_id="same")
+            await kernel.call("search", {"q": "x"}, call_id="same")
+        assert store.ops == []
+        await kernel.call("send", {}, call_id="same")  # not exempt
+        assert store.ops == ["set_if_absent_or_get", "compare_and_set"]
+    assert (len(ping_runs), len(search_runs), len(send_runs)) == (3, 3, 1)
+    assert plugin.counters.exempt == 6
+
+
+async def test_read_only_tools_are_deduplicated_unless_exempted(env: Env) -> None:
+    search, runs = counting_tool("search", read_only=True)
+    async with env.kernel([search], [env.plugin()]) as kernel:
+        await kernel.call("search", {"q": "x"}, call_id="s")
+        replay = await kernel.call("search", {"q": "x"}, call_id="s")
+    assert len(runs) == 1 and replay.meta.replayed
+
+
+async def test_disabled_by_environment_variable(env: Env) -> None:
+    from toolwire_idempotency import IdempotencyConfig
+
+    tool, runs = counting_tool()
+    plugin = IdempotencyPlugin(
+        IdempotencyConfig(prefix=env.prefix), env={"TOOL_IDEMPOTENCY_ENABLED": "false"}
+    )
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        await kernel.call("send", {}, call_id="c")
+        await kernel.call("send", {}, call_id="c")
+        assert kernel.state.ops == []  # type: ignore[attr-defined]
+    assert len(runs) == 2
+
+
+# -- failures ----------------------------------------------------------------------
+
+
+async def test_retryable_failure_releases_the_claim(env: Env) -> None:
+    outcomes: list[Any] = [ToolError("busy", kind="unavailable"), {"ok": True}]
+
+    class Classify:
+        name, order = "classify", 400
+
+        @hookimpl
+        def on_error(self, error: Any) -> None:
+            error.retryable = error.kind == "unavailable"
+
+    tool, runs = counting_tool(result=lambda args: _next(outcomes))
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin, Classify()]) as kernel:
+        failed = await kernel.call("send", {}, call_id="r")
+        assert failed.is_error and failed.error is not None and failed.error.retryable
+        entry = await kernel.state.get_entry(plugin.key_for("send", "r"))
+        assert entry is None  # released
+        ok = await kernel.call("send", {}, call_id="r")  # the replay re-runs
+        replay = await kernel.call("send", {}, call_id="r")
+    assert len(runs) == 2
+    assert not ok.is_error and not ok.meta.replayed
+    assert replay.meta.replayed and replay.content == {"ok": True}
+    assert plugin.counters.released == 1
+
+
+def _next(outcomes: list[Any]) -> Any:
+    item = outcomes.pop(0)
+    if isinstance(item, BaseException):
+        raise item
+    return item
+
+
+@pytest.mark.parametrize("cache_errors", [False, True])
+async def test_terminal_failure_is_released_unless_cache_errors(
+    env: Env, cache_errors: bool
+) -> None:
+    tool, runs = counting_tool(
+        result=ToolError("card declined", kind="tool_error", details={"code": 51})
+    )
+    plugin = env.plugin(cache_errors=cache_errors)
+    async with env.kernel([tool], [plugin]) as kernel:
+        first = await kernel.call("send", {}, call_id="t")
+        second = await kernel.call("send", {}, call_id="t")
+    assert first.is_error and second.is_error
+    if cache_errors:
+        assert len(runs) == 1
+        assert second.meta.replayed
+        assert second.error is not None and first.error is not None
+        assert second.error.to_dict() == first.error.to_dict()
+        assert second.content == first.content
+        assert plugin.counters.errors_cached == 1
+    else:
+        assert len(runs) == 2
+        assert not second.meta.replayed
+        assert plugin.counters.released == 2
+
+
+async def test_retryable_errors_are_never_cached(env: Env) -> None:
+    tool, runs = counting_tool(result=ToolError("slow down", kind="rate_limit"))
+
+    class Classify:
+        name, order = "classify", 400
+
+        @hookimpl
+        def on_error(self, error: Any) -> None:
+            error.retryable = True
+
+    async with env.kernel([tool], [env.plugin(cache_errors=True), Classify()]) as kernel:
+        await kernel.call("send", {}, call_id="rl")
+        await kernel.call("send", {}, call_id="rl")
+    assert len(runs) == 2
+
+
+async def test_cancellation_is_never_recorded_and_releases_the_claim(env: Env) -> None:
+    gate = anyio.Event()
+    tool, runs = counting_tool(gate=gate)
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+
+        async def call() -> None:
+            await kernel.call("send", {}, call_id="cx")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while not runs:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert await kernel.state.get_entry(plugin.key_for("send", "cx")) is None
+        gate.set()
+        again = await kernel.call("send", {}, call_id="cx")
+    assert len(runs) == 2 and not again.meta.replayed and not again.is_error
+    assert plugin.counters.released == 1
+
+
+async def test_oversized_result_leaves_a_marker_and_replays_get_an_error(env: Env) -> None:
+    tool, runs = counting_tool(result={"blob": "x" * 500})
+    plugin = env.plugin(max_result_bytes=100)
+    async with env.kernel([tool], [plugin]) as kernel:
+        first = await kernel.call("send", {}, call_id="big")
+        replay = await kernel.call("send", {}, call_id="big")
+        entry = await kernel.state.get_entry(plugin.key_for("send", "big"))
+    assert len(runs) == 1
+    assert first.content == {"blob": "x" * 500}  # the first caller still gets it
+    assert replay.is_error and replay.error is not None
+    assert replay.error.kind == "conflict" and not replay.error.retryable
+    assert replay.error.details["reason"] == "result_unavailable"
+    assert replay.error.details["max_result_bytes"] == 100
+    assert entry is not None and entry.value["s"] == "oversized" and "c" not in entry.value
+    assert plugin.counters.oversized == 1 and plugin.counters.result_unavailable == 1
+
+
+async def test_store_failure_fail_closed_refuses_and_runs_nothing(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        kernel.state.fail = {"set_if_absent_or_get"}  # type: ignore[attr-defined]
+        result = await kernel.call("send", {}, call_id="s")
+    assert runs == []
+    assert result.error is not None and result.error.kind == "unavailable"
+    assert result.error.retryable is True
+    assert result.error.details == {"reason": "store_error", "backend": env.name}
+    assert "injected failure" in result.error.message
+    assert plugin.counters.store_errors == 1 and plugin.counters.fail_open == 0
+
+
+async def test_store_failure_fail_open_runs_unprotected_and_counts(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin(on_store_error="fail_open")
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        kernel.state.fail = {"set_if_absent_or_get"}  # type: ignore[attr-defined]
+        first = await kernel.call("send", {}, call_id="s")
+        second = await kernel.call("send", {}, call_id="s")
+        assert "compare_and_set" not in kernel.state.ops  # type: ignore[attr-defined]
+    assert len(runs) == 2 and not first.is_error and not second.is_error
+    assert plugin.counters.fail_open == 2
+
+
+async def test_failing_to_save_the_result_still_returns_it(env: Env) -> None:
+    tool, runs = counting_tool(result={"charged": 10})
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        kernel.state.fail = {"compare_and_set"}  # type: ignore[attr-defined]
+        result = await kernel.call("send", {}, call_id="save")
+        kernel.state.fail = set()  # type: ignore[attr-defined]
+        entry = await kernel.state.get_entry(plugin.key_for("send", "save"))
+    assert result.content == {"charged": 10} and not result.is_error
+    assert result.meta.plugin_errors == []
+    assert len(runs) == 1
+    assert plugin.counters.store_errors == 1
+    assert entry is not None and entry.value["s"] == "pending"  # outcome unknown after the lease
+
+
+# -- plugins around it -------------------------------------------------------------
+
+
+async def test_replay_skips_later_plugins_but_every_after_call_sees_it(env: Env) -> None:
+    log: list[tuple[str, str, str]] = []
+    seen: list[tuple[str, bool]] = []
+
+    class SeeResults:
+        name, order = "see", 100  # like profiling: outside idempotency
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            seen.append(("see", result.meta.replayed))
+
+    tool, runs = counting_tool()
+    plugins = [
+        RecordingPlugin("profiling-like", 100, log),
+        RecordingPlugin("approval-like", 300, log),
+        SeeResults(),
+        env.plugin(),
+    ]
+    async with env.kernel([tool], plugins) as kernel:
+        await kernel.call("send", {}, call_id="p")
+        first_log = list(log)
+        log.clear()
+        await kernel.call("send", {}, call_id="p")
+    assert len(runs) == 1
+    assert ("approval-like", "before_call", "send") in first_log
+    assert log == [
+        ("profiling-like", "before_call", "send"),
+        ("approval-like", "after_call", "send"),  # after_call runs for every plugin...
+        ("profiling-like", "after_call", "send"),
+    ]  # ...but approval's before_call did not: a replay is never approved again
+    assert seen == [("see", False), ("see", True)]
+
+
+async def test_audit_plugin_records_the_replay(env: Env, tmp_path: Any) -> None:
+    from toolwire_audit import AuditConfig, AuditPlugin
+
+    path = tmp_path / "audit.jsonl"
+    tool, _ = counting_tool()
+    audit = AuditPlugin(AuditConfig(path=str(path)))
+    async with env.kernel([tool], [audit, env.plugin()]) as kernel:
+        first = await kernel.call("send", {}, call_id="a1")
+        await kernel.call("send", {}, call_id="a1")
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["replayed"] for line in lines] == [False, True]
+    assert lines[1]["ts"] == first.meta.started_at  # the original timestamp
+    assert lines[1]["attempts"] == 0
+
+
+async def test_approval_recorded_on_the_first_call_is_replayed(env: Env) -> None:
+    class Approve:
+        name, order = "approval", 300
+        asked = 0
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            Approve.asked += 1
+            ctx.meta.approval = {"by": "alice", "decision": "approved"}
+
+    tool, _ = counting_tool()
+    async with env.kernel([tool], [Approve(), env.plugin()]) as kernel:
+        await kernel.call("send", {}, call_id="ap")
+        replay = await kernel.call("send", {}, call_id="ap")
+    assert Approve.asked == 1
+    assert replay.meta.approval == {"by": "alice", "decision": "approved"}
+
+
+async def test_denied_call_is_released_even_with_cache_errors(env: Env) -> None:
+    from toolwire import CallRejected
+
+    class Deny:
+        name, order = "approval", 300
+        deny = True
+
+        @hookimpl
+        def before_call(self) -> None:
+            if Deny.deny:
+                raise CallRejected("denied", "not now")
+
+    tool, runs = counting_tool()
+    async with env.kernel([tool], [Deny(), env.plugin(cache_errors=True)]) as kernel:
+        denied = await kernel.call("send", {}, call_id="d")
+        Deny.deny = False
+        ok = await kernel.call("send", {}, call_id="d")
+    assert denied.error is not None and denied.error.kind == "denied"
+    assert not ok.is_error and len(runs) == 1
+
+
+# -- TTL ---------------------------------------------------------------------------
+
+
+async def test_ttl_boundary_follows_the_kernel_clock(env: Env) -> None:
+    tool, runs = counting_tool()
+    if env.clock is None:  # Redis expires records on the server's clock: real time, smaller
+        ttl, before, after = 0.6, 0.4, 0.35
+    else:  # memory/SQLite follow the kernel's (fake) clock: exact boundary
+        ttl, before, after = 100.0, 99.9, 0.2
+    plugin = env.plugin(ttl_secs=ttl)
+    async with env.kernel([tool], [plugin]) as kernel:
+        await kernel.call("send", {}, call_id="ttl")
+        if env.clock is not None:
+            env.clock.advance(before)
+        else:
+            await anyio.sleep(before)
+        assert (await kernel.call("send", {}, call_id="ttl")).meta.replayed
+        if env.clock is not None:
+            env.clock.advance(after)  # 100.1 s after completion: expired
+        else:
+            await anyio.sleep(after)
+        fresh = await kernel.call("send", {}, call_id="ttl")
+        assert not fresh.meta.replayed
+        assert (await kernel.call("send", {}, call_id="ttl")).meta.replayed
+    assert len(runs) == 2
+
+
+async def test_ttl_from_the_environment_on_real_time(env: Env) -> None:
+    from toolwire_idempotency import IdempotencyConfig
+
+    if env.clock is not None:
+        env.clock = None  # real time for this one
+    tool, runs = counting_tool()
+    plugin = IdempotencyPlugin(
+        IdempotencyConfig(prefix=env.prefix), env={"TOOL_IDEMPOTENCY_TTL_SECS": "0.3"}
+    )
+    assert plugin.config.ttl_secs == 0.3
+    async with env.kernel([tool], [plugin]) as kernel:
+        await kernel.call("send", {}, call_id="rt")
+        assert (await kernel.call("send", {}, call_id="rt")).meta.replayed
+        await anyio.sleep(0.45)
+        assert not (await kernel.call("send", {}, call_id="rt")).meta.replayed
+    assert len(runs) == 2
+
+
+# -- forget ------------------------------------------------------------------------
+
+
+async def test_forget_lets_the_call_run_again(env: Env) -> None:
+    tool, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+        await kernel.call("send", {}, call_id="fg", tenant="x")
+        assert await plugin.forget("send", "fg", tenant="x") is True
+        assert await plugin.forget("send", "fg", tenant="x") is False
+        await kernel.call("send", {}, call_id="fg", tenant="x")
+    assert len(runs) == 2
+
+
+async def test_fake_tool_from_the_test_kit(env: Env) -> None:
+    fake = FakeTool(name="kit", script=[{"n": 1}, {"n": 2}])
+    async with env.kernel([fake.tool], [env.plugin()]) as kernel:
+        a = await kernel.call("kit", {"q": 1}, call_id="k")
+        b = await kernel.call("kit", {"q": 1}, call_id="k")
+    assert a.content == b.content == {"n": 1} and len(fake.calls) == 1

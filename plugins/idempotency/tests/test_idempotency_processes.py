@@ -1,0 +1,165 @@
+"""Across processes (SQLite file, Redis): concurrent replays and a SIGKILLed owner.
+
+Children are real processes started with ``spawn``; each builds its own Kernel
+on the same state URL and runs ``_idem_worker.py`` (via ``runpy``).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import runpy
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+
+from .conftest import delete_prefix, redis_url
+
+WORKER = str(Path(__file__).with_name("_idem_worker.py"))
+RUN_NAME = "__toolwire_idempotency_worker__"
+PROCESSES = 4
+TASKS_PER_PROCESS = 10
+PARENT_TASKS = 50
+
+worker = runpy.run_path(WORKER, run_name="idem_worker_in_parent")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def shared(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """(state URL shared by the processes, key prefix of this test)."""
+    prefix = f"p{uuid.uuid4().hex[:12]}"
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/shared/state.db", prefix
+        return
+    url = redis_url()
+    try:
+        yield url, prefix
+    finally:
+        delete_prefix(url, prefix)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def spawn(ctx: Any, **args: Any) -> Any:
+    process = ctx.Process(
+        target=runpy.run_path,
+        args=(WORKER,),
+        kwargs={"run_name": RUN_NAME, "init_globals": {"ARGS": args}},
+        daemon=True,
+    )
+    process.start()
+    return process
+
+
+def executions(runs_file: Path) -> list[str]:
+    return runs_file.read_text().split() if runs_file.exists() else []
+
+
+@pytest.mark.anyio
+async def test_tasks_and_processes_replaying_one_call_run_it_once(
+    shared: tuple[str, str], tmp_path: Path
+) -> None:
+    url, prefix = shared
+    runs_file = tmp_path / "runs.txt"
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(PROCESSES + 1)
+    results = ctx.Queue()
+    procs = [
+        spawn(
+            ctx,
+            mode="replay",
+            url=url,
+            prefix=prefix,
+            runs_file=str(runs_file),
+            tasks=TASKS_PER_PROCESS,
+            barrier=barrier,
+            results=results,
+        )
+        for _ in range(PROCESSES)
+    ]
+    seen: list[tuple[Any, bool, bool]] = []
+    try:
+        kernel = worker["kernel_for"](url, prefix, str(runs_file), read_only=False, delay=0.5)
+        async with kernel:
+            await anyio.to_thread.run_sync(barrier.wait, 60)
+
+            async def one() -> None:
+                r = await kernel.call("charge", {"amount": 42}, call_id="replayed-call")
+                seen.append((r.content, r.meta.replayed, r.is_error))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(PARENT_TASKS):
+                        tg.start_soon(one)
+        for _ in procs:
+            seen.extend(await anyio.to_thread.run_sync(results.get, True, 60))
+        for p in procs:
+            p.join(timeout=30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+
+    assert len(executions(runs_file)) == 1  # exactly one execution, in one process
+    assert len(seen) == PARENT_TASKS + PROCESSES * TASKS_PER_PROCESS
+    assert not any(is_error for _, _, is_error in seen), seen
+    assert len({repr(content) for content, _, _ in seen}) == 1  # everyone got the same result
+    assert sum(not replayed for _, replayed, _ in seen) == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("read_only", [True, False], ids=["read-only", "side-effecting"])
+async def test_owner_killed_between_running_and_storing(
+    shared: tuple[str, str], tmp_path: Path, read_only: bool
+) -> None:
+    url, prefix = shared
+    runs_file = tmp_path / "runs.txt"
+    ctx = multiprocessing.get_context("spawn")
+    child = spawn(
+        ctx, mode="die", url=url, prefix=prefix, runs_file=str(runs_file), read_only=read_only
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not executions(runs_file):
+            assert time.monotonic() < deadline, "the child never ran the tool"
+            assert child.is_alive(), f"the child died early ({child.exitcode})"
+            await anyio.sleep(0.02)
+        await anyio.sleep(0.3)  # it renewed its lease meanwhile
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(timeout=30)
+        assert child.exitcode == -signal.SIGKILL
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert len(executions(runs_file)) == 1
+
+    kernel = worker["kernel_for"](url, prefix, str(runs_file), lease_secs=0.5, read_only=read_only)
+    async with kernel:
+        # the lease (0.5 s) has not lapsed yet: the replay waits for the dead
+        # owner, sees the lease lapse, and only then decides
+        start = anyio.current_time()
+        first = await kernel.call("charge", {"amount": 42}, call_id="killed-call")
+        assert anyio.current_time() - start < 5
+        second = await kernel.call("charge", {"amount": 42}, call_id="killed-call")
+
+    if read_only:
+        assert len(executions(runs_file)) == 2  # re-executed exactly once
+        assert not first.is_error and not first.meta.replayed
+        assert second.meta.replayed and second.content == first.content
+    else:
+        assert len(executions(runs_file)) == 1  # never re-run silently
+        for result in (first, second):
+            assert result.error is not None and result.error.kind == "conflict"
+            assert result.error.details["reason"] == "outcome_unknown"
+            assert not result.error.retryable
