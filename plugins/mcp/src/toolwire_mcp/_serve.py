@@ -32,9 +32,14 @@ from fastmcp.server.dependencies import FastMCPRequestContext
 from fastmcp.server.providers import Provider
 from fastmcp.tools import Tool as MCPTool
 from fastmcp.tools import ToolResult as MCPToolResult
+from fastmcp.tools.base import InputRequiredToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import PrivateAttr
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import BaseRoute, Match
+from starlette.types import Receive, Scope, Send
 
 import toolwire
 from toolwire import ConfigError, ErrorKind, Kernel, Tool, ToolResult
@@ -43,13 +48,23 @@ from ._config import ServeConfig, resolve_auth_token
 from ._convert import CALL_ID_META_KEY, render_text, result_meta
 
 __all__ = [
+    "ELICIT_EXTENSION",
+    "INPUT_REQUIRED",
     "BearerTokenVerifier",
     "KernelProvider",
     "KernelTool",
+    "MCPElicitation",
     "ServeGate",
     "create_server",
+    "plugin_http_routes",
     "run_server",
 ]
+
+#: ``ctx.extensions`` key under which ``KernelTool.run`` offers MCP elicitation.
+ELICIT_EXTENSION = "mcp.elicit"
+#: Error kind a plugin ends a call with after ``MCPElicitation.ask`` deferred a question
+#: (2026-07-28 connections): the client gets an ``InputRequiredResult`` and retries.
+INPUT_REQUIRED = "input_required"
 
 log = logging.getLogger("toolwire.serve")
 
@@ -130,6 +145,100 @@ def _progress_sender(
     return send
 
 
+class MCPElicitation:
+    """``ctx.extensions["mcp.elicit"]``: ask the MCP client's user (form elicitation).
+
+    Offered by ``KernelTool.run`` when the client declared the elicitation
+    capability. ``mode`` is ``"push"`` on handshake-era connections: ``ask``
+    sends ``elicitation/create`` and waits for the answer. On 2026-07-28
+    connections (no server-to-client requests) it is ``"input_required"``:
+    ``ask`` returns the answer the client sent with this (retried) request, or
+    records the question and returns None; the plugin then ends the call with
+    error kind ``input_required``, and ``KernelTool.run`` answers with an MCP
+    ``InputRequiredResult`` carrying the questions and ``state`` as the
+    (server-sealed) ``request_state``. The client asks its user and retries the
+    same ``tools/call`` with the answers; ``request_state`` then holds ``state``.
+    Answers are ``{"action": "accept"|"decline"|"cancel", "content": {...}}``.
+    """
+
+    def __init__(self, ctx: Context, rc: FastMCPRequestContext) -> None:
+        self.mode = (
+            "push" if rc.protocol_version not in MODERN_PROTOCOL_VERSIONS else "input_required"
+        )
+        self._ctx = ctx
+        self._rc = rc
+        info = None
+        with contextlib.suppress(RuntimeError, AttributeError):
+            params = ctx.session.client_params
+            info = params.client_info if params is not None else None
+        #: The client's name (``clientInfo.name``), when it said.
+        self.client: str | None = info.name if info is not None else None
+        self._answers: dict[str, dict[str, Any]] | None = None  # read on first use
+        self._request_state: str | None = None
+        self._questions: dict[str, mcp_types.ElicitRequest] = {}
+        self._state: str | None = None
+
+    def _load(self) -> dict[str, dict[str, Any]]:
+        """The answers (and echoed state) this request carries (2026-07-28 retries)."""
+        if self._answers is None:
+            self._answers = {}
+            if self.mode == "input_required":
+                with contextlib.suppress(RuntimeError, ValueError):
+                    self._request_state = self._ctx.request_state
+                    for key, answer in (self._ctx.input_responses or {}).items():
+                        if isinstance(answer, mcp_types.ElicitResult):
+                            self._answers[key] = {
+                                "action": answer.action,
+                                "content": answer.content,
+                            }
+        return self._answers
+
+    @property
+    def request_state(self) -> str | None:
+        """The ``request_state`` the client echoed (None on a first round and in push mode)."""
+        self._load()
+        return self._request_state
+
+    @staticmethod
+    def offered(ctx: Context | None, rc: FastMCPRequestContext | None) -> MCPElicitation | None:
+        """The capability for this request, or None when the client cannot elicit."""
+        if ctx is None or rc is None:
+            return None
+        try:
+            caps = ctx.session.client_capabilities
+        except RuntimeError:
+            return None
+        if caps is None or caps.elicitation is None:
+            return None
+        return MCPElicitation(ctx, rc)
+
+    async def ask(
+        self, key: str, message: str, schema: dict[str, Any], *, state: str | None = None
+    ) -> dict[str, Any] | None:
+        """Ask the client's user; the answer, or None when the question was deferred."""
+        if self.mode == "push":
+            result = await self._ctx.session.elicit(
+                message=message, requested_schema=schema, related_request_id=self._rc.request_id
+            )
+            return {"action": result.action, "content": result.content}
+        answer = self._load().pop(key, None)  # each answer answers one question
+        if answer is not None:
+            return answer
+        self._questions[key] = mcp_types.ElicitRequest(
+            params=mcp_types.ElicitRequestFormParams(message=message, requested_schema=schema)
+        )
+        self._state = state
+        return None
+
+    def input_required(self) -> mcp_types.InputRequiredResult | None:
+        """The deferred questions as an ``InputRequiredResult`` (None: nothing deferred)."""
+        if not self._questions:
+            return None
+        return mcp_types.InputRequiredResult(
+            input_requests=dict(self._questions), request_state=self._state
+        )
+
+
 def _error_result(kind: str, message: str) -> MCPToolResult:
     return to_mcp_result(ToolResult.fail(kind, message, source="mcp"))
 
@@ -202,6 +311,7 @@ class KernelTool(MCPTool):
                 progress = _progress_sender(rc, token)
         if rc is not None and rc.request_id is not None:
             metadata["mcp_request_id"] = rc.request_id
+        elicit = MCPElicitation.offered(ctx, rc)
         gate.enter()
         try:
             result = await self._kernel.call(
@@ -211,9 +321,14 @@ class KernelTool(MCPTool):
                 session_id=_session_id(ctx, rc),
                 metadata=metadata,
                 progress=progress,
+                extensions={ELICIT_EXTENSION: elicit} if elicit is not None else None,
             )
         finally:
             gate.leave()
+        if elicit is not None and result.error is not None and result.error.kind == INPUT_REQUIRED:
+            asked = elicit.input_required()
+            if asked is not None:
+                return InputRequiredToolResult(asked)
         return to_mcp_result(result)
 
 
@@ -297,6 +412,64 @@ def create_server(
     )
 
 
+# ------------------------------------------------------------- plugin routes
+class _GuardedRoute(BaseRoute):
+    """A plugin's route behind the server's bearer token (401 without it)."""
+
+    def __init__(self, route: BaseRoute, verifier: BearerTokenVerifier | None) -> None:
+        self.route = route
+        self.verifier = verifier
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        return self.route.matches(scope)
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> Any:
+        return self.route.url_path_for(name, **path_params)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.verifier is not None and scope["type"] == "http":
+            header = Request(scope).headers.get("authorization", "")
+            scheme, _, token = header.partition(" ")
+            ok = scheme.lower() == "bearer" and bool(token.strip())
+            if ok and await self.verifier.verify_token(token.strip()) is None:
+                ok = False
+            if not ok:
+                response = JSONResponse(
+                    {"error": {"kind": "auth", "message": "missing or wrong bearer token"}},
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await response(scope, receive, send)
+                return
+        await self.route.handle(scope, receive, send)
+
+
+def plugin_http_routes(
+    kernel: Kernel, *, auth_token: str | None = None, reserved: Sequence[str] = ()
+) -> list[BaseRoute]:
+    """The HTTP routes the kernel's plugins offer, behind ``auth_token`` when given.
+
+    A plugin offers routes with an ``http_routes()`` method returning Starlette
+    routes (full paths, e.g. ``/approvals/{id}``). A route whose path starts
+    with one of ``reserved`` (the MCP endpoint) is a ``ConfigError``.
+    """
+    verifier = BearerTokenVerifier(auth_token) if auth_token else None
+    out: list[BaseRoute] = []
+    for info in kernel.plugins.ordered():
+        fn = getattr(info.plugin, "http_routes", None)
+        if not callable(fn):
+            continue
+        for route in fn():
+            path = str(getattr(route, "path", ""))
+            if any(path == r or path.startswith(r.rstrip("/") + "/") for r in reserved):
+                raise ConfigError(
+                    f"plugin {info.name!r} offers the HTTP route {path!r}, which clashes with "
+                    "the MCP endpoint; change [server] path or the plugin's route prefix"
+                )
+            out.append(_GuardedRoute(route, verifier))
+    return out
+
+
 # ------------------------------------------------------------------- running
 _FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.access", "httpx2")
 
@@ -373,6 +546,9 @@ async def run_server(
     mcp = create_server(
         kernel, name=cfg.name, instructions=cfg.instructions, auth_token=token, gate=gate
     )
+    extra_routes: list[BaseRoute] = []
+    if cfg.transport == "http":  # plugins' HTTP routes (e.g. /approvals), behind the same token
+        extra_routes = plugin_http_routes(kernel, auth_token=token, reserved=[cfg.path])
     route_foreign_logs()
     tools = len(kernel.list_tools())
     sock: socket.socket | None = None
@@ -413,6 +589,7 @@ async def run_server(
             allowed_hosts=allowed or None,
             allowed_origins=cfg.allowed_origins or None,
         )
+        app.router.routes.extend(extra_routes)
         server = _Uvicorn(
             uvicorn.Config(
                 app,

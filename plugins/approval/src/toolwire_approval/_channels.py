@@ -1,0 +1,273 @@
+"""Channels that ask a person: MCP elicitation and the terminal prompt.
+
+The HTTP API (``_http.py``), in-process callbacks and events live elsewhere;
+every channel ends in ``ApprovalPlugin.decide``, so the first decision wins
+whichever channel it came from.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import getpass
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
+
+import anyio
+
+from ._types import ApprovalDecision, ApprovalRequest, Approve, InvalidEditError, Reject
+
+__all__ = [
+    "ELICIT_EXTENSION",
+    "ELICIT_KEY",
+    "ELICIT_SCHEMA",
+    "INPUT_REQUIRED",
+    "STATE_PREFIX",
+    "TERMINAL_EXTENSION",
+    "Elicitor",
+    "TerminalPrompt",
+    "current_terminal",
+    "elicitation_message",
+    "offer_terminal",
+    "parse_elicitation",
+]
+
+#: ``ctx.extensions`` key of the MCP elicitation capability (offered by ``toolwire serve``).
+ELICIT_EXTENSION = "mcp.elicit"
+#: ``ctx.extensions`` key of a terminal prompt (a ``TerminalPrompt``).
+TERMINAL_EXTENSION = "toolwire.terminal"
+#: Error kind that ends a call while an MCP client (2026-07-28 protocol) asks its user;
+#: ``toolwire serve`` turns it into an MCP ``InputRequiredResult``.
+INPUT_REQUIRED = "input_required"
+#: Elicitation key prefix (``toolwire.approval/<request id>``).
+ELICIT_KEY = "toolwire.approval"
+#: ``request_state`` prefix echoed by the MCP client on the retried call.
+STATE_PREFIX = "toolwire.approval:"
+
+#: The form an MCP client shows its user (flat primitives, as elicitation requires).
+ELICIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "decision": {
+            "type": "string",
+            "title": "Decision",
+            "enum": ["approve", "reject"],
+            "description": "approve: run the call; reject: it never runs",
+        },
+        "reason": {
+            "type": "string",
+            "title": "Reason",
+            "description": "why (recorded in the audit log; shown to the agent on rejection)",
+        },
+        "args": {
+            "type": "string",
+            "title": "Edited arguments (JSON object, optional)",
+            "description": "leave empty to run with the arguments shown",
+        },
+    },
+    "required": ["decision"],
+}
+
+
+@runtime_checkable
+class Elicitor(Protocol):
+    """What ``ctx.extensions["mcp.elicit"]`` offers (see docs/mcp.md).
+
+    ``mode`` is ``"push"`` (handshake-era connections: ``ask`` sends
+    ``elicitation/create`` and waits for the answer) or ``"input_required"``
+    (2026-07-28: ``ask`` returns the answer the retried request carries for
+    ``key``, or records the question and returns None; the caller then ends the
+    call with error kind ``input_required`` and ``toolwire serve`` answers the
+    client with an ``InputRequiredResult`` whose ``request_state`` is
+    ``state``). ``request_state`` is the state the client echoed (None on a
+    first round). ``client`` names the MCP client, when it said.
+    """
+
+    mode: str
+    request_state: str | None
+    client: str | None
+
+    async def ask(
+        self, key: str, message: str, schema: dict[str, Any], *, state: str | None = None
+    ) -> dict[str, Any] | None:
+        """``{"action": "accept"|"decline"|"cancel", "content": {...}}`` or None (deferred)."""
+        ...
+
+
+def _short(value: Any, limit: int = 2000) -> str:
+    text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def elicitation_message(request: ApprovalRequest) -> str:
+    """The question an MCP client shows its user."""
+    lines = [
+        f"Approve the call of tool {request.tool!r}?",
+        "",
+        f"Arguments:\n{_short(request.args)}",
+        "",
+        f"Policy {request.policy} (rule {request.rule}); request {request.id}.",
+    ]
+    if request.description:
+        lines.insert(1, f"Tool: {request.description.strip().splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def parse_elicitation(answer: dict[str, Any], *, by: str) -> ApprovalDecision | None:
+    """An elicitation answer as a decision; None for ``cancel`` (no decision).
+
+    ``decline`` rejects. An accepted form without a valid ``decision`` is no
+    decision. Edited ``args`` that are not a JSON object raise ``InvalidEditError``.
+    """
+    action = answer.get("action")
+    if action == "decline":
+        return Reject("declined by the MCP client's user", by=by)
+    if action != "accept":
+        return None
+    content = answer.get("content") or {}
+    choice = str(content.get("decision", "")).strip().lower()
+    reason = content.get("reason")
+    reason = str(reason).strip() if reason else None
+    if choice == "reject":
+        return Reject(reason or "rejected by the MCP client's user", by=by)
+    if choice != "approve":
+        return None
+    raw = content.get("args")
+    args: dict[str, Any] | None = None
+    if isinstance(raw, str) and raw.strip():
+        try:
+            parsed = json.loads(raw)
+        except ValueError as exc:
+            raise InvalidEditError(f"the edited arguments are not valid JSON: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidEditError("the edited arguments must be a JSON object")
+        args = parsed
+    return Approve(by=by, args=args, comment=reason)
+
+
+# ----------------------------------------------------------------- terminal
+ReadLine = Callable[[], Awaitable[str | None]]
+Write = Callable[[str], None]
+
+
+class TerminalPrompt:
+    """Asks at a terminal: ``[y]es / [n]o / [e]dit``. I/O is injectable for tests.
+
+    ``TerminalPrompt.stdio()`` reads stdin without a thread (cancellable: when
+    another channel decides first, the prompt just stops) and writes to
+    stderr (stdout carries the command's JSON output).
+    """
+
+    def __init__(self, read_line: ReadLine, write: Write, *, user: str | None = None) -> None:
+        self._read_line = read_line
+        self._write = write
+        self.user = user or _user()
+
+    @classmethod
+    def stdio(cls) -> TerminalPrompt:
+        """A prompt on this process's stdin / stderr."""
+        reader = _FdLineReader(sys.stdin.fileno())
+
+        def write(text: str) -> None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+        return cls(reader.read_line, write)
+
+    def say(self, text: str) -> None:
+        """Print a line to the terminal."""
+        self._write(text.rstrip("\n") + "\n")
+
+    async def ask(
+        self, request: ApprovalRequest, note: str | None = None
+    ) -> ApprovalDecision | None:
+        """Ask about ``request``; None when input ends (no decision)."""
+        if note:
+            self.say(f"toolwire: {note}")
+        else:
+            self.say(
+                f"\ntoolwire: tool {request.tool!r} needs approval "
+                f"({request.policy}, rule {request.rule}), request {request.id}"
+            )
+            self.say("  arguments: " + json.dumps(request.args, ensure_ascii=False, sort_keys=True))
+            self.say(
+                f"  (also: toolwire approvals approve {request.id} / "
+                f"toolwire approvals reject {request.id})"
+            )
+        while True:
+            self._write("approve? [y]es / [n]o / [e]dit arguments: ")
+            line = await self._read_line()
+            if line is None:
+                return None
+            choice = line.strip().lower()
+            if choice in ("y", "yes"):
+                return Approve(by=self.user)
+            if choice in ("n", "no"):
+                self._write("reason (optional): ")
+                reason = await self._read_line()
+                return Reject((reason or "").strip() or "rejected at the terminal", by=self.user)
+            if choice in ("e", "edit"):
+                self._write("arguments as a JSON object: ")
+                text = await self._read_line()
+                if text is None:
+                    return None
+                try:
+                    args = json.loads(text)
+                except ValueError as exc:
+                    self.say(f"toolwire: not valid JSON ({exc}); try again")
+                    continue
+                if not isinstance(args, dict):
+                    self.say("toolwire: the arguments must be a JSON object; try again")
+                    continue
+                return Approve(by=self.user, args=args)
+            self.say("toolwire: answer y, n or e")
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no user name in this environment
+        return "terminal"
+
+
+class _FdLineReader:
+    """Lines from a file descriptor, read on the event loop (no blocking thread)."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buf = b""
+        self._eof = False
+
+    async def read_line(self) -> str | None:
+        while b"\n" not in self._buf and not self._eof:
+            await anyio.wait_readable(self._fd)
+            chunk = os.read(self._fd, 4096)
+            if not chunk:
+                self._eof = True
+            self._buf += chunk
+        if not self._buf:
+            return None
+        line, _sep, rest = self._buf.partition(b"\n")
+        self._buf = rest
+        return line.decode("utf-8", errors="replace")
+
+
+_TERMINAL: contextvars.ContextVar[TerminalPrompt | None] = contextvars.ContextVar(
+    "toolwire_approval_terminal", default=None
+)
+
+
+def offer_terminal(prompt: TerminalPrompt | None) -> contextvars.Token[TerminalPrompt | None]:
+    """Offer ``prompt`` to the calls made in this context (``toolwire call`` does this).
+
+    Prefer ``kernel.call(..., extensions={"toolwire.terminal": prompt})`` when
+    you make the call yourself. Returns the token for ``ContextVar.reset``.
+    """
+    return _TERMINAL.set(prompt)
+
+
+def current_terminal() -> TerminalPrompt | None:
+    """The prompt offered to this context, if any."""
+    return _TERMINAL.get()

@@ -1,0 +1,127 @@
+"""``[plugins.approval]``: policies, rules, timeouts and channels."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+__all__ = ["ANNOTATION_HINTS", "ApprovalConfig", "Policy", "parse_policy"]
+
+
+class Policy(enum.StrEnum):
+    """How a tool's calls are approved.
+
+    - ``NONE``: the call runs without asking anyone.
+    - ``LAZY``: someone is asked; the call proceeds when nobody answers within
+      ``lazy_timeout_s`` (an explicit rejection still stops it).
+    - ``REQUIRED``: the call waits until someone approves or rejects it; after
+      ``required_timeout_s`` it is rejected with reason ``timeout``.
+    """
+
+    NONE = "NONE"
+    LAZY = "LAZY"
+    REQUIRED = "REQUIRED"
+
+    @property
+    def strictness(self) -> int:
+        """0 for NONE, 1 for LAZY, 2 for REQUIRED (the stricter rule wins a tie)."""
+        return _STRICTNESS[self]
+
+
+_STRICTNESS = {Policy.NONE: 0, Policy.LAZY: 1, Policy.REQUIRED: 2}
+
+#: MCP tool annotations a rule may name (matched when the tool sets the hint to true).
+ANNOTATION_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+_HINTS_BY_LOWER = {h.lower(): h for h in ANNOTATION_HINTS}
+
+
+def parse_policy(value: Any) -> Policy:
+    """``"required"``, ``"REQUIRED"``, ``True`` (REQUIRED) or ``False`` (NONE) as a Policy.
+
+    Raises ``ValueError`` naming the accepted values.
+    """
+    if isinstance(value, Policy):
+        return value
+    if isinstance(value, bool):
+        return Policy.REQUIRED if value else Policy.NONE
+    if isinstance(value, str):
+        try:
+            return Policy(value.strip().upper())
+        except ValueError:
+            pass
+    raise ValueError(f"expected 'NONE', 'LAZY' or 'REQUIRED', got {value!r}")
+
+
+PolicyField = Annotated[Policy, BeforeValidator(parse_policy)]
+
+
+class ApprovalConfig(BaseModel):
+    """``[plugins.approval]`` in ``toolwire.toml`` (see plugins/approval/README.md).
+
+    With no configuration every tool runs without approval, except tools that
+    declare ``approval = "LAZY" | "REQUIRED"`` in their own settings
+    (``@tool(approval="REQUIRED")``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    default: PolicyField = Field(Policy.NONE, description="policy of tools no rule matches")
+    tools: dict[str, PolicyField] = Field(
+        default_factory=dict,
+        description="by tool name: exact names, or globs (`send_*`, `mcp_github_*`)",
+    )
+    tags: dict[str, PolicyField] = Field(
+        default_factory=dict, description="by tag (the strictest matching tag wins)"
+    )
+    sources: dict[str, PolicyField] = Field(
+        default_factory=dict,
+        description="by tool source (`local`, `mcp:<server>`, `a2a:<agent>`; globs allowed)",
+    )
+    annotations: dict[str, PolicyField] = Field(
+        default_factory=dict,
+        description="by MCP annotation set to true (`destructiveHint = 'REQUIRED'`)",
+    )
+    use_tool_settings: bool = Field(
+        True, description="honour a tool's own `approval` setting (`@tool(approval=...)`)"
+    )
+    lazy_timeout_s: float = Field(30.0, gt=0, description="LAZY: proceed after this long")
+    required_timeout_s: float = Field(
+        3600.0, gt=0, description="REQUIRED: reject (reason 'timeout') after this long"
+    )
+    retention_s: float = Field(
+        7 * 86400.0,
+        gt=0,
+        description="decided requests and audit entries are kept this long in the state store",
+    )
+    key_prefix: str = Field(
+        "toolwire:approval", min_length=1, description="state keys start with this"
+    )
+    mcp_elicitation: bool = Field(
+        True, description="ask the MCP client's user when the client supports elicitation"
+    )
+    terminal: bool = Field(True, description="prompt at the terminal in `toolwire call`")
+    http_prefix: str = Field("/approvals", description="path of the HTTP API on the gateway")
+
+    @field_validator("annotations", mode="before")
+    @classmethod
+    def _hint_names(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out: dict[str, Any] = {}
+        for name, policy in value.items():
+            hint = _HINTS_BY_LOWER.get(str(name).lower())
+            if hint is None:
+                raise ValueError(
+                    f"unknown annotation {name!r}; use one of {', '.join(ANNOTATION_HINTS)}"
+                )
+            out[hint] = policy
+        return out
+
+    @field_validator("http_prefix")
+    @classmethod
+    def _prefix(cls, value: str) -> str:
+        if not value.startswith("/") or value == "/" or value.endswith("/"):
+            raise ValueError("must start with '/' and not end with it, e.g. '/approvals'")
+        return value

@@ -1,0 +1,212 @@
+"""``toolwire approvals ...``: list and decide approval requests from a terminal.
+
+Works on the configured state store (``state``, else the embedded
+``.toolwire/state.db`` that ``toolwire call`` and ``toolwire serve`` use), so a
+decision taken here releases a call waiting in any process sharing that store.
+Also offers a terminal prompt to ``toolwire call`` when it runs on a terminal.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic
+
+from toolwire import ConfigError
+from toolwire.cli import EMBEDDED_STATE, load_cli_config
+from toolwire.state import open_store
+
+from ._channels import TerminalPrompt, offer_terminal
+from ._config import ApprovalConfig
+from ._plugin import ApprovalPlugin
+from ._types import ApprovalError
+
+__all__ = ["approval_config", "register"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``approvals`` to the ``toolwire`` CLI (entry point ``toolwire.cli``).
+
+    Also lets ``toolwire call`` prompt at the terminal for approvals (when
+    stdin and stderr are terminals).
+    """
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "approvals",
+        help="list, show, approve and reject tool-call approval requests",
+        description="Approval requests of the approval plugin, in the configured state store.",
+    )
+    p.add_argument("--config", "-c", default=argparse.SUPPRESS, help="path to toolwire.toml")
+    sub = p.add_subparsers(dest="approvals_command", required=True)
+
+    ls = sub.add_parser("list", help="pending requests (JSON)")
+    ls.add_argument(
+        "--status",
+        choices=["pending", "approved", "rejected", "expired", "all"],
+        default="pending",
+    )
+    ls.add_argument("--tool", help="only requests for this tool")
+    ls.set_defaults(fn=_cmd_list)
+
+    show = sub.add_parser("show", help="one request with its audit trail (JSON)")
+    show.add_argument("id")
+    show.set_defaults(fn=_cmd_show)
+
+    ap = sub.add_parser("approve", help="approve a pending request")
+    ap.add_argument("id")
+    ap.add_argument("--args", "-a", help="run with these arguments instead (JSON object)")
+    ap.add_argument("--comment", help="recorded in the audit log")
+    ap.add_argument("--by", help="who decides (default: your user name)")
+    ap.add_argument("--fingerprint", help="refuse unless the request has these arguments")
+    ap.set_defaults(fn=_cmd_approve)
+
+    rj = sub.add_parser("reject", help="reject a pending request (the call ends 'denied')")
+    rj.add_argument("id")
+    rj.add_argument("--reason", "-r", default="rejected from the command line")
+    rj.add_argument("--by", help="who decides (default: your user name)")
+    rj.add_argument("--fingerprint", help="refuse unless the request has these arguments")
+    rj.set_defaults(fn=_cmd_reject)
+
+    au = sub.add_parser("audit", help="the audit log (JSON), of one request or all")
+    au.add_argument("id", nargs="?")
+    au.add_argument("--limit", type=int, help="only the most recent N entries")
+    au.set_defaults(fn=_cmd_audit)
+
+    _offer_terminal_to_call(subparsers)
+
+
+def _offer_terminal_to_call(subparsers: Any) -> None:
+    """Make ``toolwire call`` offer a terminal prompt to the approval plugin.
+
+    The kernel's ``call`` command passes no ``extensions`` yet, so the prompt is
+    offered through a context variable around the original command.
+    """
+    call = getattr(subparsers, "choices", {}).get("call")
+    if call is None:
+        return
+    original: Callable[[argparse.Namespace], Awaitable[int]] | None = call.get_default("fn")
+    if original is None or getattr(original, "_toolwire_approval", False):
+        return
+
+    async def call_with_prompt(args: argparse.Namespace) -> int:
+        assert original is not None
+        interactive = sys.stdin.isatty() and sys.stderr.isatty()
+        token = offer_terminal(TerminalPrompt.stdio() if interactive else None)
+        try:
+            return await original(args)
+        finally:
+            token.var.reset(token)
+
+    call_with_prompt._toolwire_approval = True  # type: ignore[attr-defined]
+    call.set_defaults(fn=call_with_prompt)
+
+
+def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:
+    """``[plugins.approval]`` validated; errors name the file and the key."""
+    section = {k: v for k, v in data.items() if k != "order"}
+    try:
+        return ApprovalConfig.model_validate(section)
+    except pydantic.ValidationError as exc:
+        msgs = []
+        for e in exc.errors(include_url=False):
+            loc = ".".join(str(p) for p in e.get("loc", ()))
+            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msgs.append(f"plugins.approval.{loc}: {msg}")
+        raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+
+
+async def _run(args: argparse.Namespace, action: Callable[[ApprovalPlugin], Awaitable[Any]]) -> int:
+    cfg = load_cli_config(args)
+    pcfg = approval_config(cfg.plugins.get("approval", {}), cfg.path)
+    url = cfg.state or EMBEDDED_STATE
+    try:
+        store = open_store(url)
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=cfg.path, key="state") from exc
+    async with store:
+        plugin = ApprovalPlugin(pcfg, store=store)
+        try:
+            out = await action(plugin)
+        except ApprovalError as exc:
+            _print({"error": exc.to_dict()})
+            return 1
+    _print(out)
+    return 0
+
+
+def _who(args: argparse.Namespace) -> str:
+    if args.by:
+        return str(args.by)
+    try:
+        return getpass.getuser()
+    except Exception:
+        return "cli"
+
+
+async def _cmd_list(args: argparse.Namespace) -> int:
+    status = None if args.status == "all" else args.status
+
+    async def action(p: ApprovalPlugin) -> Any:
+        return [r.to_dict() for r in await p.requests(status=status, tool=args.tool)]
+
+    return await _run(args, action)
+
+
+async def _cmd_show(args: argparse.Namespace) -> int:
+    async def action(p: ApprovalPlugin) -> Any:
+        req = await p.get(args.id)
+        return {**req.to_dict(), "audit": await p.audit_log(args.id)}
+
+    return await _run(args, action)
+
+
+async def _cmd_approve(args: argparse.Namespace) -> int:
+    edited: dict[str, Any] | None = None
+    if args.args is not None:
+        try:
+            edited = json.loads(args.args)
+        except ValueError as exc:
+            sys.stderr.write(f"toolwire: error: --args is not valid JSON: {exc}\n")
+            return 2
+        if not isinstance(edited, dict):
+            sys.stderr.write("toolwire: error: --args must be a JSON object\n")
+            return 2
+
+    async def action(p: ApprovalPlugin) -> Any:
+        done = await p.approve(
+            args.id,
+            by=_who(args),
+            args=edited,
+            comment=args.comment,
+            fingerprint=args.fingerprint,
+            via="cli",
+        )
+        return done.to_dict()
+
+    return await _run(args, action)
+
+
+async def _cmd_reject(args: argparse.Namespace) -> int:
+    async def action(p: ApprovalPlugin) -> Any:
+        done = await p.reject(
+            args.id, args.reason, by=_who(args), fingerprint=args.fingerprint, via="cli"
+        )
+        return done.to_dict()
+
+    return await _run(args, action)
+
+
+async def _cmd_audit(args: argparse.Namespace) -> int:
+    async def action(p: ApprovalPlugin) -> Any:
+        return await p.audit_log(args.id, limit=args.limit)
+
+    return await _run(args, action)
+
+
+def _print(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,232 @@
+"""Through `toolwire serve`: MCP elicitation end to end, and the HTTP API behind the token."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from approval_testkit import Pending, Recorder, plugin
+from fastmcp import Client
+from fastmcp.client.elicitation import ElicitResult
+from pydantic import SecretStr
+
+from toolwire import Kernel
+from toolwire_approval import ApprovalPlugin
+from toolwire_mcp import ERROR_META_KEY, ServeConfig, create_server, run_server
+
+pytestmark = pytest.mark.anyio
+
+ARGS = {"to": "a@x"}
+
+
+def gateway(**cfg: Any) -> tuple[Kernel, ApprovalPlugin, Recorder]:
+    p = plugin(**cfg)
+    kernel = Kernel(plugins=[p])
+    rec = Recorder()
+    rec.add_to(kernel)
+    return kernel, p, rec
+
+
+class User:
+    """An MCP client's user answering elicitations from a script of answers."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.questions: list[tuple[str, dict[str, Any]]] = []
+
+    async def __call__(self, message: str, response_type: Any, params: Any, context: Any) -> Any:
+        self.questions.append((message, params.requested_schema))
+        return self.answers.pop(0)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # 2026-07-28 (input_required) / push
+async def test_the_mcp_clients_user_approves_through_elicitation(mode: str) -> None:
+    kernel, p, rec = gateway(tools={"send_email": "REQUIRED"})
+    pending = Pending(kernel)
+    user = User({"decision": "approve", "reason": "expected mail"})
+    async with kernel:
+        async with Client(create_server(kernel), elicitation_handler=user, mode=mode) as c:
+            r = await c.call_tool("send_email", ARGS)
+        audit = await p.audit_log()
+    assert r.structured_content == {"sent": "a@x", "count": 1}
+    assert rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    [(message, schema)] = user.questions
+    assert "Approve the call of tool 'send_email'" in message and '"to": "a@x"' in message
+    assert schema["properties"]["decision"]["enum"] == ["approve", "reject"]
+    decided = [a for a in audit if a["event"] == "approved"]
+    assert len(decided) == 1 and decided[0]["via"] == "mcp_elicitation"
+    assert decided[0]["by"].startswith("mcp-client") and decided[0]["comment"] == "expected mail"
+    assert len([a for a in audit if a["event"] == "requested"]) == 1  # one request, not two
+    # 2026-07-28: the call ends with InputRequiredResult and the retried call resumes the
+    # same request; handshake era: the server asks the client within the one call.
+    resumed = [e.data["resumed"] for e in pending.events]
+    assert resumed == ([False, True] if mode == "auto" else [False])
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_declining_or_rejecting_in_the_client_denies_the_call(mode: str) -> None:
+    kernel, _, rec = gateway(default="REQUIRED")
+    user = User(ElicitResult(action="decline"), {"decision": "reject", "reason": "spam"})
+    async with kernel, Client(create_server(kernel), elicitation_handler=user, mode=mode) as c:
+        declined = await c.call_tool_mcp("send_email", ARGS)
+        rejected = await c.call_tool_mcp("send_email", {"to": "b@x"})
+    assert declined.is_error and rejected.is_error and rec.runs == []
+    assert declined.meta is not None and rejected.meta is not None
+    assert declined.meta[ERROR_META_KEY]["kind"] == "denied"
+    assert "declined by the MCP client's user" in declined.meta[ERROR_META_KEY]["message"]
+    assert rejected.meta[ERROR_META_KEY]["details"]["reason"] == "spam"
+
+
+async def test_edited_args_through_elicitation_are_validated_and_asked_again() -> None:
+    kernel, p, rec = gateway(default="REQUIRED")
+    user = User(
+        {"decision": "approve", "args": json.dumps({"to": "b@x", "count": "lots"})},
+        {"decision": "approve", "args": json.dumps({"to": "b@x", "count": 2})},
+    )
+    async with kernel:
+        async with Client(create_server(kernel), elicitation_handler=user) as c:
+            r = await c.call_tool("send_email", ARGS)
+        audit = await p.audit_log()
+    assert r.structured_content == {"sent": "b@x", "count": 2}
+    assert rec.runs == [{"to": "b@x", "body": "hi", "count": 2}]
+    assert len(user.questions) == 2
+    assert "Your edited arguments were refused" in user.questions[1][0]
+    assert "'count'" in user.questions[1][0]
+    assert [a["event"] for a in audit] == ["requested", "refused", "approved", "executed"]
+
+
+async def test_a_client_without_elicitation_is_not_asked_and_waits_for_another_channel() -> None:
+    kernel, p, rec = gateway(default="REQUIRED")
+    pending = Pending(kernel)
+    async with kernel, Client(create_server(kernel)) as c, anyio.create_task_group() as tg:
+        results: list[Any] = []
+
+        async def call() -> None:
+            results.append(await c.call_tool("send_email", ARGS))
+
+        tg.start_soon(call)
+        req = await pending.next()
+        await p.approve(req["id"], by="ops")
+    assert results[0].structured_content == {"sent": "a@x", "count": 1} and len(rec.runs) == 1
+
+
+# ------------------------------------------------------------------ HTTP API
+@asynccontextmanager
+async def serving(kernel: Kernel, token: str | None) -> AsyncIterator[str]:
+    """``run_server`` over HTTP on a free port; yields the base URL."""
+    cfg = ServeConfig(transport="http", port=0, auth_token=SecretStr(token) if token else None)
+    ready: list[dict[str, Any]] = []
+    up = anyio.Event()
+
+    def on_ready(info: dict[str, Any]) -> None:
+        ready.append(info)
+        up.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: run_server(kernel, cfg, on_ready=on_ready, handle_signals=False))
+        with anyio.fail_after(20):
+            await up.wait()
+        yield f"http://127.0.0.1:{ready[0]['port']}"
+        tg.cancel_scope.cancel()
+
+
+async def test_the_http_api_lists_shows_and_decides_behind_the_bearer_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
+    kernel, _, rec = gateway(default="REQUIRED")
+    pending = Pending(kernel)
+    auth = {"authorization": "Bearer s3cret"}
+    async with kernel, serving(kernel, "s3cret") as base, httpx.AsyncClient(base_url=base) as http:
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+            denied = await http.get("/approvals", headers=headers)
+            assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+            assert (await http.post("/approvals/x/approve", headers=headers)).status_code == 401
+        assert (await http.get("/approvals", headers=auth)).json() == {"approvals": []}
+
+        async with (
+            Client(f"{base}/mcp", auth="s3cret") as mcp_client,
+            anyio.create_task_group() as tg,
+        ):
+            results: list[Any] = []
+
+            async def call(to: str) -> None:
+                results.append(await mcp_client.call_tool_mcp("send_email", {"to": to}))
+
+            tg.start_soon(call, "a@x")
+            first = await pending.next()
+            listed = (await http.get("/approvals", headers=auth)).json()["approvals"]
+            assert [r["id"] for r in listed] == [first["id"]]
+            assert listed[0]["tool"] == "send_email" and listed[0]["via"] == "mcp"
+            one = await http.get(f"/approvals/{first['id']}", headers=auth)
+            assert one.json()["status"] == "pending"
+            assert [a["event"] for a in one.json()["audit"]] == ["requested"]
+            bad = await http.post(
+                f"/approvals/{first['id']}/approve", headers=auth, json={"args": {"to": 5}}
+            )
+            assert bad.status_code == 422 and bad.json()["error"]["problems"][0]["field"] == "to"
+            other = await http.post(
+                f"/approvals/{first['id']}/approve",
+                headers=auth,
+                json={"fingerprint": "0" * 64},
+            )
+            assert other.status_code == 409
+            assert other.json()["error"]["kind"] == "fingerprint_mismatch"
+            ok = await http.post(
+                f"/approvals/{first['id']}",
+                headers=auth,
+                json={"decision": "approve", "by": "alice", "fingerprint": first["fingerprint"]},
+            )
+            assert ok.status_code == 200 and ok.json()["status"] == "approved"
+            again = await http.post(f"/approvals/{first['id']}/reject", headers=auth)
+            assert again.status_code == 409 and again.json()["error"]["kind"] == "already_decided"
+
+            tg.start_soon(call, "b@x")
+            second = await pending.next()
+            no = await http.post(
+                f"/approvals/{second['id']}/reject", headers=auth, json={"reason": "no thanks"}
+            )
+            assert no.status_code == 200 and no.json()["decision"]["reason"] == "no thanks"
+
+        assert (await http.get("/approvals/nope", headers=auth)).status_code == 404
+        assert (await http.post("/approvals/x", headers=auth, content=b"{")).status_code == 400
+        decided = (await http.get("/approvals?status=all", headers=auth)).json()["approvals"]
+        assert sorted(r["status"] for r in decided) == ["approved", "rejected"]
+        approved = next(r for r in decided if r["status"] == "approved")
+        assert approved["decision"]["by"] == "alice" and approved["decision"]["via"] == "http"
+        assert approved["decision"]["client"] == "127.0.0.1"
+
+    by_to = {json.loads(r.content[0].text).get("sent"): r for r in results if not r.is_error}
+    assert list(by_to) == ["a@x"] and rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    [refused] = [r for r in results if r.is_error]
+    assert refused.meta[ERROR_META_KEY]["details"]["reason"] == "no thanks"
+
+
+async def test_without_a_token_the_http_api_is_open_like_the_mcp_endpoint(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
+    kernel, _, _ = gateway()
+    async with kernel, serving(kernel, None) as base, httpx.AsyncClient(base_url=base) as http:
+        r = await http.get("/approvals")
+        assert r.status_code == 200 and r.json() == {"approvals": []}
+        assert (await http.get("/approvals?status=bogus")).status_code == 400
+
+
+def test_a_plugin_route_clashing_with_the_mcp_endpoint_is_refused() -> None:
+    from toolwire import ConfigError
+    from toolwire_mcp._serve import plugin_http_routes
+
+    kernel = Kernel(plugins=[plugin(http_prefix="/mcp/approvals")])
+    with pytest.raises(
+        ConfigError, match="plugin 'approval' offers the HTTP route '/mcp/approvals'"
+    ):
+        plugin_http_routes(kernel, reserved=["/mcp"])
+    assert len(plugin_http_routes(Kernel(plugins=[plugin()]), reserved=["/mcp"])) == 4

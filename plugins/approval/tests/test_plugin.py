@@ -1,0 +1,334 @@
+"""The approval gate in one process: policies, decisions, edits, binding, audit, events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+from approval_testkit import Pending, Recorder, plugin, running_call
+
+from toolwire import Kernel, ToolwireConfig
+from toolwire.testing import FakeClock
+from toolwire_approval import (
+    AlreadyDecidedError,
+    ApprovalPlugin,
+    ApprovalRequest,
+    Approve,
+    FingerprintMismatchError,
+    InvalidEditError,
+    Reject,
+    UnknownApprovalError,
+    fingerprint,
+)
+
+pytestmark = pytest.mark.anyio
+
+
+def setup(**cfg: Any) -> tuple[Kernel, ApprovalPlugin, Recorder, Pending]:
+    p = plugin(**cfg)
+    kernel = Kernel(plugins=[p])
+    rec = Recorder()
+    rec.add_to(kernel)
+    return kernel, p, rec, Pending(kernel)
+
+
+async def test_no_config_runs_everything_and_says_so() -> None:
+    kernel, _, rec, pending = setup()
+    res = await kernel.call("send_email", {"to": "a@x"})
+    assert not res.is_error and rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    assert res.meta.approval == {"status": "not_required", "policy": "NONE", "rule": "default"}
+    assert pending.events == []
+
+
+async def test_the_installed_plugin_loads_with_no_config_and_blocks_nothing() -> None:
+    cfg = ToolwireConfig(enabled_plugins=["approval"])
+    cfg.tools.modules = ["toolwire.examples"]
+    kernel = Kernel.from_config(cfg)
+    async with kernel:
+        assert isinstance(kernel.get_plugin("approval"), ApprovalPlugin)
+        res = await kernel.call("add", {"a": 1, "b": 2})
+    assert res.content == {"result": 3}
+    assert res.meta.approval is not None and res.meta.approval["status"] == "not_required"
+
+
+async def test_required_waits_for_an_approval_then_runs() -> None:
+    kernel, p, rec, pending = setup(tools={"send_email": "REQUIRED"})
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}, call_id="c1") as result:
+        req = await pending.next()
+        assert rec.runs == []
+        listed = await p.pending()
+        assert [r.id for r in listed] == [req["id"]]
+        assert listed[0].status == "pending" and listed[0].call_id == "c1"
+        done = await p.approve(req["id"], by="alice", comment="looks fine")
+        assert done.status == "approved"
+    res = result()
+    assert not res.is_error and rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    meta = res.meta.approval
+    assert meta is not None
+    assert meta["status"] == "approved" and meta["how"] == "approved"
+    assert meta["by"] == "alice" and meta["via"] == "api" and meta["policy"] == "REQUIRED"
+    assert meta["rule"] == "tools.send_email" and meta["request_id"] == req["id"]
+    assert meta["comment"] == "looks fine" and meta["edited"] is False
+    async with kernel:
+        audit = await p.audit_log(req["id"])
+        assert await p.pending() == []
+    assert [a["event"] for a in audit] == ["requested", "approved", "executed"]
+    assert audit[0]["args"] == {"to": "a@x", "body": "hi", "count": 1}
+    assert audit[1]["by"] == "alice" and audit[1]["rule"] == "tools.send_email"
+    assert audit[2]["outcome"] == "ok"
+
+
+async def test_reject_returns_denied_with_the_reason_and_never_runs() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel, running_call(kernel, "send_email", {"to": "boss@x"}) as result:
+        req = await pending.next()
+        await p.reject(req["id"], "wrong recipient", by="bob")
+    res = result()
+    assert res.is_error and res.error is not None
+    assert res.error.kind == "denied" and "wrong recipient" in res.error.message
+    assert res.error.details["reason"] == "wrong recipient"
+    assert res.error.details["by"] == "bob" and res.error.details["rule"] == "default"
+    assert res.meta.approval is not None and res.meta.approval["how"] == "rejected"
+    assert rec.runs == []
+
+
+async def test_required_times_out_as_a_rejection_with_reason_timeout() -> None:
+    clock = FakeClock()
+    p = plugin(tools={"send_*": "REQUIRED"}, required_timeout_s=600)
+    kernel = Kernel(plugins=[p], clock=clock)
+    rec = Recorder()
+    rec.add_to(kernel)
+    async with kernel:
+        res = await kernel.call("send_email", {"to": "a@x"})
+    assert res.is_error and res.error is not None and res.error.kind == "denied"
+    assert res.error.details["reason"] == "timeout"
+    assert "within 600s" in res.error.message and "toolwire approvals approve" in res.error.message
+    assert rec.runs == []
+    assert res.meta.approval is not None and res.meta.approval["how"] == "timeout"
+    assert res.meta.approval["rule"] == 'tools."send_*"'
+    assert sum(clock.sleeps) == pytest.approx(600)
+
+
+async def test_lazy_proceeds_after_its_timeout() -> None:
+    clock = FakeClock()
+    p = plugin(tools={"send_email": "LAZY"})  # lazy_timeout_s defaults to 30
+    kernel = Kernel(plugins=[p], clock=clock)
+    rec = Recorder()
+    rec.add_to(kernel)
+    async with kernel:
+        res = await kernel.call("send_email", {"to": "a@x"})
+        audit = await p.audit_log()
+    assert not res.is_error and len(rec.runs) == 1
+    assert clock.sleeps == [30.0]
+    meta = res.meta.approval
+    assert meta is not None and meta["how"] == "lazy_timeout" and meta["policy"] == "LAZY"
+    assert meta["by"] == "system" and meta["via"] == "lazy_timeout"
+    assert [a["event"] for a in audit] == ["requested", "approved", "executed"]
+
+
+async def test_lazy_can_still_be_rejected_before_its_timeout() -> None:
+    kernel, p, rec, pending = setup(default="LAZY", lazy_timeout_s=300)
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        await p.reject(req["id"], "no")
+    assert result().error is not None and result().error.kind == "denied"  # type: ignore[union-attr]
+    assert rec.runs == []
+
+
+async def test_approve_with_valid_edited_args_runs_the_edit() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        # "3" is coerced by the tool's own validator (pydantic lax mode), like a call's args
+        await p.approve(req["id"], by="carol", args={"to": "b@x", "count": "3"})
+    res = result()
+    assert not res.is_error and rec.runs == [{"to": "b@x", "body": "hi", "count": 3}]
+    meta = res.meta.approval
+    assert meta is not None and meta["how"] == "approved_with_edits" and meta["edited"] is True
+    assert meta["fingerprint"] == req["fingerprint"]
+    assert meta["args_fingerprint"] == fingerprint(
+        "send_email", {"to": "b@x", "body": "hi", "count": 3}
+    )
+    async with kernel:
+        audit = await p.audit_log(req["id"])
+    assert audit[1]["edited"] is True and audit[1]["args"]["to"] == "b@x"
+
+
+async def test_invalid_edited_args_are_refused_and_the_request_stays_pending() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        with pytest.raises(InvalidEditError) as info:
+            await p.approve(req["id"], args={"to": "b@x", "count": "many"})
+        assert info.value.status == 422
+        assert [pr["field"] for pr in info.value.problems] == ["count"]
+        with pytest.raises(InvalidEditError):
+            await p.approve(req["id"], args={"to": "b@x", "cc": "x"})  # unexpected argument
+        with pytest.raises(InvalidEditError):
+            await p.approve(req["id"], args=["not", "an", "object"])  # type: ignore[arg-type]
+        assert (await p.get(req["id"])).status == "pending"
+        assert rec.runs == []
+        await p.approve(req["id"])
+    assert not result().is_error and rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    async with kernel:
+        events = [a["event"] for a in await p.audit_log(req["id"])]
+    assert events == ["requested", "refused", "refused", "refused", "approved", "executed"]
+
+
+async def test_a_decision_for_other_args_is_refused() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    other = fingerprint("send_email", {"to": "evil@x", "body": "hi", "count": 1})
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        assert req["fingerprint"] == fingerprint(
+            "send_email", {"to": "a@x", "body": "hi", "count": 1}
+        )
+        with pytest.raises(FingerprintMismatchError):
+            await p.approve(req["id"], fingerprint=other)
+        with pytest.raises(FingerprintMismatchError):
+            await p.reject(req["id"], fingerprint=other)
+        assert (await p.get(req["id"])).status == "pending" and rec.runs == []
+        await p.approve(req["id"], fingerprint=req["fingerprint"])
+    assert not result().is_error and len(rec.runs) == 1
+
+
+async def test_an_approval_never_releases_the_same_call_id_with_other_args() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel:
+        async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="c9") as first:
+            req1 = await pending.next()
+            async with running_call(kernel, "send_email", {"to": "z@x"}, call_id="c9") as second:
+                req2 = await pending.next()
+                assert req1["id"] != req2["id"]
+                await p.approve(req1["id"])
+                await rec.wait_runs(1)
+                await anyio.sleep(0.05)  # time for a wrong release of the second call to show
+                assert rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+                await p.reject(req2["id"], "not that one")
+        assert not first().is_error
+        assert second().error is not None and second().error.kind == "denied"  # type: ignore[union-attr]
+
+
+async def test_the_first_decision_stands() -> None:
+    kernel, p, _, pending = setup(default="REQUIRED")
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        await p.reject(req["id"], "no", by="dan")
+        with pytest.raises(AlreadyDecidedError, match="already rejected by 'dan'"):
+            await p.approve(req["id"], by="eve")
+    assert result().is_error
+    async with kernel:
+        with pytest.raises(UnknownApprovalError):
+            await p.get("nope")
+
+
+async def test_one_approval_runs_the_call_once_and_a_rejection_stands() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel:
+        async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="k") as r1:
+            await p.approve((await pending.next())["id"])
+        assert not r1().is_error
+        # the same call again (no idempotency plugin here): a new approval is needed
+        async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="k") as r2:
+            req = await pending.next()
+            await p.reject(req["id"], "once is enough")
+        assert r2().is_error
+        # a person's rejection stands for that call: no new question
+        r3 = await kernel.call("send_email", {"to": "a@x"}, call_id="k")
+        assert r3.error is not None and r3.error.kind == "denied"
+        assert r3.error.details["request_id"] == req["id"]
+        assert len(pending.events) == 2 and len(rec.runs) == 1
+
+
+async def test_callbacks_decide_sync_or_async_and_none_means_no_opinion() -> None:
+    seen: list[ApprovalRequest] = []
+
+    def abstain(req: ApprovalRequest) -> None:
+        seen.append(req)
+
+    async def approver(req: ApprovalRequest) -> Approve | Reject:
+        if req.args["to"].endswith("@corp"):
+            return Approve(
+                by="policy-bot", args={**req.args, "body": "[checked] " + req.args["body"]}
+            )
+        return Reject("external recipient", by="policy-bot")
+
+    kernel, p, rec, _ = setup(default="REQUIRED")
+    p.add_callback(abstain)
+    remove = p.add_callback(approver)
+    async with kernel:
+        ok = await kernel.call("send_email", {"to": "a@corp"})
+        no = await kernel.call("send_email", {"to": "a@gmail"})
+    assert not ok.is_error and rec.runs == [{"to": "a@corp", "body": "[checked] hi", "count": 1}]
+    assert ok.meta.approval is not None and ok.meta.approval["via"] == "callback"
+    assert no.error is not None and no.error.kind == "denied"
+    assert no.error.message.endswith("external recipient; the tool was not run")
+    assert [r.args["to"] for r in seen] == ["a@corp", "a@gmail"]
+    remove()
+    assert p._callbacks == [abstain]
+
+
+async def test_the_approval_required_event_carries_what_a_ui_needs() -> None:
+    kernel, p, _, pending = setup(tags={"mail": "REQUIRED"})
+    kernel.remove_tool("send_email")
+    Recorder().add_to(kernel, tags=["mail"], destructive=True)
+    async with (
+        kernel,
+        running_call(
+            kernel, "send_email", {"to": "a@x"}, call_id="c", session_id="s", tenant="t"
+        ) as result,
+    ):
+        req = await pending.next()
+        await p.reject(req["id"])
+    assert result().is_error
+    event = pending.events[0]
+    assert event.kind == "approval_required" and event.call.name == "send_email"
+    assert event.data["resumed"] is False
+    assert "toolwire approvals approve " + req["id"] in event.data["decide"]["cli"]
+    assert req["tool"] == "send_email" and req["args"] == {"to": "a@x", "body": "hi", "count": 1}
+    assert req["policy"] == "REQUIRED" and req["rule"] == "tags.mail"
+    assert req["description"] == "Send an e-mail."
+    assert req["input_schema"]["properties"]["to"]["description"] == "recipient"
+    assert req["annotations"] == {"destructiveHint": True} and req["tags"] == ["mail"]
+    assert (req["call_id"], req["session_id"], req["tenant"]) == ("c", "s", "t")
+    assert req["expires_at"] - req["created_at"] == pytest.approx(3600)
+
+
+async def test_the_calls_deadline_ends_the_wait_but_keeps_the_request() -> None:
+    kernel, p, rec, _ = setup(default="REQUIRED")
+    async with kernel:
+        res = await kernel.call("send_email", {"to": "a@x"}, call_id="d", timeout=0.2)
+        assert res.error is not None and res.error.kind == "timeout"
+        assert "stays pending" in res.error.message
+        [req] = await p.pending()
+        await p.approve(req.id)
+        again = await kernel.call("send_email", {"to": "a@x"}, call_id="d")
+    assert not again.is_error and len(rec.runs) == 1
+    assert again.meta.approval is not None and again.meta.approval["request_id"] == req.id
+
+
+async def test_a_failing_store_refuses_the_call() -> None:
+    kernel, _, rec, _ = setup(default="REQUIRED")
+    async with kernel:
+        await kernel.state.close()  # every store call now raises StateStoreError
+        res = await kernel.call("send_email", {"to": "a@x"})
+        await kernel.state.open()
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert "state store failed" in res.error.message and rec.runs == []
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_works_under_trio_too(tmp_path: Any) -> None:
+    p = plugin(default="REQUIRED", lazy_timeout_s=5)
+    kernel = Kernel(state=f"sqlite:///{tmp_path / 's.db'}", plugins=[p])
+    rec = Recorder()
+    rec.add_to(kernel)
+    pending = Pending(kernel)
+    async with kernel:
+        async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="t") as result:
+            await p.approve((await pending.next())["id"], args={"to": "b@x"})
+        p.add_callback(lambda req: Reject("trio says no"))
+        no = await kernel.call("send_email", {"to": "c@x"})
+    assert not result().is_error and rec.runs == [{"to": "b@x", "body": "hi", "count": 1}]
+    assert no.error is not None and no.error.details["reason"] == "trio says no"
