@@ -5,8 +5,9 @@ The public API is what ``__all__`` lists; modules starting with ``_`` are privat
 
 from __future__ import annotations
 
+from ._background import BackgroundTask
 from ._clock import Clock, SystemClock
-from ._config import ToolwireConfig, load_config
+from ._config import ToolwireConfig, installed_plugins, load_config, read_secrets_file
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
 from ._kernel import Kernel
@@ -29,13 +30,16 @@ from ._types import (
     ToolResult,
     normalize_content,
 )
+from ._validate import ArgsError, describe_validation_error, validate_json_schema
 from .hookspecs import hookimpl
 from .state import StateStore, open_store
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ArgsError",
     "Attempt",
+    "BackgroundTask",
     "CallContext",
     "CallEvent",
     "CallRejected",
@@ -65,10 +69,14 @@ __all__ = [
     "ToolwireConfig",
     "__version__",
     "build_tool",
+    "describe_validation_error",
     "hookimpl",
+    "installed_plugins",
     "load_config",
     "normalize_content",
     "open_store",
+    "read_secrets_file",
     "tool",
     "tools_from_module",
+    "validate_json_schema",
 ]

@@ -24,9 +24,10 @@ EVENT_KINDS = frozenset(
         "fallback",
         "call_finished",
         "approval_required",
+        "approval_decided",
     }
 )
-"""Kinds the kernel emits (``approval_required`` comes from the approval plugin).
+"""Kinds the kernel emits (``approval_*`` come from the approval plugin).
 
 Plugins may emit their own kinds with ``kernel.events.emit``.
 """

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from toolwire import ConfigError, Kernel, load_config
-from toolwire._config import installed_plugins
+from toolwire import ConfigError, Kernel, installed_plugins, load_config
 from toolwire_idempotency import IdempotencyConfig, IdempotencyPlugin
 
 from .conftest import counting_tool

@@ -8,8 +8,7 @@ import mcp_types
 import pydantic
 import pytest
 
-from toolwire import ToolResult
-from toolwire._validate import ArgsError
+from toolwire import ArgsError, ToolResult
 from toolwire_mcp import MCPConfig, ServeConfig, ServerConfig, resolve_auth_token
 from toolwire_mcp._convert import make_validator, remote_error, remote_value, render_text
 

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from toolwire import Tool, hookimpl
-from toolwire._background import BackgroundTask
+from toolwire import BackgroundTask, Tool, hookimpl
 
 from ._agent import AgentHandle, AgentSpec
 from ._cards import (

@@ -37,6 +37,7 @@ import pydantic
 import pydantic_core
 
 from toolwire import (
+    ArgsError,
     CallContext,
     CallRejected,
     ErrorKind,
@@ -44,9 +45,10 @@ from toolwire import (
     Tool,
     ToolCall,
     ToolResult,
+    describe_validation_error,
     hookimpl,
+    validate_json_schema,
 )
-from toolwire._validate import ArgsError, describe_validation_error, validate_json_schema
 from toolwire.state import Entry, StateStore, StateStoreError
 
 from ._channels import (

@@ -48,8 +48,7 @@ from ._canonical import UnencodableArgumentError, hashes, record_hash
 from ._config import IdempotencyConfig, apply_env
 
 if TYPE_CHECKING:
-    from toolwire import Kernel, Tool
-    from toolwire._background import BackgroundTask
+    from toolwire import BackgroundTask, Kernel, Tool
 
 __all__ = ["IdempotencyCounters", "IdempotencyPlugin"]
 

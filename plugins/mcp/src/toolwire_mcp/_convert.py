@@ -15,8 +15,7 @@ import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
 import mcp_types
 
-from toolwire import ErrorKind, ToolResult
-from toolwire._validate import ArgsError
+from toolwire import ArgsError, ErrorKind, ToolResult
 
 from ._keys import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
 

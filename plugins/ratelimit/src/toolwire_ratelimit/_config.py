@@ -488,7 +488,7 @@ def with_config_file(config: M, kernel: Kernel, section: str) -> M:
     base = Path(kcfg.path).parent if kcfg is not None and kcfg.path else None
     secrets: dict[str, str] = {}
     if kcfg is not None and kcfg.secrets_file:
-        from toolwire._config import read_secrets_file  # the kernel's own parser
+        from toolwire import read_secrets_file  # the kernel's own parser
 
         sp = Path(kcfg.secrets_file)
         if base is not None and not sp.is_absolute():
