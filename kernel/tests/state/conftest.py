@@ -13,7 +13,6 @@ test. Without a reachable server the redis tests are skipped, unless
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +24,7 @@ import anyio.lowlevel
 import pytest
 
 from toolwire.state import MemoryStore, RedisStore, SQLiteStore, StateStore
+from toolwire.testing import require_redis
 
 REDIS_URL = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/15")
 ALL_BACKENDS = ("memory", "sqlite", "redis")
@@ -52,35 +52,9 @@ class FakeClock:
         self.now += seconds
 
 
-@functools.cache
-def _redis_problem(url: str) -> str | None:
-    try:
-        import redis
-    except ImportError:
-        return "redis-py is not installed (pip install 'toolwire[redis]')"
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-    try:
-        client.ping()
-    except Exception as exc:
-        return f"no Redis answers at {url} ({exc})"
-    finally:
-        client.close()
-    return None
-
-
 def redis_url() -> str:
     """The test Redis URL, or skip (fail under TOOLWIRE_REQUIRE_REDIS=1) without one."""
-    problem = _redis_problem(REDIS_URL)
-    if problem is not None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
-            pytest.fail(
-                f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. Start one with "
-                "`redis-server --port 6379 --save '' --appendonly no --daemonize yes` "
-                "or point TOOLWIRE_REDIS_URL at one.",
-                pytrace=False,
-            )
-        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
-    return REDIS_URL
+    return require_redis(REDIS_URL)
 
 
 def flush_redis(url: str) -> None:

@@ -3,7 +3,6 @@ not a `tests` package: several distributions in the workspace have a `tests/`)."
 
 from __future__ import annotations
 
-import functools
 import os
 import secrets
 from collections.abc import AsyncIterator, Callable
@@ -15,6 +14,7 @@ import anyio.lowlevel
 import pytest
 
 from toolwire import CallEvent, Clock, Kernel, ToolResult, tool
+from toolwire.testing import require_redis
 from toolwire_approval import ApprovalConfig, ApprovalPlugin
 
 REDIS_URL = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/13")
@@ -139,28 +139,7 @@ async def running_call(
             await done.wait()
 
 
-@functools.cache
-def _redis_problem(url: str) -> str | None:
-    try:
-        import redis
-    except ImportError:
-        return "redis-py is not installed"
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
-    try:
-        client.ping()
-    except Exception as exc:
-        return f"no Redis answers at {url} ({exc})"
-    finally:
-        client.close()
-    return None
-
-
 def redis_url() -> str:
     """The test Redis (nothing is flushed: tests use unique key prefixes); skips without
     one, fails under TOOLWIRE_REQUIRE_REDIS=1."""
-    problem = _redis_problem(REDIS_URL)
-    if problem is not None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}", pytrace=False)
-        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
-    return REDIS_URL
+    return require_redis(REDIS_URL)
