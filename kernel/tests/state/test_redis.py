@@ -276,3 +276,37 @@ async def test_scripts_survive_a_flushed_script_cache(fresh_redis_url: str) -> N
         assert not created and got == second and second.version != first.version
         await raw.script_flush()
         assert await store.compare_and_set("k", 4, expected_version=second.version)
+
+
+@pytest.mark.redis
+async def test_fast_pool_is_used_and_still_bounds_and_queues(fresh_redis_url: str) -> None:
+    sep = "&" if "?" in fresh_redis_url else "?"
+    url = f"{fresh_redis_url}{sep}max_connections=3&timeout=20"
+    async with RedisStore(url) as store:
+        pool = store._client.connection_pool  # type: ignore[union-attr]
+        # With the locked redis-py the fast path must be active: if an upgrade
+        # removes an internal it relies on, this says so instead of silently
+        # falling back to the slower pool.
+        assert type(pool).__name__ == "Pool", "fast pool not in use (redis-py internals changed?)"
+
+        async def bump() -> None:
+            await store.incr("n")
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(500):
+                tg.start_soon(bump)
+        assert await store.get("n") == 500
+        assert len(pool._in_use_connections) == 0
+        assert len(pool._available_connections) <= 3
+
+
+def test_fast_pool_falls_back_when_redis_py_lacks_an_internal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import redis.asyncio
+
+    from toolwire.state import _redis
+
+    monkeypatch.setattr(_redis, "_POOL_ATTRS", (*_redis._POOL_ATTRS, "_not_in_any_redis_py"))
+    pool = _redis._fast_pool("redis://127.0.0.1:6379/14", {})
+    assert type(pool) is redis.asyncio.BlockingConnectionPool

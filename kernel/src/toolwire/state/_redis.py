@@ -277,6 +277,152 @@ def _channel(key: str) -> str:
     return CHANNEL_PREFIX + key
 
 
+def _fast_pool(url: str, options: dict[str, Any]) -> Any:
+    """A redis-py ``BlockingConnectionPool`` without its per-command overhead.
+
+    Same bounds and queueing (at most ``max_connections``; past that callers
+    wait up to ``timeout`` s, in order), but:
+
+    - checking out an idle connection, or giving one back, while nobody waits
+      and nothing holds the pool's locks is a few list operations instead of a
+      Condition + timeout + lock round (the original path still runs whenever
+      somebody does wait, so queued callers are served first and notified);
+    - writes are bounded by ``socket_timeout`` with ``asyncio.timeout`` instead
+      of ``asyncio.wait_for`` (which, before Python 3.12, starts a task per
+      command), and only when the socket did not take the whole command at once.
+
+    Reads, health checks, the dirty-connection check on checkout, reconnects and
+    errors are redis-py's own.
+    """
+    import redis.asyncio
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    class Pool(redis.asyncio.BlockingConnectionPool):
+        def _quiet(self) -> bool:
+            cond = self._condition
+            return not (
+                self._in_maintenance
+                or cond.locked()
+                or getattr(cond, "_waiters", True)  # anybody queued: the fair path
+                or self._lock.locked()
+            )
+
+        async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+            if args or kwargs or not self._available_connections or not self._quiet():
+                return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
+            conn = self._available_connections.pop()
+            self._in_use_connections.add(conn)
+            try:
+                try:
+                    dirty = (
+                        not conn.is_connected
+                        or await conn.can_read()
+                        or self.maint_notifications_enabled()  # type: ignore[no-untyped-call]
+                    )
+                except (RedisConnectionError, RedisTimeoutError, OSError):
+                    dirty = True
+                if dirty:
+                    await self.ensure_connection(conn)  # redis-py's full check (reconnects)
+            except BaseException:
+                await self.release(conn)
+                raise
+            return conn
+
+        async def release(self, connection: Any) -> None:
+            if not self._quiet() or connection.should_reconnect():
+                await super().release(connection)
+                return
+            self._in_use_connections.remove(connection)
+            self._available_connections.append(connection)
+
+    def fast_send(base: type) -> type:
+        class FastSend(base):  # type: ignore[misc]
+            async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+                timeout = self.socket_timeout
+                if not timeout:
+                    await super().send_packed_command(command, check_health)
+                    return
+                if not self.is_connected:
+                    await self.connect_check_health(check_health=False)
+                if check_health:
+                    await self.check_health()
+                try:
+                    if isinstance(command, str):
+                        command = command.encode()
+                    if isinstance(command, bytes):
+                        command = [command]
+                    writer = self._writer
+                    writer.writelines(command)
+                    if writer.transport.get_write_buffer_size():
+                        # only a full socket buffer can make drain() block
+                        async with asyncio.timeout(timeout):
+                            await writer.drain()
+                    else:
+                        await writer.drain()
+                except TimeoutError:
+                    await self.disconnect(nowait=True)
+                    raise RedisTimeoutError("Timeout writing to socket") from None
+                except OSError as e:
+                    await self.disconnect(nowait=True)
+                    if len(e.args) == 1:
+                        err_no, errmsg = "UNKNOWN", e.args[0]
+                    else:
+                        err_no, errmsg = e.args[0], e.args[1]
+                    raise RedisConnectionError(
+                        f"Error {err_no} while writing to socket. {errmsg}."
+                    ) from e
+                except BaseException:
+                    await self.disconnect(nowait=True)
+                    raise
+
+        FastSend.__name__ = FastSend.__qualname__ = base.__name__
+        return FastSend
+
+    pool = Pool.from_url(url, **options)
+    if not _fast_path_supported(pool):
+        # Another redis-py than the one this was written against: its own pool, unchanged.
+        return redis.asyncio.BlockingConnectionPool.from_url(url, **options)
+    pool.connection_class = fast_send(pool.connection_class)
+    return pool
+
+
+#: redis-py internals the fast pool relies on (checked, not assumed: redis>=5.2 is allowed).
+_POOL_ATTRS = (
+    "_in_maintenance",
+    "_condition",
+    "_available_connections",
+    "_in_use_connections",
+    "_lock",
+    "maint_notifications_enabled",
+    "ensure_connection",
+)
+_CONN_ATTRS = (
+    "connect_check_health",
+    "check_health",
+    "send_packed_command",
+    "disconnect",
+    "should_reconnect",
+    "can_read",
+    "is_connected",
+    "socket_timeout",
+    "_writer",
+)
+
+
+def _fast_path_supported(pool: Any) -> bool:
+    """Whether this redis-py has every internal the fast pool uses."""
+    if not all(hasattr(pool, a) for a in _POOL_ATTRS):
+        return False
+    if not hasattr(pool._condition, "_waiters"):
+        return False
+    try:
+        conn = pool.connection_class(**pool.connection_kwargs)
+    except Exception:
+        return False
+    return all(hasattr(conn, a) for a in _CONN_ATTRS)
+
+
 class _Notifier:
     """One pub/sub connection per store, shared by all its waiters (asyncio only).
 
@@ -480,7 +626,7 @@ class RedisStore(StateStore):
                 **self._client_options,
             }
             try:
-                pool = redis.asyncio.BlockingConnectionPool.from_url(self.url, **options)
+                pool = _fast_pool(self.url, options)
             except (ValueError, TypeError) as exc:
                 raise StateStoreError(
                     f"redis state store URL {self.safe_url} is invalid: {exc}; "
