@@ -21,6 +21,7 @@ from ._plugin import MCPPlugin
 
 if TYPE_CHECKING:
     from fastmcp import FastMCP
+    from starlette.applications import Starlette
 
     from toolwire import Kernel
 
@@ -33,6 +34,7 @@ __all__ = [
     "ServeConfig",
     "ServerConfig",
     "__version__",
+    "create_http_app",
     "create_server",
     "resolve_auth_token",
     "run_server",
@@ -56,6 +58,23 @@ def create_server(
     from ._serve import create_server as impl
 
     return impl(kernel, name=name, instructions=instructions, auth_token=auth_token)
+
+
+def create_http_app(
+    kernel: Kernel, config: ServeConfig | None = None, *, auth_token: str | None = None
+) -> Starlette:
+    """The ASGI app ``toolwire serve --transport http`` runs, to mount in your own ASGI server.
+
+    The MCP endpoint at ``config.path`` (default ``/mcp``), the plugins' HTTP
+    routes and the Host/Origin guard, behind the bearer token: ``auth_token``,
+    else what ``config`` and ``TOOLS_AUTH_*`` say (as ``toolwire serve``).
+    Run the app's lifespan (uvicorn and Starlette's ``Mount`` do).
+    """
+    from ._serve import create_http_app as impl
+
+    config = config or ServeConfig(transport="http")
+    token = auth_token if auth_token is not None else resolve_auth_token(config)
+    return impl(kernel, config, auth_token=token)
 
 
 async def run_server(

@@ -208,6 +208,12 @@ class ServeConfig(BaseModel):
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="on SIGINT/SIGTERM, how long in-flight calls may finish"
     )
+    fast_path: bool = Field(
+        True,
+        description="HTTP: answer plain 2026-07-28 `tools/call` requests on toolwire's lean "
+        "path (same results, a fraction of FastMCP's per-call CPU); false: every request "
+        "through FastMCP's handler",
+    )
 
     @field_validator("path")
     @classmethod

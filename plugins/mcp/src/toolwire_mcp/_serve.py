@@ -36,16 +36,19 @@ from fastmcp.tools.base import InputRequiredToolResult
 from fastmcp.utilities.versions import VersionSpec
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import PrivateAttr
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Match
 from starlette.types import Receive, Scope, Send
 
 import toolwire
-from toolwire import ConfigError, ErrorKind, Kernel, Tool, ToolResult
+from toolwire import ConfigError, Kernel, Tool, ToolResult
 
+from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
-from ._convert import CALL_ID_META_KEY, render_text, result_meta
+from ._convert import render_text, result_meta
+from ._fastpath import install_fast_path
 
 __all__ = [
     "ELICIT_EXTENSION",
@@ -55,6 +58,7 @@ __all__ = [
     "KernelTool",
     "MCPElicitation",
     "ServeGate",
+    "create_http_app",
     "create_server",
     "plugin_http_routes",
     "run_server",
@@ -69,34 +73,6 @@ INPUT_REQUIRED = "input_required"
 log = logging.getLogger("toolwire.serve")
 
 _PERMISSIVE: dict[str, Any] = {"type": "object", "additionalProperties": True}
-
-
-class ServeGate:
-    """Counts in-flight calls and refuses new ones while the server drains."""
-
-    def __init__(self) -> None:
-        self.inflight = 0
-        self.draining = False
-        self._idle: anyio.Event | None = None
-
-    def enter(self) -> None:
-        """A call starts."""
-        self.inflight += 1
-
-    def leave(self) -> None:
-        """A call ended."""
-        self.inflight -= 1
-        if self.inflight == 0 and self._idle is not None:
-            self._idle.set()
-
-    async def drain(self, grace_s: float) -> int:
-        """Refuse new calls and wait up to ``grace_s`` for in-flight ones; returns those left."""
-        self.draining = True
-        if self.inflight:
-            self._idle = anyio.Event()
-            with anyio.move_on_after(grace_s):
-                await self._idle.wait()
-        return self.inflight
 
 
 def _current_context() -> Context | None:
@@ -119,9 +95,7 @@ def _session_id(ctx: Context | None, rc: FastMCPRequestContext | None) -> str | 
         return None
 
 
-def _progress_sender(
-    rc: FastMCPRequestContext, token: str | int
-) -> Callable[[float, float | None, str | None], Awaitable[None]]:
+def _progress_sender(rc: FastMCPRequestContext, token: str | int) -> ProgressSender:
     """Progress notifications for this request, callable from any task.
 
     ``Context.report_progress`` reads the request from a context variable, which
@@ -239,10 +213,6 @@ class MCPElicitation:
         )
 
 
-def _error_result(kind: str, message: str) -> MCPToolResult:
-    return to_mcp_result(ToolResult.fail(kind, message, source="mcp"))
-
-
 def to_mcp_result(result: ToolResult) -> MCPToolResult:
     """A kernel result as an MCP result: structured content + text, or ``isError`` + ``_meta``."""
     # An error result carries no structured content: clients validate structured
@@ -284,47 +254,28 @@ class KernelTool(MCPTool):
 
     async def run(self, arguments: dict[str, Any]) -> MCPToolResult:
         """Run the call through the kernel pipeline."""
-        gate = self._gate
-        if gate.draining:
-            return _error_result(
-                ErrorKind.UNAVAILABLE,
-                "toolwire is shutting down and accepts no new calls; retry on another instance",
-            )
         ctx = _current_context()
         rc = ctx.request_context if ctx is not None else None
         raw_meta = rc.meta if rc is not None else None
-        call_id: str | None = None
-        progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
-        metadata: dict[str, Any] = {"via": "mcp"}
-        if raw_meta:
-            cid = raw_meta.get(CALL_ID_META_KEY)
-            if cid is not None:
-                if isinstance(cid, bool) or not isinstance(cid, (str, int)) or cid == "":
-                    return _error_result(
-                        ErrorKind.INVALID_ARGS,
-                        f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, "
-                        f"got {type(cid).__name__}",
-                    )
-                call_id = str(cid)
-            token = raw_meta.get("progressToken")
-            if token is not None and rc is not None:
-                progress = _progress_sender(rc, token)
-        if rc is not None and rc.request_id is not None:
-            metadata["mcp_request_id"] = rc.request_id
+        call_id = call_id_from_meta(raw_meta)
+        if isinstance(call_id, ToolResult):
+            return to_mcp_result(call_id)
+        progress: ProgressSender | None = None
+        token = raw_meta.get("progressToken") if raw_meta else None
+        if token is not None and rc is not None:
+            progress = _progress_sender(rc, token)
         elicit = MCPElicitation.offered(ctx, rc)
-        gate.enter()
-        try:
-            result = await self._kernel.call(
-                self.name,
-                arguments,
-                call_id=call_id,
-                session_id=_session_id(ctx, rc),
-                metadata=metadata,
-                progress=progress,
-                extensions={ELICIT_EXTENSION: elicit} if elicit is not None else None,
-            )
-        finally:
-            gate.leave()
+        result = await run_call(
+            self._kernel,
+            self._gate,
+            self.name,
+            arguments,
+            call_id=call_id,
+            request_id=rc.request_id if rc is not None else None,
+            session_id=_session_id(ctx, rc),
+            progress=progress,
+            extensions={ELICIT_EXTENSION: elicit} if elicit is not None else None,
+        )
         if elicit is not None and result.error is not None and result.error.kind == INPUT_REQUIRED:
             asked = elicit.input_required()
             if asked is not None:
@@ -527,6 +478,44 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def create_http_app(
+    kernel: Kernel,
+    cfg: ServeConfig | None = None,
+    *,
+    auth_token: str | None = None,
+    gate: ServeGate | None = None,
+) -> Starlette:
+    """The ASGI app ``toolwire serve --transport http`` runs, to mount in your own server.
+
+    The MCP endpoint at ``cfg.path`` (with the lean ``tools/call`` path unless
+    ``cfg.fast_path`` is false; the ``FastCallPath`` is ``app.state.toolwire_fast_path``,
+    None when off), the plugins' HTTP routes, all behind ``auth_token`` when
+    given, and the Host/Origin guard. Run the app's lifespan (uvicorn does).
+    """
+    cfg = cfg or ServeConfig(transport="http")
+    gate = gate or ServeGate()
+    mcp = create_server(
+        kernel, name=cfg.name, instructions=cfg.instructions, auth_token=auth_token, gate=gate
+    )
+    # Plugins' HTTP routes (e.g. /approvals), behind the same token.
+    extra_routes = plugin_http_routes(kernel, auth_token=auth_token, reserved=[cfg.path])
+    allowed = [*cfg.allowed_hosts, cfg.host] if _is_loopback(cfg.host) else cfg.allowed_hosts
+    app = mcp.http_app(
+        path=cfg.path,
+        transport="http",
+        host_origin_protection="auto",
+        allowed_hosts=allowed or None,
+        allowed_origins=cfg.allowed_origins or None,
+    )
+    app.router.routes.extend(extra_routes)
+    fast = None
+    if cfg.fast_path:
+        stamp = mcp._mcp_server.server_info_stamp
+        fast = install_fast_path(app, cfg.path, kernel=kernel, gate=gate, server_info=stamp)
+    app.state.toolwire_fast_path = fast
+    return app
+
+
 async def run_server(
     kernel: Kernel,
     cfg: ServeConfig,
@@ -543,12 +532,9 @@ async def run_server(
     """
     token = resolve_auth_token(cfg) if cfg.transport == "http" else None
     gate = ServeGate()
-    mcp = create_server(
-        kernel, name=cfg.name, instructions=cfg.instructions, auth_token=token, gate=gate
-    )
-    extra_routes: list[BaseRoute] = []
-    if cfg.transport == "http":  # plugins' HTTP routes (e.g. /approvals), behind the same token
-        extra_routes = plugin_http_routes(kernel, auth_token=token, reserved=[cfg.path])
+    app: Starlette | None = None
+    if cfg.transport == "http":
+        app = create_http_app(kernel, cfg, auth_token=token, gate=gate)
     route_foreign_logs()
     tools = len(kernel.list_tools())
     sock: socket.socket | None = None
@@ -575,21 +561,16 @@ async def run_server(
             log.info("toolwire serving %d tools over stdio", tools)
             if on_ready is not None:
                 on_ready(info)
+            mcp = create_server(
+                kernel, name=cfg.name, instructions=cfg.instructions, auth_token=None, gate=gate
+            )
             await _run_stdio(mcp, gate, cfg.shutdown_grace_s)
             tg.cancel_scope.cancel()
             return
 
         assert sock is not None
         port = sock.getsockname()[1]
-        allowed = [*cfg.allowed_hosts, cfg.host] if _is_loopback(cfg.host) else cfg.allowed_hosts
-        app = mcp.http_app(
-            path=cfg.path,
-            transport="http",
-            host_origin_protection="auto",
-            allowed_hosts=allowed or None,
-            allowed_origins=cfg.allowed_origins or None,
-        )
-        app.router.routes.extend(extra_routes)
+        assert app is not None
         server = _Uvicorn(
             uvicorn.Config(
                 app,

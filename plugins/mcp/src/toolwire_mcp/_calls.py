@@ -1,0 +1,105 @@
+"""What both serving paths share: the drain gate, reading a call's ``_meta``, running the call.
+
+FastMCP's handler (``KernelTool.run``) and toolwire's lean HTTP path
+(``_fastpath``) hand calls to the kernel through these, so an MCP caller gets
+the same call id handling, the same drain behaviour and the same result on
+either path. Imports no FastMCP.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import anyio
+
+from toolwire import ErrorKind, Kernel, ToolResult
+
+from ._keys import CALL_ID_META_KEY
+
+__all__ = ["ProgressSender", "ServeGate", "call_id_from_meta", "run_call"]
+
+#: ``progress(progress, total, message)``: sends one MCP progress notification.
+ProgressSender = Callable[[float, float | None, str | None], Awaitable[None]]
+
+_DRAINING = "toolwire is shutting down and accepts no new calls; retry on another instance"
+
+
+class ServeGate:
+    """Counts in-flight calls and refuses new ones while the server drains."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self.draining = False
+        self._idle: anyio.Event | None = None
+
+    def enter(self) -> None:
+        """A call starts."""
+        self.inflight += 1
+
+    def leave(self) -> None:
+        """A call ended."""
+        self.inflight -= 1
+        if self.inflight == 0 and self._idle is not None:
+            self._idle.set()
+
+    async def drain(self, grace_s: float) -> int:
+        """Refuse new calls and wait up to ``grace_s`` for in-flight ones; returns those left."""
+        self.draining = True
+        if self.inflight:
+            self._idle = anyio.Event()
+            with anyio.move_on_after(grace_s):
+                await self._idle.wait()
+        return self.inflight
+
+
+def _fail(kind: str, message: str) -> ToolResult:
+    return ToolResult.fail(kind, message, source="mcp")
+
+
+def call_id_from_meta(meta: Mapping[str, Any] | None) -> str | ToolResult | None:
+    """The call id a request's ``_meta`` carries; None without one; an error result when malformed."""
+    if not meta:
+        return None
+    cid = meta.get(CALL_ID_META_KEY)
+    if cid is None:
+        return None
+    if isinstance(cid, bool) or not isinstance(cid, (str, int)) or cid == "":
+        return _fail(
+            ErrorKind.INVALID_ARGS,
+            f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, got {type(cid).__name__}",
+        )
+    return str(cid)
+
+
+async def run_call(
+    kernel: Kernel,
+    gate: ServeGate,
+    name: str,
+    arguments: dict[str, Any],
+    *,
+    call_id: str | None,
+    request_id: str | int | None,
+    session_id: str | None = None,
+    progress: ProgressSender | None = None,
+    extensions: dict[str, Any] | None = None,
+) -> ToolResult:
+    """``kernel.call`` for an MCP caller, counted by ``gate`` (``unavailable`` while draining)."""
+    if gate.draining:
+        return _fail(ErrorKind.UNAVAILABLE, _DRAINING)
+    metadata: dict[str, Any] = {"via": "mcp"}
+    if request_id is not None:
+        metadata["mcp_request_id"] = request_id
+    gate.enter()
+    try:
+        return await kernel.call(
+            name,
+            arguments,
+            call_id=call_id,
+            session_id=session_id,
+            metadata=metadata,
+            progress=progress,
+            extensions=extensions,
+        )
+    finally:
+        gate.leave()

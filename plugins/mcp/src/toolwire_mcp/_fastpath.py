@@ -1,0 +1,441 @@
+"""The lean path for ``tools/call`` over Streamable HTTP (protocol 2026-07-28).
+
+In the 2026-07-28 protocol every request is one self-contained POST: no
+session, no handshake. For the request a gateway sees most — ``tools/call`` —
+FastMCP's generic machinery (the SDK's single-exchange handler, its runner and
+dispatch context, FastMCP's middleware chain, provider fan-out and result
+re-validation) costs about 1 ms of CPU per call on this machine, several times
+the work of the call itself. ``FastCallPath`` sits in front of FastMCP's
+endpoint, inside the same Starlette app (so the Host/Origin guard and the
+bearer-token check have run before it sees a request), answers the plain
+``tools/call`` requests itself, and hands every other request to FastMCP
+untouched, body included.
+
+What the lean path answers is what FastMCP would answer, byte for byte in
+content (tests compare both paths on the same requests): the same result
+object with the server-info stamp, JSON while the call sends nothing, and
+``text/event-stream`` from the first progress notification on (or after 15 s
+of silence, with keep-alive pings), exactly as the SDK's handler decides.
+A request is only taken when every check FastMCP's handler would make is
+one the lean path makes too; anything else — another method, a batch, a
+malformed body, mismatched routing headers, an unsupported version,
+``Mcp-Param-*`` headers, a client that can answer elicitations (approval
+prompts need FastMCP's request context), a retried request carrying input
+responses — goes to FastMCP, which produces the protocol's answer.
+
+``[server] fast_path = false`` turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+import anyio
+import pydantic_core
+from mcp.server.runner import modern_error_data
+from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    InboundModernRoute,
+    classify_inbound_request,
+    x_mcp_header_map,
+)
+from mcp_types import SERVER_INFO_META_KEY
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from toolwire import Kernel, Tool, ToolResult
+
+from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
+from ._convert import render_text, result_meta
+
+__all__ = ["FastCallPath", "install_fast_path", "wire_result"]
+
+log = logging.getLogger("toolwire.serve")
+
+_PING_INTERVAL_S: Final = 15.0  # as the SDK's handler: commit SSE and ping after 15 s of silence
+_WATCH_AFTER_S: Final = 0.5
+_MODERN: Final = frozenset(v.encode("latin-1") for v in MODERN_PROTOCOL_VERSIONS)
+_PARAM_PREFIX: Final = b"mcp-param-"
+_ROUTING: Final = frozenset(
+    h.encode() for h in (MCP_PROTOCOL_VERSION_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER)
+)
+_PARAM_KEYS: Final = frozenset({"name", "arguments", "_meta"})
+_ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params"})
+_JSON_HEADERS: Final = (b"content-type", b"application/json")
+_SSE_HEADERS: Final = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+_PING: Final = b": ping\r\n\r\n"
+
+
+def wire_result(result: ToolResult, server_info: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``CallToolResult`` object of a kernel result, as FastMCP puts it on the wire."""
+    out: dict[str, Any] = {
+        "content": [{"type": "text", "text": render_text(result)}],
+        "isError": result.is_error,
+        "resultType": "complete",
+        "_meta": {**result_meta(result), SERVER_INFO_META_KEY: server_info},
+    }
+    if not result.is_error:
+        out["structuredContent"] = result.content
+    return out
+
+
+def _sse(message: Mapping[str, Any]) -> bytes:
+    return b"event: message\r\ndata: " + pydantic_core.to_json(message) + b"\r\n\r\n"
+
+
+class _Reply:
+    """The response of one exchange: JSON until the first event, then an SSE stream.
+
+    Events may come from other tasks (an upstream's progress); the lock that
+    orders them is made with the first event, so a call without events pays
+    for none.
+    """
+
+    __slots__ = ("_lock", "_send", "finished", "streaming")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self._lock: asyncio.Lock | None = None
+        self.streaming = False
+        self.finished = False
+
+    async def event(self, frame: bytes) -> None:
+        """Send ``frame`` on the event stream, committing to SSE first if need be."""
+        if self.finished:
+            return
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.finished:
+                return
+            if not self.streaming:
+                self.streaming = True
+                await self._send(
+                    {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
+                )
+            await self._send({"type": "http.response.body", "body": frame, "more_body": True})
+
+    async def finish(self, message: Mapping[str, Any], status: int = 200) -> None:
+        """The JSON-RPC reply: the last SSE frame, or the whole JSON response."""
+        self.finished = True  # before any await: later events are dropped
+        if self._lock is None:
+            await self._write(message, status)
+            return
+        async with self._lock:
+            await self._write(message, status)
+
+    async def _write(self, message: Mapping[str, Any], status: int) -> None:
+        if self.streaming:
+            await self._send(
+                {"type": "http.response.body", "body": _sse(message), "more_body": False}
+            )
+            return
+        body = pydantic_core.to_json(message)
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await self._send({"type": "http.response.body", "body": body})
+
+
+def _replay(first: Message, receive: Receive) -> Receive:
+    """``receive`` that yields the already-read body once, then the real stream."""
+    pending: list[Message] = [first]
+
+    async def replayed() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replayed
+
+
+class FastCallPath:
+    """ASGI app answering plain 2026-07-28 ``tools/call`` POSTs; everything else goes to ``inner``.
+
+    ``inner`` is FastMCP's Streamable HTTP endpoint. ``server_info`` is the
+    server-info stamp FastMCP puts in every result's ``_meta``.
+    """
+
+    def __init__(
+        self,
+        inner: ASGIApp,
+        *,
+        kernel: Kernel,
+        gate: ServeGate,
+        server_info: Mapping[str, Any],
+        max_body_size: int = DEFAULT_MAX_REQUEST_BODY_SIZE,
+    ) -> None:
+        self.inner = inner
+        self.kernel = kernel
+        self.gate = gate
+        self.server_info = dict(server_info)
+        self.max_body_size = max_body_size
+        #: Requests answered on the lean path / handed to FastMCP (for tests and stats).
+        self.taken = 0
+        self.passed = 0
+        self._param_headers: dict[str, tuple[Tool, bool]] = {}
+
+    # ------------------------------------------------------------ routing
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or not self._headers_fit(scope):
+            self.passed += 1
+            await self.inner(scope, receive, send)
+            return
+        message = await receive()
+        body = message.get("body", b"") if message["type"] == "http.request" else b""
+        if message["type"] != "http.request" or message.get("more_body", False):
+            # A body in several chunks (large, or slow): FastMCP's handler reads it.
+            self.passed += 1
+            await self.inner(scope, _replay(message, receive), send)
+            return
+        call = self._parse(body, scope)
+        if call is None:
+            self.passed += 1
+            await self.inner(scope, _replay(message, receive), send)
+            return
+        self.taken += 1
+        await self._exchange(call, receive, send)
+
+    def _headers_fit(self, scope: Scope) -> bool:
+        """The headers are those of a modern request FastMCP would accept as they are."""
+        version = accept = ctype = None
+        length = -1
+        seen: set[bytes] = set()
+        for key, value in scope["headers"]:
+            if key in _ROUTING:
+                if key in seen:
+                    return False  # FastMCP rejects duplicated routing headers
+                seen.add(key)
+                if key == b"mcp-protocol-version":
+                    version = value
+            elif key == b"accept":
+                accept = value
+            elif key == b"content-type":
+                ctype = value
+            elif key == b"content-length":
+                try:
+                    length = int(value)
+                except ValueError:
+                    return False
+            elif key.startswith(_PARAM_PREFIX):
+                return False  # validated against the tool's schema by FastMCP
+        if version not in _MODERN or ctype is None or accept is None:
+            return False
+        if not ctype.lower().startswith(b"application/json"):
+            return False
+        if length < 0 or length > self.max_body_size:
+            return False
+        types = {t.split(b";")[0].strip().lower() for t in accept.split(b",")}
+        any_type = b"*/*" in types
+        has_json = any_type or b"application/json" in types or b"application/*" in types
+        has_sse = any_type or b"text/event-stream" in types or b"text/*" in types
+        return has_json and has_sse
+
+    def _parse(self, body: bytes, scope: Scope) -> _Call | None:
+        """The call a body asks for, or None when FastMCP should answer it."""
+        try:
+            req = json.loads(body)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(req, dict) or req.keys() - _ENVELOPE_KEYS:
+            return None
+        rid = req.get("id")
+        if req.get("jsonrpc") != "2.0" or req.get("method") != "tools/call":
+            return None
+        if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+            return None
+        params = req.get("params")
+        if not isinstance(params, dict) or params.keys() - _PARAM_KEYS:
+            return None
+        name = params.get("name")
+        arguments = params.get("arguments")
+        meta = params.get("_meta")
+        if not isinstance(name, str) or not isinstance(meta, dict):
+            return None
+        if arguments is None:
+            arguments = {}
+        elif not isinstance(arguments, dict):
+            return None
+        token = meta.get("progressToken")
+        if token is not None and (isinstance(token, bool) or not isinstance(token, (str, int))):
+            return None
+        headers = {}
+        for key, value in scope["headers"]:
+            if key in _ROUTING:
+                headers[key.decode("latin-1")] = value.decode("latin-1")
+        verdict = classify_inbound_request(req, headers=headers)
+        if not isinstance(verdict, InboundModernRoute):
+            return None
+        caps = verdict.client_capabilities
+        if not isinstance(caps, dict) or caps.get("elicitation") is not None:
+            return None  # MCP elicitation (approval prompts) runs in FastMCP's request context
+        if self._needs_param_headers(name):
+            return None
+        return _Call(rid, name, arguments, meta, token)
+
+    def _needs_param_headers(self, name: str) -> bool:
+        """The tool's schema declares ``Mcp-Param-*`` headers (FastMCP validates those)."""
+        tool = self.kernel.get_tool(name)
+        if tool is None:
+            return False
+        cached = self._param_headers.get(name)
+        if cached is not None and cached[0] is tool:
+            return cached[1]
+        try:
+            needs = bool(x_mcp_header_map(tool.input_schema))
+        except Exception:
+            needs = True
+        self._param_headers[name] = (tool, needs)
+        return needs
+
+    # ----------------------------------------------------------- exchange
+    async def _exchange(self, call: _Call, receive: Receive, send: Send) -> None:
+        reply = _Reply(send)
+        progress: ProgressSender | None = None
+        if call.token is not None:
+            progress = _progress_sender(reply, call.token)
+        outcome: dict[str, Any] | None = None
+        status = 200
+        # A call that is still running after _WATCH_AFTER_S gets a watcher task
+        # (client disconnect -> cancel the call; silence -> SSE pings). Short
+        # calls, the common case, never pay for a task.
+        loop = asyncio.get_running_loop()
+        watcher: list[asyncio.Task[None]] = []
+        with anyio.CancelScope() as scope:
+
+            def start_watching() -> None:
+                watcher.append(loop.create_task(self._watch(receive, reply, scope)))
+
+            timer = loop.call_later(_WATCH_AFTER_S, start_watching)
+            try:
+                outcome = await self._run(call, progress)
+            except Exception as exc:  # the kernel answers errors as results; this is a bug
+                log.exception("tools/call %r failed outside the kernel pipeline", call.name)
+                error = modern_error_data(exc)
+                status = ERROR_CODE_HTTP_STATUS.get(error.code, 200)
+                outcome = {
+                    "jsonrpc": "2.0",
+                    "id": call.rid,
+                    "error": error.model_dump(mode="json", by_alias=True, exclude_none=True),
+                }
+            finally:
+                timer.cancel()
+                for task in watcher:
+                    task.cancel()
+        if outcome is not None:  # None: the client went away and the call was cancelled
+            await reply.finish(outcome, status)
+
+    async def _run(self, call: _Call, progress: ProgressSender | None) -> dict[str, Any]:
+        call_id = call_id_from_meta(call.meta)
+        if isinstance(call_id, ToolResult):
+            result = call_id
+        else:
+            result = await run_call(
+                self.kernel,
+                self.gate,
+                call.name,
+                call.arguments,
+                call_id=call_id,
+                request_id=call.rid,
+                progress=progress,
+            )
+        return {"jsonrpc": "2.0", "id": call.rid, "result": wire_result(result, self.server_info)}
+
+    async def _watch(self, receive: Receive, reply: _Reply, scope: anyio.CancelScope) -> None:
+        """Cancel the call when the client disconnects; ping an SSE stream while it is silent."""
+        silent_for = _WATCH_AFTER_S
+        while True:
+            with anyio.move_on_after(_PING_INTERVAL_S - silent_for) as idle:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    scope.cancel()
+                    return
+            if idle.cancelled_caught:
+                await reply.event(_PING)
+            silent_for = 0.0
+
+
+class _Call:
+    __slots__ = ("arguments", "meta", "name", "rid", "token")
+
+    def __init__(
+        self,
+        rid: str | int,
+        name: str,
+        arguments: dict[str, Any],
+        meta: dict[str, Any],
+        token: str | int | None,
+    ) -> None:
+        self.rid = rid
+        self.name = name
+        self.arguments = arguments
+        self.meta = meta
+        self.token = token
+
+
+def _progress_sender(reply: _Reply, token: str | int) -> ProgressSender:
+    async def send(progress: float, total: float | None, message: str | None) -> None:
+        params: dict[str, Any] = {"progressToken": token, "progress": progress}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        frame = _sse({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+        try:
+            await reply.event(frame)
+        except OSError as exc:  # progress is best effort: a client that went away is no error
+            log.debug("progress notification not delivered: %s", exc)
+
+    return send
+
+
+def install_fast_path(
+    app: Any,
+    path: str,
+    *,
+    kernel: Kernel,
+    gate: ServeGate,
+    server_info: Mapping[str, Any],
+) -> FastCallPath | None:
+    """Put a ``FastCallPath`` in front of the MCP endpoint of FastMCP's ``http_app``.
+
+    It goes inside the endpoint's route (behind the bearer-token check when
+    there is one). Returns None, and serves everything through FastMCP, when
+    the app is not laid out as FastMCP 4.2 lays it out.
+    """
+    from fastmcp.server.http import StreamableHTTPASGIApp
+    from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
+    from starlette.routing import Route
+
+    for route in getattr(getattr(app, "router", None), "routes", ()):
+        if not isinstance(route, Route) or route.path != path:
+            continue
+        holder: Any = route
+        if isinstance(route.app, RequireAuthMiddleware):
+            holder = route.app
+        if isinstance(holder.app, StreamableHTTPASGIApp):
+            fast = FastCallPath(holder.app, kernel=kernel, gate=gate, server_info=server_info)
+            holder.app = fast
+            return fast
+    log.warning(
+        "the lean tools/call path is off: FastMCP's HTTP app is not laid out as expected "
+        "(every request goes through FastMCP; results are the same, only slower)"
+    )
+    return None

@@ -1,0 +1,360 @@
+"""The lean ``tools/call`` path answers what FastMCP answers, and leaves the rest to FastMCP.
+
+Two real HTTP servers on loopback serve one kernel: one with the lean path
+(``fast_path = true``, the default), one without. The same raw requests go to
+both and the answers are compared; the lean path's counters show which path
+answered.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import uvicorn
+from fastmcp import Client
+
+import toolwire_mcp._fastpath as fastpath
+from toolwire import CallContext, Kernel, ToolError, tool
+from toolwire_mcp import CALL_ID_META_KEY, RESULT_META_KEY, ServeConfig, create_http_app
+from toolwire_mcp._calls import ServeGate
+from toolwire_mcp._serve import _Uvicorn, bind_socket
+from toolwire_mcp._serve import create_http_app as create_app_with_gate
+
+pytestmark = pytest.mark.anyio
+
+VERSION = "2026-07-28"
+CANCELLED: list[str] = []
+CANCEL_SEEN: anyio.Event | None = None
+
+
+@tool
+def profile(name: str, age: int = 0) -> dict[str, Any]:
+    """A structured result."""
+    return {"name": name, "age": age, "tags": ["a", "b"]}
+
+
+@tool
+def greet(name: str) -> str:
+    """A text result."""
+    return f"hello {name}"
+
+
+@tool
+def over_quota() -> str:
+    """Always over quota."""
+    raise ToolError("monthly budget exceeded", kind="quota", retry_after_s=30)
+
+
+@tool
+def stamped() -> dict[str, Any]:
+    """A result with values JSON has no type for."""
+    return {"at": datetime(2026, 11, 29, 12, 0, tzinfo=UTC), "raw": b"bytes"}
+
+
+@tool
+async def steps(n: int, ctx: CallContext) -> dict[str, int]:
+    """Reports progress ``n`` times."""
+    for i in range(n):
+        await ctx.report_progress(i + 1, n, f"step {i + 1}")
+    return {"done": n}
+
+
+@tool
+async def slow(seconds: float, label: str = "") -> str:
+    """Sleeps; notes a cancellation under ``label``."""
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        CANCELLED.append(label)
+        if CANCEL_SEEN is not None:
+            CANCEL_SEEN.set()
+        raise
+    return "slept"
+
+
+TOOLS = [profile, greet, over_quota, stamped, steps, slow]
+
+
+@dataclass
+class Served:
+    url: str
+    fast: fastpath.FastCallPath | None
+
+
+@asynccontextmanager
+async def serving(
+    kernel: Kernel, *, token: str | None = None, gate: ServeGate | None = None, **cfg: Any
+) -> AsyncIterator[Served]:
+    config = ServeConfig(transport="http", port=0, **cfg)
+    if gate is None:
+        app = create_http_app(kernel, config, auth_token=token)
+    else:
+        app = create_app_with_gate(kernel, config, auth_token=token, gate=gate)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = _Uvicorn(
+        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none")
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        await server.ready.wait()
+        try:
+            yield Served(f"http://127.0.0.1:{port}{config.path}", app.state.toolwire_fast_path)
+        finally:
+            server.should_exit = True
+    sock.close()
+
+
+@asynccontextmanager
+async def both() -> AsyncIterator[tuple[Served, Served]]:
+    async with Kernel(tools=TOOLS) as k, serving(k) as fast, serving(k, fast_path=False) as slow:
+        assert fast.fast is not None and slow.fast is None
+        yield fast, slow
+
+
+def envelope(
+    name: str,
+    arguments: Any = None,
+    *,
+    rid: Any = 1,
+    meta: dict[str, Any] | None = None,
+    caps: dict[str, Any] | None = None,
+    method: str = "tools/call",
+    omit_arguments: bool = False,
+) -> dict[str, Any]:
+    m = {
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientInfo": {"name": "raw-test", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": caps or {},
+        **(meta or {}),
+    }
+    params: dict[str, Any] = {"name": name, "_meta": m}
+    if not omit_arguments:
+        params["arguments"] = arguments if arguments is not None else {}
+    return {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
+
+
+def headers_for(body: dict[str, Any], **extra: str) -> dict[str, str]:
+    h = {
+        "accept": "application/json, text/event-stream",
+        "content-type": "application/json",
+        "mcp-protocol-version": VERSION,
+        "mcp-method": str(body.get("method")),
+    }
+    name = (body.get("params") or {}).get("name")
+    if isinstance(name, str):
+        h["mcp-name"] = name
+    h.update(extra)
+    return h
+
+
+def _scrub(obj: Any) -> Any:
+    """Drop what legitimately differs between two runs (durations)."""
+    if isinstance(obj, dict):
+        return {k: _scrub(v) for k, v in obj.items() if k != "duration_ms"}
+    if isinstance(obj, list):
+        return [_scrub(v) for v in obj]
+    return obj
+
+
+async def post(
+    url: str, body: Any, headers: dict[str, str] | None = None, *, raw: bytes | None = None
+) -> tuple[int, str, Any]:
+    """(status, content-type, decoded answer: JSON, or the list of SSE data messages)."""
+    hdrs = headers if headers is not None else headers_for(body)
+    content = raw if raw is not None else json.dumps(body).encode()
+    async with httpx.AsyncClient(timeout=30) as c:
+        r = await c.post(url, content=content, headers=hdrs)
+    ctype = r.headers.get("content-type", "").split(";")[0]
+    if ctype == "text/event-stream":
+        events = [
+            json.loads(line[5:].strip()) for line in r.text.splitlines() if line.startswith("data:")
+        ]
+        return r.status_code, ctype, _scrub(events)
+    if ctype == "application/json":
+        return r.status_code, ctype, _scrub(r.json())
+    return r.status_code, ctype, r.text
+
+
+LEAN_CASES = {
+    "structured": envelope("profile", {"name": "ada", "age": 36}),
+    "text": envelope("greet", {"name": "bob"}, rid="req-7"),
+    "tool_error": envelope("over_quota"),
+    "unknown_tool": envelope("nope", {"x": 1}),
+    "invalid_args": envelope("profile", {"name": 5, "extra": True}),
+    "call_id": envelope("greet", {"name": "c"}, meta={CALL_ID_META_KEY: "call-42"}),
+    "bad_call_id": envelope("greet", {"name": "c"}, meta={CALL_ID_META_KEY: True}),
+    "progress_streams": envelope("steps", {"n": 2}, meta={"progressToken": "tok"}),
+    "progress_without_token": envelope("steps", {"n": 2}),
+    "no_arguments_key": envelope("over_quota", omit_arguments=True),
+    "non_json_types": envelope("stamped"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LEAN_CASES))
+async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> None:
+    body = LEAN_CASES[case]
+    async with both() as (fast, slow):
+        expected = await post(slow.url, body)
+        got = await post(fast.url, body)
+        assert fast.fast is not None
+        assert fast.fast.taken == 1 and fast.fast.passed == 0, "the lean path did not answer"
+    assert got == expected
+    status, ctype, answer = got
+    assert status == 200
+    if case == "progress_streams":
+        assert ctype == "text/event-stream"
+        assert [e.get("method") for e in answer] == [
+            "notifications/progress",
+            "notifications/progress",
+            None,
+        ]
+        assert answer[0]["params"] == {
+            "progressToken": "tok",
+            "progress": 1,
+            "total": 2,
+            "message": "step 1",
+        }
+    else:
+        assert ctype == "application/json"
+    result = answer[-1]["result"] if isinstance(answer, list) else answer["result"]
+    if case == "call_id":
+        assert result["_meta"][RESULT_META_KEY]["call_id"] == "call-42"
+    if case in ("tool_error", "unknown_tool", "invalid_args", "bad_call_id"):
+        assert result["isError"] is True and "structuredContent" not in result
+
+
+_CALL = envelope("greet", {"name": "x"})
+PASSED_CASES: dict[str, tuple[bytes, dict[str, str]]] = {
+    "other_method": (
+        json.dumps(envelope("", method="tools/list")).encode(),
+        headers_for(envelope("", method="tools/list")) | {"mcp-name": ""},
+    ),
+    "name_header_mismatch": (json.dumps(_CALL).encode(), headers_for(_CALL, **{"mcp-name": "y"})),
+    "version_header_mismatch": (
+        json.dumps(envelope("greet", {"name": "x"}, meta={})).encode(),
+        headers_for(_CALL, **{"mcp-protocol-version": "2099-01-01"}),
+    ),
+    "malformed_json": (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/ca', headers_for(_CALL)),
+    "batch": (json.dumps([_CALL]).encode(), headers_for(_CALL)),
+    "bool_id": (
+        json.dumps(envelope("greet", {"name": "x"}, rid=True)).encode(),
+        headers_for(_CALL),
+    ),
+    "arguments_not_object": (
+        json.dumps(envelope("greet", ["x"])).encode(),
+        headers_for(_CALL),
+    ),
+    "elicitation_capable_client": (
+        json.dumps(envelope("greet", {"name": "x"}, caps={"elicitation": {}})).encode(),
+        headers_for(_CALL),
+    ),
+    "mcp_param_header": (json.dumps(_CALL).encode(), headers_for(_CALL, **{"mcp-param-name": "x"})),
+    "no_sse_accept": (json.dumps(_CALL).encode(), headers_for(_CALL, accept="application/json")),
+    "wrong_content_type": (
+        json.dumps(_CALL).encode(),
+        headers_for(_CALL, **{"content-type": "text/plain"}),
+    ),
+    "extra_param": (
+        json.dumps(_CALL | {"params": {**_CALL["params"], "task": {"ttl": 1}}}).encode(),
+        headers_for(_CALL),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PASSED_CASES))
+async def test_everything_else_goes_to_fastmcp_unchanged(case: str) -> None:
+    raw, hdrs = PASSED_CASES[case]
+    async with both() as (fast, slow):
+        expected = await post(slow.url, None, hdrs, raw=raw)
+        got = await post(fast.url, None, hdrs, raw=raw)
+        assert fast.fast is not None
+        assert fast.fast.taken == 0 and fast.fast.passed == 1, "the lean path took it"
+    assert got == expected
+
+
+async def test_a_real_fastmcp_client_is_served_by_the_lean_path() -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async with both() as (fast, _slow), Client(fast.url) as c:
+        r = await c.call_tool_mcp("steps", {"n": 3}, progress_handler=on_progress)
+        assert r.structured_content == {"done": 3}
+        bad = await c.call_tool_mcp("over_quota", {})
+        assert bad.is_error
+        assert fast.fast is not None and fast.fast.taken == 2
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+async def test_the_bearer_token_is_checked_before_the_lean_path() -> None:
+    body = envelope("greet", {"name": "x"})
+    async with Kernel(tools=TOOLS) as k, serving(k, token="s3cret") as served:
+        assert served.fast is not None
+        status, _, _ = await post(served.url, body)
+        assert status == 401
+        wrong = headers_for(body, authorization="Bearer nope")
+        assert (await post(served.url, body, wrong))[0] == 401
+        assert served.fast.taken == 0
+        good = headers_for(body, authorization="Bearer s3cret")
+        status, _, answer = await post(served.url, body, good)
+        assert status == 200 and answer["result"]["structuredContent"] == {"result": "hello x"}
+        assert served.fast.taken == 1
+
+
+async def test_a_draining_server_refuses_new_calls_on_the_lean_path() -> None:
+    gate = ServeGate()
+    async with Kernel(tools=TOOLS) as k, serving(k, gate=gate) as served:
+        gate.draining = True
+        _, _, answer = await post(served.url, envelope("greet", {"name": "x"}))
+        assert served.fast is not None and served.fast.taken == 1
+    result = answer["result"]
+    assert result["isError"] is True
+    assert result["content"][0]["text"].startswith("unavailable: toolwire is shutting down")
+
+
+async def test_a_client_that_goes_away_cancels_its_call() -> None:
+    global CANCEL_SEEN
+    CANCELLED.clear()
+    CANCEL_SEEN = anyio.Event()
+    body = envelope("slow", {"seconds": 30, "label": "gone"})
+    payload = json.dumps(body).encode()
+    async with Kernel(tools=TOOLS) as k, serving(k) as served:
+        port = int(served.url.split(":")[2].split("/")[0])
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers_for(body).items())
+        request = (
+            f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{head}"
+            f"content-length: {len(payload)}\r\n\r\n"
+        ).encode() + payload
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(request)
+            await anyio.sleep(fastpath._WATCH_AFTER_S + 0.4)  # the call is running
+        with anyio.fail_after(10):
+            await CANCEL_SEEN.wait()
+        assert served.fast is not None and served.fast.taken == 1
+    assert CANCELLED == ["gone"]
+
+
+async def test_a_silent_call_commits_to_sse_and_pings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastpath, "_PING_INTERVAL_S", 0.8)
+    body = envelope("slow", {"seconds": 1.6})
+    async with (
+        Kernel(tools=TOOLS) as k,
+        serving(k) as served,
+        httpx.AsyncClient(timeout=30) as c,
+    ):
+        r = await c.post(served.url, json=body, headers=headers_for(body))
+    assert r.headers["content-type"] == "text/event-stream"
+    assert ": ping" in r.text
+    data = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
+    assert data[-1]["result"]["structuredContent"] == {"result": "slept"}
