@@ -21,6 +21,8 @@ Run: ``uv run python bench/mcp_gateway.py [--calls N] [--concurrency C]``.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import re
 import socket
@@ -79,6 +81,38 @@ def start_bare(port: int) -> subprocess.Popen[bytes]:
     )
 
 
+def start_relay(port: int, upstream_port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__)), "--serve-relay", str(port), str(upstream_port)],
+        env=env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+async def _relay(port: int, upstream_port: int) -> None:
+    """A TCP relay doing no work: the floor any proxy pays for the extra hop."""
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+        finally:
+            dst.close()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", upstream_port)
+        for w in (writer, up_writer):
+            sock = w.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", port)
+    async with server:
+        await server.serve_forever()
+
+
 def start_toolwire(config: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "toolwire.cli", "--config", str(config), "serve"],
@@ -121,6 +155,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 # ---------------------------------------------------------------- measuring
+ARGS = {"message": "hello", "times": 2}
+EXPECTED = {"message": "hellohello", "length": 10}
+
+
 @dataclass
 class Figures:
     mean_ms: float
@@ -130,27 +168,50 @@ class Figures:
     conc_per_s: float
 
 
-async def measure(url: str, calls: int, concurrency: int) -> Figures:
-    args = {"message": "hello", "times": 2}
+async def latencies(urls: dict[str, str], calls: int, block: int) -> dict[str, list[float]]:
+    """Sequential per-call latency of each server, the servers taking turns in blocks.
+
+    Within a block of ``block`` calls a server is warm, as under steady use;
+    taking turns block by block means whatever else the machine does (and the
+    client's own garbage collection) hits every server alike, so the ratios
+    are steadier than whole runs done one server after another.
+    """
+    out: dict[str, list[float]] = {key: [] for key in urls}
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {
+            key: await stack.enter_async_context(Client(url, timeout=30))
+            for key, url in urls.items()
+        }
+        for c in clients.values():
+            await c.list_tools()
+            for _ in range(max(20, calls // 10)):  # warm up
+                r = await c.call_tool_mcp("echo", ARGS)
+                assert not r.is_error, r
+        for _ in range(max(1, calls // block)):
+            for key, c in clients.items():
+                for _ in range(block):
+                    s = time.perf_counter()
+                    r = await c.call_tool_mcp("echo", ARGS)
+                    out[key].append((time.perf_counter() - s) * 1000)
+                    assert r.structured_content == EXPECTED, r
+    return out
+
+
+async def throughput(url: str, calls: int, concurrency: int) -> tuple[float, float]:
+    """(sequential, concurrent) calls per second against one server."""
     async with Client(url, timeout=30) as c:
-        await c.list_tools()
-        for _ in range(max(20, calls // 10)):  # warm up
-            r = await c.call_tool_mcp("echo", args)
-            assert not r.is_error, r
-        lat: list[float] = []
+        for _ in range(20):
+            await c.call_tool_mcp("echo", ARGS)
         t0 = time.perf_counter()
         for _ in range(calls):
-            s = time.perf_counter()
-            r = await c.call_tool_mcp("echo", args)
-            lat.append(time.perf_counter() - s)
-            assert r.structured_content == {"message": "hellohello", "length": 10}, r
+            r = await c.call_tool_mcp("echo", ARGS)
+            assert not r.is_error
         seq = calls / (time.perf_counter() - t0)
-
         per_worker = max(1, calls // concurrency)
 
         async def worker() -> None:
             for _ in range(per_worker):
-                r = await c.call_tool_mcp("echo", args)
+                r = await c.call_tool_mcp("echo", ARGS)
                 assert not r.is_error
 
         t0 = time.perf_counter()
@@ -158,17 +219,10 @@ async def measure(url: str, calls: int, concurrency: int) -> Figures:
             for _ in range(concurrency):
                 tg.start_soon(worker)
         conc = per_worker * concurrency / (time.perf_counter() - t0)
-    lat_ms = sorted(x * 1000 for x in lat)
-    return Figures(
-        mean_ms=statistics.fmean(lat_ms),
-        p50_ms=lat_ms[len(lat_ms) // 2],
-        p95_ms=lat_ms[int(len(lat_ms) * 0.95) - 1],
-        seq_per_s=seq,
-        conc_per_s=conc,
-    )
+    return seq, conc
 
 
-async def run(calls: int, concurrency: int, rounds: int) -> int:
+async def run(calls: int, concurrency: int, rounds: int, block: int) -> int:
     port_a = free_port()
     url_a = f"http://127.0.0.1:{port_a}/mcp"
     procs: list[subprocess.Popen[bytes]] = []
@@ -194,41 +248,63 @@ async def run(calls: int, concurrency: int, rounds: int) -> int:
             procs.append(proc_c)
             await wait_http(url_b)
             await wait_http(url_c)
-            results: dict[str, list[Figures]] = {"a": [], "b": [], "c": []}
-            for _ in range(rounds):  # interleaved rounds: drift hits all three alike
-                for key, url in (("a", url_a), ("b", url_b), ("c", url_c)):
-                    results[key].append(await measure(url, calls, concurrency))
+            port_d = free_port()
+            procs.append(start_relay(port_d, port_a))
+            url_d = f"http://127.0.0.1:{port_d}/mcp"
+            await wait_http(url_d)
+            urls = {"a": url_a, "b": url_b, "c": url_c, "d": url_d}
+            lat: dict[str, list[float]] = {key: [] for key in urls}
+            tput: dict[str, list[tuple[float, float]]] = {key: [] for key in urls}
+            for _ in range(rounds):
+                for key, values in (await latencies(urls, calls, block)).items():
+                    lat[key].extend(values)
+                for key, url in urls.items():
+                    tput[key].append(await throughput(url, calls, concurrency))
         finally:
             for p in procs:
                 stop(p)
 
-    def best(key: str) -> Figures:
-        fs = results[key]
+    def figures(key: str) -> Figures:
+        ms = sorted(lat[key])
         return Figures(
-            mean_ms=min(f.mean_ms for f in fs),
-            p50_ms=min(f.p50_ms for f in fs),
-            p95_ms=min(f.p95_ms for f in fs),
-            seq_per_s=max(f.seq_per_s for f in fs),
-            conc_per_s=max(f.conc_per_s for f in fs),
+            mean_ms=statistics.fmean(ms),
+            p50_ms=ms[len(ms) // 2],
+            p95_ms=ms[int(len(ms) * 0.95) - 1],
+            seq_per_s=max(t[0] for t in tput[key]),
+            conc_per_s=max(t[1] for t in tput[key]),
         )
 
-    a, b, c = best("a"), best("b"), best("c")
-    names = {"a": "(a) bare FastMCP", "b": "(b) toolwire serve", "c": "(c) toolwire -> (a)"}
+    a, b, c, d = figures("a"), figures("b"), figures("c"), figures("d")
+    names = {
+        "a": "(a) bare FastMCP",
+        "b": "(b) toolwire serve",
+        "c": "(c) toolwire -> (a)",
+        "d": "(d) TCP relay -> (a)",
+    }
     print(
-        f"{calls} sequential calls, then {concurrency} concurrent callers; best of {rounds} rounds"
+        f"latency: {rounds} x {calls} sequential calls per server, the servers taking turns "
+        f"every {block} calls; throughput: best of {rounds} runs ({calls} sequential calls, then "
+        f"{concurrency} concurrent callers)"
     )
     print(f"{'server':<22}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'seq/s':>9}{'conc/s':>9}")
-    for key, f in (("a", a), ("b", b), ("c", c)):
+    for key, f in (("a", a), ("b", b), ("c", c), ("d", d)):
         print(
             f"{names[key]:<22}{f.mean_ms:>9.3f}{f.p50_ms:>9.3f}{f.p95_ms:>9.3f}"
             f"{f.seq_per_s:>9.0f}{f.conc_per_s:>9.0f}"
         )
     checks = [
         ("(b)/(a) latency (mean)", b.mean_ms / a.mean_ms, "<=", 1.15),
+        ("(b)/(a) latency (p50)", b.p50_ms / a.p50_ms, "<=", 1.15),
         ("(b)/(a) throughput sequential", b.seq_per_s / a.seq_per_s, ">=", 0.9),
         (f"(b)/(a) throughput {concurrency} concurrent", b.conc_per_s / a.conc_per_s, ">=", 0.9),
         ("(c)/(a) latency (mean)", c.mean_ms / a.mean_ms, "<=", 1.4),
+        ("(c)/(a) latency (p50)", c.p50_ms / a.p50_ms, "<=", 1.4),
     ]
+    print(
+        f"the hop alone (d)/(a): mean {d.mean_ms / a.mean_ms:.2f}, p50 {d.p50_ms / a.p50_ms:.2f}; "
+        f"toolwire's own work per call, (c) - (d): mean {c.mean_ms - d.mean_ms:.3f} ms, "
+        f"p50 {c.p50_ms - d.p50_ms:.3f} ms"
+    )
     ok = True
     for label, ratio, op, target in checks:
         met = ratio <= target if op == "<=" else ratio >= target
@@ -242,8 +318,13 @@ def main() -> int:
     p.add_argument("--calls", type=int, default=400, help="sequential calls per round")
     p.add_argument("--concurrency", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--block", type=int, default=50, help="calls per server before the next")
     p.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    p.add_argument("--serve-relay", type=int, nargs=2, metavar="PORT", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.serve_relay:
+        asyncio.run(_relay(*args.serve_relay))
+        return 0
     if args.serve_bare:
         bare.run(
             transport="http",
@@ -253,7 +334,7 @@ def main() -> int:
             log_level="warning",
         )
         return 0
-    code: int = anyio.run(run, args.calls, args.concurrency, args.rounds)
+    code: int = anyio.run(run, args.calls, args.concurrency, args.rounds, args.block)
     return code
 
 

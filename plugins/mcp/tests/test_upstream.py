@@ -7,9 +7,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
-from toolwire_mcp_testkit import clean_env, eventually, upstream_entry, write_config
+from toolwire_mcp_testkit import (
+    call_until_back,
+    clean_env,
+    eventually,
+    upstream_entry,
+    write_config,
+)
 
 from toolwire import ErrorInfo, Kernel, ToolCall, ToolError, hookimpl
 from toolwire_mcp import MCPConfig, MCPPlugin
@@ -120,13 +125,7 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kern
     assert "connection was lost during the call to 'crash'" in r.error.message
     assert "simulated crash" in r.error.message  # the server's last stderr lines
     assert r.error.details["in_flight"] is True
-    with anyio.fail_after(20):
-        while True:
-            r = await kernel.call("up_forecast", {"city": "Oslo"})
-            if not r.is_error:
-                break
-            assert r.error is not None and r.error.kind == "unavailable", r.error
-            await anyio.sleep(0.05)
+    r = await call_until_back(kernel, "up_forecast", {"city": "Oslo"})
     assert r.content == {"result": "sunny in Oslo"}
 
 

@@ -139,6 +139,47 @@ class ServeProcess:
         return self.wait()
 
 
+class HttpUpstream:
+    """upstream_server.py over Streamable HTTP in a subprocess; restartable on the same port."""
+
+    def __init__(self, port: int | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = port or free_port()
+        self.env = env or clean_env()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def start(self, timeout: float = 30.0) -> HttpUpstream:
+        """Start the server (again) and wait until it accepts connections."""
+        self.stop()
+        self.proc = subprocess.Popen(
+            [sys.executable, str(UPSTREAM), "--http", str(self.port)],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the HTTP upstream exited with {self.proc.returncode}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"the HTTP upstream did not listen on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait(5)
+
+
 @pytest.fixture
 def serve_process(tmp_path: Path) -> Iterator[Any]:
     """Start `toolwire serve` subprocesses; every one is stopped at the end of the test."""
@@ -165,6 +206,21 @@ async def eventually(predicate: Any, within: float = 10.0) -> None:
             if predicate():
                 return
             await anyio.sleep(0.02)
+
+
+async def call_until_back(
+    kernel: Any, tool: str, args: dict[str, Any], within: float = 20.0
+) -> Any:
+    """Call ``tool`` until it succeeds (it answers ``unavailable`` meanwhile); the result."""
+    import anyio
+
+    with anyio.fail_after(within):
+        while True:
+            r = await kernel.call(tool, args)
+            if not r.is_error:
+                return r
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            await anyio.sleep(0.05)
 
 
 def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> None:

@@ -3,22 +3,42 @@
 Tools: ``forecast`` (text), ``stats`` (structured), ``fail`` (ToolError),
 ``limited`` (a rate-limit error in words), ``steps`` (progress notifications),
 ``crash`` (the process dies mid-call), ``grow`` (adds a tool and announces
-``tools/list_changed``), ``seen_meta`` (echoes the request ``_meta``) and
-``hidden`` (for include/exclude tests).
+``tools/list_changed``), ``seen_meta`` (echoes the request ``_meta``),
+``hidden`` (for include/exclude tests), ``slow`` (sleeps; ``slow_state`` counts
+how such calls ended), ``envelope`` (the request's ``_meta`` and MCP headers),
+``chatty`` (log notifications), ``ask`` and ``come_back`` (``input_required``
+results: an elicitation, a bare retry request), ``regional`` (an
+``x-mcp-header`` argument: the client must send ``Mcp-Param-Region``) and
+``http_401``, ``http_429``, ``http_503`` (over HTTP, a gate in front of the
+server answers their calls with that status, as an API gateway would).
+
+Over HTTP, ``UPSTREAM_TOKEN=<token>`` in the environment requires that bearer token.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
-from typing import Any
+from typing import Annotated, Any
 
 import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
 from mcp_types import ToolAnnotations
+from pydantic import Field
 
-mcp = FastMCP("upstream")
+
+def _auth() -> Any:
+    token = os.environ.get("UPSTREAM_TOKEN")
+    if not token:
+        return None
+    from fastmcp.server.auth.providers.jwt import StaticTokenVerifier
+
+    return StaticTokenVerifier(tokens={token: {"client_id": "toolwire-test", "scopes": []}})
+
+
+mcp = FastMCP("upstream", auth=_auth())
 
 
 @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
@@ -89,8 +109,126 @@ def hidden() -> str:
     return "hidden"
 
 
+_SLOW = {"started": 0, "finished": 0, "cancelled": 0}
+
+
+@mcp.tool
+async def slow(seconds: float) -> str:
+    """Sleeps, then answers (``slow_state`` counts how these calls ended)."""
+    _SLOW["started"] += 1
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        _SLOW["cancelled"] += 1
+        raise
+    _SLOW["finished"] += 1
+    return f"slept {seconds}"
+
+
+@mcp.tool
+def slow_state() -> dict[str, int]:
+    """How many ``slow`` calls started, finished, were cancelled."""
+    return dict(_SLOW)
+
+
+@mcp.tool
+def envelope(ctx: Context) -> dict[str, Any]:
+    """The request's _meta (without the progress token) and its MCP and auth headers."""
+    from fastmcp.server.dependencies import get_http_headers
+
+    rc = ctx.request_context
+    meta = {k: v for k, v in dict(rc.meta or {}).items() if k != "progressToken"} if rc else {}
+    headers = get_http_headers(include_all=True)
+    keep = {"accept", "content-type", "authorization", "x-tenant"}
+    return {
+        "meta": meta,
+        "headers": {k: v for k, v in headers.items() if k in keep or k.startswith("mcp-")},
+    }
+
+
+@mcp.tool
+async def chatty(ctx: Context) -> str:
+    """Sends log notifications before answering."""
+    await ctx.info("chatty: thinking")
+    await ctx.debug("chatty: details")
+    return "said it"
+
+
+@mcp.tool
+def ask(ctx: Context) -> Any:
+    """Asks the client's user (input_required with an elicitation) before answering."""
+    answers = ctx.input_responses
+    if answers:
+        return f"answered {answers}"
+    return mcp_types.InputRequiredResult(
+        input_requests={
+            "confirm": mcp_types.ElicitRequest(
+                params=mcp_types.ElicitRequestFormParams(
+                    message="Proceed?",
+                    requested_schema={"type": "object", "properties": {"ok": {"type": "boolean"}}},
+                )
+            )
+        },
+        request_state="asked",
+    )
+
+
+@mcp.tool
+def come_back(ctx: Context) -> Any:
+    """First answers input_required with only a request state; the retry completes."""
+    if ctx.request_state == "round-1":
+        return "came back"
+    return mcp_types.InputRequiredResult(request_state="round-1")
+
+
+@mcp.tool
+def regional(region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})]) -> str:
+    """Routed by region: the client mirrors the argument into the Mcp-Param-Region header."""
+    return f"served in {region}"
+
+
+def _gated() -> str:
+    return "the gate let this through"
+
+
+for _status in (401, 429, 503):
+    mcp.tool(_gated, name=f"http_{_status}", description=f"Refused with HTTP {_status} over HTTP.")
+
+
+class Gate:
+    """ASGI middleware: a ``tools/call`` of ``http_<status>`` gets that HTTP status."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            name = headers.get(b"mcp-name", b"").decode()
+            if name.startswith("http_") and name[5:].isdigit():
+                from starlette.responses import PlainTextResponse
+
+                status = int(name[5:])
+                extra = {"Retry-After": "7"} if status == 429 else {}
+                if status == 401:
+                    extra["WWW-Authenticate"] = "Bearer"
+                await PlainTextResponse("refused by the gate", status, headers=extra)(
+                    scope, receive, send
+                )
+                return
+        await self.app(scope, receive, send)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--http":
-        mcp.run(transport="http", host="127.0.0.1", port=int(sys.argv[2]), show_banner=False)
+        from starlette.middleware import Middleware
+
+        mcp.run(
+            transport="http",
+            host="127.0.0.1",
+            port=int(sys.argv[2]),
+            show_banner=False,
+            middleware=[Middleware(Gate)],
+        )
     else:
         mcp.run(transport="stdio", show_banner=False)

@@ -145,6 +145,11 @@ class MCPConfig(BaseModel):
         description="client protocol: auto (2026-07-28 when the server speaks it, else the "
         "initialize handshake) or legacy (always the initialize handshake)",
     )
+    direct_http_calls: bool = Field(
+        True,
+        description="send tools/call of Streamable-HTTP upstreams speaking the 2026-07-28 "
+        "protocol straight over a lean HTTP client; false: through the FastMCP client",
+    )
 
     @field_validator("servers")
     @classmethod

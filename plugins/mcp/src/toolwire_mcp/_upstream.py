@@ -4,6 +4,11 @@ Each server gets a supervisor task that connects, lists the tools, watches the
 session (``tools/list_changed`` -> re-list; lost connection -> reconnect with
 exponential backoff) and hands calls to the live client. The FastMCP client
 runs on asyncio, so this side of the plugin needs an asyncio event loop.
+
+``tools/call`` of a Streamable-HTTP server speaking the 2026-07-28 protocol
+goes through a lean direct caller (``_direct.py``, one aiohttp session per
+upstream session) unless ``direct_http_calls`` is false; both paths' failures
+are mapped by the same code (``_failure``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,15 @@ import contextlib
 import logging
 import os
 import threading
+import urllib.parse
+import urllib.request
 from collections import deque
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from time import monotonic
 from typing import Any, Literal
 
+import aiohttp
 import anyio
 import httpx2
 import mcp_types
@@ -31,12 +40,22 @@ from fastmcp.client.transports import (
 )
 from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
 
 from ._config import MCPConfig, ServerConfig
 from ._convert import CALL_ID_META_KEY, make_validator, remote_error, remote_value
+from ._direct import (
+    CLIENT_INFO,
+    SDK_REFUSED_TEXT,
+    DirectCaller,
+    HTTPRefusal,
+    NotMirrored,
+    ProgressFn,
+    refused,
+)
 
 __all__ = ["Upstream"]
 
@@ -46,6 +65,23 @@ _PERMISSIVE: dict[str, Any] = {"type": "object", "additionalProperties": True}
 _CACHE_PREFIX = "toolwire_mcp:tools:"
 _HEALTH_TICK_S = 0.5
 _STOP_WAIT_S = 5.0
+#: Transport failures that mean the connection is gone (the outcome of a call is unknown).
+_LOST: tuple[type[BaseException], ...] = (
+    RuntimeError,
+    OSError,
+    anyio.ClosedResourceError,
+    anyio.BrokenResourceError,
+    anyio.EndOfStream,
+    httpx2.TransportError,
+    aiohttp.ClientError,
+)
+
+#: Set around a FastMCP-client call: the HTTP statuses >= 400 its POSTs got, with
+#: their Retry-After (the SDK turns them into a bare "Server returned an error
+#: response" MCP error; the status decides the kind).
+_REFUSALS: ContextVar[list[tuple[int, str | None]] | None] = ContextVar(
+    "toolwire_mcp_refusals", default=None
+)
 
 
 class _ConnectionLost(Exception):
@@ -142,6 +178,11 @@ class Upstream:
         self._session_client: Client[Any] | None = None
         self._session_down = anyio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._direct: DirectCaller | None = None
+        #: remote tools whose schema asks for ``Mcp-Param-*`` headers (FastMCP client only)
+        self._param_header_tools: frozenset[str] = frozenset()
+        #: ``tools/call`` requests sent over the direct HTTP path (tests check it is used)
+        self.direct_calls = 0
         self._stderr = _StderrTap(name) if cfg.kind == "stdio" else None
 
     # ------------------------------------------------------------ lifecycle
@@ -227,6 +268,9 @@ class Upstream:
         async def note(response: httpx2.Response) -> None:
             if response.status_code >= 400:
                 self._http_status = response.status_code
+                refusals = _REFUSALS.get()
+                if refusals is not None:
+                    refusals.append((response.status_code, response.headers.get("retry-after")))
 
         return httpx2.AsyncClient(
             headers=headers,
@@ -235,18 +279,20 @@ class Upstream:
             event_hooks={"response": [note]},
         )
 
-    def _make_client(self) -> Client[Any]:
-        def list_changed() -> None:
-            self._want_relist = True
-            self._wake.set()
+    def _list_changed(self) -> None:
+        """The server announced ``tools/list_changed``: the supervisor re-lists it."""
+        self._want_relist = True
+        self._wake.set()
 
+    def _make_client(self) -> Client[Any]:
         return Client(
             self._transport(),
             name=f"toolwire-mcp-{self.name}",
+            client_info=CLIENT_INFO,
             timeout=self.cfg.timeout_s,
             init_timeout=self.plugin_cfg.connect_timeout_s,
             mode=self.plugin_cfg.protocol,
-            message_handler=_Notifications(list_changed),
+            message_handler=_Notifications(self._list_changed),
         )
 
     # ---------------------------------------------------------- supervisor
@@ -268,6 +314,7 @@ class Upstream:
                 self._went_down(exc, quiet=failures > 1)
             finally:
                 self._client = None
+                self._direct = None
                 self._session_down.set()
             self.first_attempt.set()
             if self._stop.is_set():
@@ -290,16 +337,21 @@ class Upstream:
             with anyio.fail_after(self.plugin_cfg.connect_timeout_s):
                 await stack.enter_async_context(client)
                 await self._relist(client)
+            direct = self._direct_caller(client)
+            if direct is not None:
+                stack.push_async_callback(direct.close)
+            self._direct = direct
             self._client = client
             self.status = "up"
             self.last_error = None
             self.next_attempt_at = None
             self.first_attempt.set()
             log.info(
-                "MCP server %r connected (%s, protocol %s): %d tools",
+                "MCP server %r connected (%s, protocol %s%s): %d tools",
                 self.name,
                 self.cfg.kind,
                 client.protocol_version,
+                ", direct HTTP calls" if direct is not None else "",
                 len(self.tools),
             )
             async with anyio.create_task_group() as tg:
@@ -308,6 +360,41 @@ class Upstream:
                 await self._watch(client)
                 tg.cancel_scope.cancel()
             self._client = None
+            self._direct = None
+
+    def _direct_caller(self, client: Client[Any]) -> DirectCaller | None:
+        """The direct caller for this session, when the direct path applies."""
+        cfg = self.cfg
+        if (
+            not self.plugin_cfg.direct_http_calls
+            or cfg.kind != "http"
+            or client.protocol_version not in MODERN_PROTOCOL_VERSIONS
+        ):
+            return None
+        url = str(cfg.url)
+        auth = cfg.auth.get_secret_value() if cfg.auth is not None else None
+        proxies = urllib.request.getproxies()
+        why = (
+            "a proxy is configured in the environment"
+            if urllib.parse.urlsplit(url).scheme in proxies or "all" in proxies
+            else "`auth` asks FastMCP for an OAuth flow"
+            if auth == "oauth"
+            else None
+        )
+        if why is not None:
+            log.info(
+                "MCP server %r: %s; tools/call goes through the FastMCP client", self.name, why
+            )
+            return None
+        return DirectCaller(
+            server=self.name,
+            url=url,
+            protocol_version=str(client.protocol_version),
+            headers=cfg.headers,
+            auth=auth,
+            timeout_s=cfg.timeout_s,
+            on_list_changed=self._list_changed,
+        )
 
     async def _watch(self, client: Client[Any]) -> None:
         while not self._stop.is_set():
@@ -329,8 +416,7 @@ class Upstream:
             async with listen(client.session, tools_list_changed=True) as sub:
                 async for event in sub:
                     if isinstance(event, ToolsListChanged):
-                        self._want_relist = True
-                        self._wake.set()
+                        self._list_changed()
         except Exception as exc:  # not offered by the server, or the stream ended
             log.debug("MCP server %r: no tools/list_changed subscription: %s", self.name, exc)
 
@@ -347,10 +433,7 @@ class Upstream:
         status = self._http_status
         if status in (401, 403):
             self.down_kind = ErrorKind.AUTH
-            msg = (
-                f"HTTP {status}: the server refused toolwire's credentials; check `auth` and "
-                f"`headers` of [plugins.mcp.servers.{self.name}] ({msg})"
-            )
+            msg = f"HTTP {status}: {self._auth_hint()} ({msg})"
         elif status is not None:
             msg = f"HTTP {status} ({msg})"
         if self._stderr is not None and self._stderr.tail:
@@ -365,6 +448,12 @@ class Upstream:
             )
         else:
             log.info("MCP server %r still unavailable: %s", self.name, msg)
+
+    def _auth_hint(self) -> str:
+        return (
+            "the server refused toolwire's credentials; check `auth` and "
+            f"`headers` of [plugins.mcp.servers.{self.name}]"
+        )
 
     async def _relist(self, client: Client[Any]) -> None:
         remote = await client.list_tools()
@@ -391,6 +480,11 @@ class Upstream:
             return False
         self._signature = signature
         self.tools = [self._kernel_tool(t) for t in keep]
+        self._param_header_tools = frozenset(
+            t.name
+            for t in keep
+            if x_mcp_header_map(t.input_schema) or find_invalid_x_mcp_header(t.input_schema)
+        )
         return True
 
     def _kernel_tool(self, remote: mcp_types.Tool) -> Tool:
@@ -463,8 +557,49 @@ class Upstream:
             raise self._unavailable(remote_tool)
         meta = {CALL_ID_META_KEY: ctx.call.call_id} if ctx.call.call_id else None
         progress = ctx.report_progress if ctx.progress is not None else None
+        direct = self._direct
         try:
-            result = await client.call_tool_mcp(
+            if direct is not None and remote_tool not in self._param_header_tools:
+                try:
+                    result = await self._call_direct(
+                        direct, client, remote_tool, args, meta, progress
+                    )
+                except NotMirrored as exc:  # nothing ran: the FastMCP client handles this one
+                    log.info(
+                        "MCP server %r: %s; tools/call goes through the FastMCP client from now on",
+                        self.name,
+                        exc,
+                    )
+                    if self._direct is direct:
+                        self._direct = None
+                    result = await self._call_client(client, remote_tool, args, meta, progress)
+            else:
+                result = await self._call_client(client, remote_tool, args, meta, progress)
+        except Exception as exc:
+            error = await self._failure(client, remote_tool, exc)
+            if error is None:
+                raise
+            raise error from exc
+        if result.is_error:
+            kind, message, retry_after, details = remote_error(
+                result, server=self.name, remote_tool=remote_tool
+            )
+            raise ToolError(message, kind=kind, retry_after_s=retry_after, details=details)
+        return remote_value(result)
+
+    async def _call_client(
+        self,
+        client: Client[Any],
+        remote_tool: str,
+        args: dict[str, Any],
+        meta: dict[str, Any] | None,
+        progress: ProgressFn | None,
+    ) -> mcp_types.CallToolResult:
+        """The call through the FastMCP client; an HTTP refusal raises ``HTTPRefusal``."""
+        refusals: list[tuple[int, str | None]] = []
+        token = _REFUSALS.set(refusals)
+        try:
+            return await client.call_tool_mcp(
                 remote_tool,
                 args,
                 progress_handler=progress,
@@ -472,21 +607,82 @@ class Upstream:
                 meta=meta,
             )
         except MCPError as exc:
+            # The SDK answers a refused POST with this stand-in; the status tells more.
+            if (
+                refusals
+                and exc.code == mcp_types.INTERNAL_ERROR
+                and exc.message == SDK_REFUSED_TEXT
+                and refused(refusals[-1][0])
+            ):
+                raise HTTPRefusal(*refusals[-1]) from exc
+            raise
+        finally:
+            _REFUSALS.reset(token)
+
+    async def _call_direct(
+        self,
+        direct: DirectCaller,
+        client: Client[Any],
+        remote_tool: str,
+        args: dict[str, Any],
+        meta: dict[str, Any] | None,
+        progress: ProgressFn | None,
+    ) -> mcp_types.CallToolResult:
+        """The call over the direct HTTP path, with what the FastMCP client does around it."""
+        self.direct_calls += 1
+        first = await direct.call_tool(remote_tool, args, meta=meta, progress=progress)
+        if isinstance(first, mcp_types.InputRequiredResult):
+
+            async def retry(
+                responses: mcp_types.InputResponses | None, state: str | None
+            ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+                self.direct_calls += 1
+                return await direct.call_tool(
+                    remote_tool,
+                    args,
+                    meta=meta,
+                    progress=progress,
+                    input_responses=responses,
+                    request_state=state,
+                )
+
+            # The FastMCP client's own multi-round-trip driver: its handlers, its limits.
+            result = await client._drive_input_required(first, retry)
+        else:
+            result = first
+        if not result.is_error:  # as the SDK's call_tool: against the listed output schema
+            await client.session.validate_tool_result(remote_tool, result)
+        return result
+
+    async def _failure(
+        self, client: Client[Any], remote_tool: str, exc: Exception
+    ) -> ToolError | None:
+        """The ``ToolError`` for a failed call (either path); None: not ours to map."""
+        where = {"server": self.name, "remote_tool": remote_tool}
+        prefix = f"MCP server {self.name!r}, tool {remote_tool!r}"
+        if isinstance(exc, MCPError):
             code = exc.code
             if code == mcp_types.CONNECTION_CLOSED:
-                raise await self._lost(client, remote_tool, exc) from exc
+                return await self._lost(client, remote_tool, exc)
             kind: str = {
                 mcp_types.REQUEST_TIMEOUT: ErrorKind.TIMEOUT,
                 mcp_types.INVALID_PARAMS: ErrorKind.INVALID_ARGS,
                 mcp_types.METHOD_NOT_FOUND: ErrorKind.NOT_FOUND,
             }.get(code, ErrorKind.TOOL_ERROR)
-            raise ToolError(
-                f"MCP server {self.name!r}, tool {remote_tool!r}: {exc.message} (MCP error {code})",
+            return ToolError(
+                f"{prefix}: {exc.message} (MCP error {code})",
                 kind=kind,
-                details={"server": self.name, "remote_tool": remote_tool, "mcp_code": code},
-            ) from exc
-        except httpx2.HTTPStatusError as exc:
-            status = exc.response.status_code
+                details={**where, "mcp_code": code},
+            )
+        if isinstance(exc, HTTPRefusal | httpx2.HTTPStatusError):
+            if isinstance(exc, HTTPRefusal):
+                status, ra = exc.status, exc.retry_after
+            else:
+                status, ra = exc.response.status_code, exc.response.headers.get("retry-after")
+            retry_after = None
+            if ra is not None:
+                with contextlib.suppress(ValueError):
+                    retry_after = float(ra)
             kind = (
                 ErrorKind.AUTH
                 if status in (401, 403)
@@ -496,36 +692,16 @@ class Upstream:
                 if status >= 500
                 else ErrorKind.TOOL_ERROR
             )
-            retry_after = None
-            ra = exc.response.headers.get("retry-after")
-            if ra is not None:
-                with contextlib.suppress(ValueError):
-                    retry_after = float(ra)
-            raise ToolError(
-                f"MCP server {self.name!r}, tool {remote_tool!r}: HTTP {status}",
+            hint = f"; {self._auth_hint()}" if kind == ErrorKind.AUTH else ""
+            return ToolError(
+                f"{prefix}: HTTP {status}{hint}",
                 kind=kind,
                 status=status,
                 retry_after_s=retry_after,
-                details={"server": self.name, "remote_tool": remote_tool},
-            ) from exc
-        except TimeoutError as exc:
-            raise ToolError(
-                f"MCP server {self.name!r}, tool {remote_tool!r}: timed out",
-                kind=ErrorKind.TIMEOUT,
-                details={"server": self.name, "remote_tool": remote_tool},
-            ) from exc
-        except (
-            RuntimeError,
-            OSError,
-            anyio.ClosedResourceError,
-            anyio.BrokenResourceError,
-            anyio.EndOfStream,
-            httpx2.TransportError,
-        ) as exc:
-            raise await self._lost(client, remote_tool, exc) from exc
-        if result.is_error:
-            kind, message, retry_after, details = remote_error(
-                result, server=self.name, remote_tool=remote_tool
+                details=where,
             )
-            raise ToolError(message, kind=kind, retry_after_s=retry_after, details=details)
-        return remote_value(result)
+        if isinstance(exc, TimeoutError):
+            return ToolError(f"{prefix}: timed out", kind=ErrorKind.TIMEOUT, details=where)
+        if isinstance(exc, _LOST):
+            return await self._lost(client, remote_tool, exc)
+        return None

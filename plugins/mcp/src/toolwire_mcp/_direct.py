@@ -1,0 +1,386 @@
+"""``tools/call`` straight over aiohttp, for Streamable-HTTP upstreams on the 2026-07-28 protocol.
+
+On that protocol every request is one self-contained POST (no session), so a
+call needs no client state beyond the negotiated version: the FastMCP client
+still connects, lists the tools and watches the server, and this module sends
+the ``tools/call`` POSTs themselves over one ``aiohttp.ClientSession``, for a
+fraction of the FastMCP client's CPU per call.
+
+It mirrors what the MCP SDK's Streamable-HTTP transport puts on the wire for a
+``tools/call`` (headers, ``_meta`` envelope, progress token) and how it reads
+the answer (one JSON response, or SSE frames: notifications, then the
+response), and raises what the FastMCP client raises, so the caller maps both
+paths' failures with the same code:
+
+- a JSON-RPC error (also one in the body of a 4xx answer) -> ``MCPError``;
+- HTTP 401/403/429/5xx without one -> ``HTTPRefusal``; other 4xx -> the SDK's
+  stand-ins (404 -> ``METHOD_NOT_FOUND`` "Not Found", else ``INTERNAL_ERROR``);
+- the request timeout (``timeout_s``) -> ``MCPError(REQUEST_TIMEOUT)``;
+- a stream that ends without the response -> ``MCPError(CONNECTION_CLOSED)``;
+- connection failures -> ``aiohttp.ClientError`` / ``OSError`` / ``TimeoutError``;
+- a redirect (the SDK follows some) -> ``NotMirrored``: nothing ran, the
+  caller sends the call through the FastMCP client instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import aiohttp
+import anyio
+import fastmcp
+import httpx2
+import mcp_types
+from mcp.shared.dispatcher import ProgressFnT as ProgressFn
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import (
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    encode_header_value,
+)
+from pydantic import ValidationError
+
+__all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
+
+log = logging.getLogger("toolwire.mcp")
+
+#: The identity both paths announce (FastMCP's default, given explicitly to the client).
+CLIENT_INFO: Final = mcp_types.Implementation(name="fastmcp", version=fastmcp.__version__)
+#: What the FastMCP client stamps into every 2026-07-28 request besides the
+#: version and identity: no capabilities (toolwire registers no sampling,
+#: elicitation or roots handler) and log level "debug" (FastMCP asks for all
+#: log notifications).
+_CAPABILITIES: Final[dict[str, Any]] = {}
+_LOG_LEVEL: Final = "debug"
+_LOG_LEVEL_META_KEY: Final = "io.modelcontextprotocol/logLevel"
+
+#: The MCP transport's limits: 30 s to connect, 300 s between reads (the
+#: stream may stay open), 1 MiB per SSE event (FastMCP's transport default).
+_CONNECT_S: Final = 30.0
+_READ_S: Final = 300.0
+_MAX_EVENT: Final = 1024 * 1024
+#: Shorter than common server keep-alive timeouts (uvicorn: 5 s), so an idle
+#: connection the server is about to close is not reused.
+_KEEPALIVE_S: Final = 4.0
+
+#: The SDK's text for a refused POST without a JSON-RPC error in its body.
+SDK_REFUSED_TEXT: Final = "Server returned an error response"
+
+
+class HTTPRefusal(Exception):
+    """The server answered the POST with HTTP 401, 403, 429 or 5xx (no JSON-RPC error)."""
+
+    def __init__(self, status: int, retry_after: str | None) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.retry_after = retry_after
+
+
+class NotMirrored(Exception):
+    """An answer the direct path does not handle like the SDK (a redirect); nothing ran."""
+
+
+def refused(status: int) -> bool:
+    """Whether an HTTP status is mapped by status (auth, rate limit, server error)."""
+    return status in (401, 403, 429) or status >= 500
+
+
+class DirectCaller:
+    """Sends ``tools/call`` to one upstream over one ``aiohttp.ClientSession``.
+
+    Create it inside the event loop; ``close()`` it when the upstream session
+    ends.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: str,
+        url: str,
+        protocol_version: str,
+        headers: Mapping[str, str],
+        auth: str | None,
+        timeout_s: float | None,
+        on_list_changed: Callable[[], None],
+    ) -> None:
+        self.server = server
+        self._url = url
+        self._timeout_s = timeout_s
+        self._on_list_changed = on_list_changed
+        self._ids = itertools.count(1)
+        self._envelope: dict[str, Any] = {
+            mcp_types.PROTOCOL_VERSION_META_KEY: protocol_version,
+            mcp_types.CLIENT_INFO_META_KEY: CLIENT_INFO.model_dump(
+                by_alias=True, mode="json", exclude_none=True
+            ),
+            mcp_types.CLIENT_CAPABILITIES_META_KEY: _CAPABILITIES,
+            _LOG_LEVEL_META_KEY: _LOG_LEVEL,
+        }
+        # As the MCP transport layers them: configured headers, then the MCP
+        # headers, then the bearer token.
+        fixed = {k.lower(): v for k, v in headers.items()}
+        fixed.update(
+            {
+                "accept": "application/json, text/event-stream",
+                "content-type": "application/json",
+                MCP_PROTOCOL_VERSION_HEADER: protocol_version,
+                MCP_METHOD_HEADER: "tools/call",
+            }
+        )
+        if auth is not None:
+            fixed["authorization"] = f"Bearer {auth}"
+        self._name_headers: dict[str, dict[str, str]] = {}
+        # The certificates httpx2 (the FastMCP client's HTTP stack) would trust.
+        ssl = httpx2.create_ssl_context() if url.startswith("https:") else True
+        # As the MCP transport: a longer request timeout also extends the read timeout.
+        read_s = max(_READ_S, timeout_s) if timeout_s is not None else _READ_S
+        self._session = aiohttp.ClientSession(
+            headers=fixed,
+            connector=aiohttp.TCPConnector(ssl=ssl, keepalive_timeout=_KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_S, sock_read=read_s),
+        )
+
+    @property
+    def closed(self) -> bool:
+        """Whether the HTTP session is closed."""
+        return self._session.closed
+
+    async def close(self) -> None:
+        """Close the HTTP session (its connections)."""
+        with anyio.CancelScope(shield=True):
+            await self._session.close()
+
+    # ---------------------------------------------------------------- call
+    async def call_tool(
+        self,
+        name: str,
+        arguments: dict[str, Any],
+        *,
+        meta: Mapping[str, Any] | None,
+        progress: ProgressFn | None,
+        input_responses: mcp_types.InputResponses | None = None,
+        request_state: str | None = None,
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        """One ``tools/call`` POST: the result, or ``InputRequiredResult`` to drive."""
+        rid = next(self._ids)
+        envelope = dict(meta) if meta else {}
+        envelope.update(self._envelope)
+        if progress is not None:
+            envelope["progressToken"] = rid  # the request id doubles as the token, as in the SDK
+        params: dict[str, Any]
+        if input_responses is None and request_state is None:
+            params = {"name": name, "arguments": arguments, "_meta": envelope}
+        else:  # a retry after input_required: dumped the way the SDK dumps it
+            params = mcp_types.CallToolRequestParams(
+                name=name,
+                arguments=arguments,
+                input_responses=input_responses,
+                request_state=request_state,
+                _meta=envelope,
+            ).model_dump(by_alias=True, mode="json", exclude_none=True)
+        body = json.dumps(
+            {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params},
+            separators=(",", ":"),
+            ensure_ascii=False,
+        ).encode()
+        if self._timeout_s is None:
+            return await self._exchange(name, body, rid, progress)
+        deadline = asyncio.timeout(self._timeout_s)
+        try:
+            async with deadline:
+                return await self._exchange(name, body, rid, progress)
+        except TimeoutError:
+            if deadline.expired():  # what the SDK raises when the request times out
+                raise MCPError(
+                    code=mcp_types.REQUEST_TIMEOUT, message="Request 'tools/call' timed out"
+                ) from None
+            raise
+
+    def _headers(self, name: str) -> dict[str, str]:
+        h = self._name_headers.get(name)
+        if h is None:
+            h = self._name_headers[name] = {MCP_NAME_HEADER: encode_header_value(name)}
+        return h
+
+    async def _exchange(
+        self, name: str, body: bytes, rid: int, progress: ProgressFn | None
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        resp = await self._session.post(
+            self._url, data=body, headers=self._headers(name), allow_redirects=False
+        )
+        try:
+            result = await self._answer(resp, name, rid, progress)
+        except BaseException:
+            resp.close()  # cancelled or failed: drop the connection, the server sees it go
+            raise
+        resp.release()
+        return result
+
+    async def _answer(
+        self, resp: aiohttp.ClientResponse, name: str, rid: int, progress: ProgressFn | None
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        status = resp.status
+        ctype = resp.headers.get("Content-Type", "").lower()
+        if 300 <= status < 400:
+            raise NotMirrored(f"HTTP {status} (redirect to {resp.headers.get('Location')})")
+        if status == 202:
+            raise MCPError(
+                code=mcp_types.INVALID_REQUEST,
+                message="server answered a request with 202 Accepted",
+            )
+        if status >= 400:
+            if ctype.startswith("application/json"):
+                try:
+                    msg = mcp_types.jsonrpc_message_adapter.validate_json(
+                        await resp.read(), by_name=False
+                    )
+                except (ValidationError, ValueError):
+                    msg = None
+                if isinstance(msg, mcp_types.JSONRPCError):
+                    raise MCPError.from_error_data(msg.error)
+            if refused(status):
+                raise HTTPRefusal(status, resp.headers.get("Retry-After"))
+            if status == 404:
+                raise MCPError(code=mcp_types.METHOD_NOT_FOUND, message="Not Found")
+            raise MCPError(code=mcp_types.INTERNAL_ERROR, message=SDK_REFUSED_TEXT)
+        if ctype.startswith("application/json"):
+            raw = await resp.read()
+            try:
+                msg = json.loads(raw)
+            except ValueError as exc:
+                raise MCPError(
+                    code=mcp_types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
+                ) from None
+            outcome = self._response(msg)
+            if outcome is None:
+                raise MCPError(
+                    code=mcp_types.PARSE_ERROR,
+                    message="Failed to parse JSON response: not a JSON-RPC response",
+                )
+            return outcome
+        if ctype.startswith("text/event-stream"):
+            return await self._events(resp, name, rid, progress)
+        raise MCPError(code=mcp_types.INVALID_REQUEST, message=f"Unexpected content type: {ctype}")
+
+    # ------------------------------------------------------------- answers
+    @staticmethod
+    def _response(msg: Any) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
+        """The result of a JSON-RPC response (raises ``MCPError`` for an error); None otherwise."""
+        if not isinstance(msg, dict) or "id" not in msg:
+            return None
+        if "result" in msg:
+            raw = msg["result"]
+            if isinstance(raw, dict) and raw.get("resultType") == "input_required":
+                return mcp_types.InputRequiredResult.model_validate(raw)
+            return mcp_types.CallToolResult.model_validate(raw)
+        if "error" in msg:
+            raise MCPError.from_error_data(mcp_types.ErrorData.model_validate(msg["error"]))
+        return None
+
+    async def _events(
+        self, resp: aiohttp.ClientResponse, name: str, rid: int, progress: ProgressFn | None
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
+        """Read SSE frames until the response: notifications on the way, comments ignored."""
+        buf = bytearray()
+        data: list[bytes] = []
+        size = 0
+        event = b""
+        async for chunk in resp.content.iter_any():
+            buf += chunk
+            start = 0
+            while (nl := buf.find(b"\n", start)) >= 0:
+                line = bytes(buf[start:nl])
+                start = nl + 1
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+                if line:
+                    if line.startswith(b":"):
+                        continue  # a comment (keep-alive ping)
+                    field, _, value = line.partition(b":")
+                    if value.startswith(b" "):
+                        value = value[1:]
+                    if field == b"data":
+                        data.append(value)
+                        size += len(value)
+                    elif field == b"event":
+                        event = value
+                    continue
+                # a blank line ends the event
+                if data and event in (b"", b"message"):
+                    outcome = await self._frame(b"\n".join(data), name, rid, progress)
+                    if outcome is not None:
+                        return outcome
+                elif data:
+                    log.warning("MCP server %r: unknown SSE event %r", self.server, event)
+                data, size, event = [], 0, b""
+            del buf[:start]
+            if size + len(buf) > _MAX_EVENT:
+                raise MCPError(
+                    code=mcp_types.CONNECTION_CLOSED,
+                    message=f"SSE stream failed: an event exceeds {_MAX_EVENT} bytes",
+                )
+        raise MCPError(
+            code=mcp_types.CONNECTION_CLOSED, message="SSE stream ended without a response"
+        )
+
+    async def _frame(
+        self, data: bytes, name: str, rid: int, progress: ProgressFn | None
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
+        try:
+            msg = json.loads(data)
+        except ValueError as exc:
+            raise MCPError(
+                code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE message: {exc}"
+            ) from None
+        outcome = self._response(msg)
+        if outcome is not None:
+            return outcome
+        method = msg.get("method") if isinstance(msg, dict) else None
+        params = msg.get("params") if isinstance(msg, dict) else None
+        if not isinstance(params, dict):
+            params = {}
+        if method == "notifications/progress":
+            await self._progress(params, rid, progress)
+        elif method == "notifications/message":
+            level = params.get("level")
+            log.log(
+                logging.DEBUG if level == "debug" else logging.INFO,
+                "MCP server %r, tool %r logs (%s): %s",
+                self.server,
+                name,
+                level,
+                params.get("data"),
+            )
+        elif method == "notifications/tools/list_changed":
+            self._on_list_changed()
+        else:
+            log.debug("MCP server %r: ignored %s during a call", self.server, method)
+        return None
+
+    async def _progress(
+        self, params: dict[str, Any], rid: int, progress: ProgressFn | None
+    ) -> None:
+        token, value = params.get("progressToken"), params.get("progress")
+        if (
+            progress is None
+            or token != rid
+            or isinstance(token, bool)
+            or not isinstance(value, int | float)
+            or isinstance(value, bool)
+        ):
+            return
+        total, message = params.get("total"), params.get("message")
+        try:
+            await progress(
+                float(value),
+                float(total) if isinstance(total, int | float) else None,
+                message if isinstance(message, str) else None,
+            )
+        except Exception:
+            log.exception("MCP server %r: the progress handler raised", self.server)

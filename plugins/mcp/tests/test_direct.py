@@ -1,0 +1,287 @@
+"""``tools/call`` of Streamable-HTTP upstreams: the direct path and the FastMCP client.
+
+A real upstream FastMCP server over HTTP (``upstream_server.py --http PORT``).
+With ``direct_http_calls`` true, calls of a 2026-07-28 upstream go over the
+lean aiohttp caller; false sends them through the FastMCP client. Both must
+give the same kernel results, and the direct path must really be taken
+where it applies (``Upstream.direct_calls`` counts its requests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+from toolwire_mcp_testkit import (
+    HttpUpstream,
+    call_until_back,
+    clean_env,
+    eventually,
+    upstream_entry,
+)
+
+from toolwire import Kernel, ToolResult
+from toolwire_mcp import MCPConfig, MCPPlugin
+from toolwire_mcp._upstream import Upstream
+
+pytestmark = pytest.mark.anyio
+
+PATHS = pytest.mark.parametrize("direct", [True, False], ids=["direct", "fastmcp-client"])
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[HttpUpstream]:
+    """One HTTP upstream for the tests of this module that do not kill it."""
+    up = HttpUpstream().start()
+    yield up
+    up.stop()
+
+
+@asynccontextmanager
+async def gateway(
+    entry: dict[str, Any], *, direct: bool = True, **extra: Any
+) -> AsyncIterator[tuple[Kernel, Upstream]]:
+    """A kernel with the mcp plugin and one upstream called ``up``."""
+    cfg = {
+        "servers": {"up": entry},
+        "reconnect_initial_s": 0.05,
+        "reconnect_max_s": 0.2,
+        "direct_http_calls": direct,
+        **extra,
+    }
+    mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+    async with Kernel(plugins=[mcp]) as kernel:
+        up = mcp._upstreams["up"]
+        assert up.status == "up", up.last_error
+        yield kernel, up
+
+
+def outcome(r: ToolResult) -> Any:
+    """What a caller can observe of a result (the error in full)."""
+    if r.error is None:
+        return r.content
+    info = r.error.to_dict()
+    return {k: v for k, v in info.items() if k != "exception"}
+
+
+class Progress:
+    def __init__(self) -> None:
+        self.got: list[tuple[float, float | None, str | None]] = []
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.got.append((progress, total, message))
+
+
+@PATHS
+async def test_results_remote_errors_progress_and_the_call_id(
+    upstream: HttpUpstream, direct: bool
+) -> None:
+    async with gateway({"url": upstream.url}, direct=direct) as (k, up):
+        r = await k.call("up_forecast", {"city": "Lyon"})
+        assert r.content == {"result": "sunny in Lyon"} and not r.is_error  # text only
+        r = await k.call("up_stats", {"text": "a b c", "times": 2})
+        assert r.content == {"words": 6, "chars": 10}  # structured content
+        r = await k.call("up_seen_meta", {}, call_id="order-17")
+        assert r.content == {"call_id": "order-17"}  # the call id travels on upstream
+        r = await k.call("up_fail", {"message": "disk on fire"})
+        assert r.error is not None and r.error.kind == "tool_error"
+        assert "disk on fire" in r.error.message and r.error.source == "mcp:up"
+        assert r.error.details["server"] == "up" and r.error.details["remote_tool"] == "fail"
+        r = await k.call("up_limited", {})
+        assert r.error is not None and r.error.kind == "rate_limit"
+        progress = Progress()
+        r = await k.call("up_steps", {"n": 2}, progress=progress)
+        assert r.content == {"steps": 2}
+        assert progress.got == [(1, 2, "step 1 of 2"), (2, 2, "step 2 of 2")]
+        r = await k.call("up_chatty", {})  # log notifications on the way
+        assert r.content == {"result": "said it"}
+        assert up.direct_calls == (7 if direct else 0)
+
+
+async def test_both_paths_give_identical_results(upstream: HttpUpstream) -> None:
+    """Every scenario through both paths at once; what the kernel answers must not differ."""
+    entry = {"url": upstream.url, "headers": {"X-Tenant": "acme"}, "timeout": 1000}
+    calls: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("up_forecast", {"city": "Oslo"}, {}),
+        ("up_stats", {"text": "x y"}, {}),
+        ("up_envelope", {}, {"call_id": "run-1"}),  # the _meta envelope and the headers sent
+        ("up_fail", {"message": "nope"}, {}),
+        ("up_limited", {}, {}),
+        ("up_chatty", {}, {}),
+        ("up_ask", {}, {}),  # input_required with an elicitation we have no handler for
+        ("up_come_back", {}, {}),  # input_required, then the retry completes
+        ("up_regional", {"region": "eu-west"}, {}),  # needs Mcp-Param-Region
+        ("up_http_401", {}, {}),
+        ("up_http_429", {}, {}),
+        ("up_http_503", {}, {}),
+        ("up_slow", {"seconds": 5}, {}),  # longer than the server's 1 s timeout
+    ]
+    async with (
+        gateway(entry, direct=True) as (fast, fast_up),
+        gateway(entry, direct=False) as (slow, slow_up),
+    ):
+        for name, args, kw in calls:
+            a, b = await fast.call(name, args, **kw), await slow.call(name, args, **kw)
+            assert outcome(a) == outcome(b), name
+        pa, pb = Progress(), Progress()
+        a = await fast.call("up_steps", {"n": 3}, progress=pa)
+        b = await slow.call("up_steps", {"n": 3}, progress=pb)
+        assert outcome(a) == outcome(b) == {"steps": 3} and pa.got == pb.got and len(pa.got) == 3
+        # 14 calls (not regional, which needs the FastMCP client) and come_back's retry
+        assert (fast_up.direct_calls, slow_up.direct_calls) == (14, 0)
+
+        envelope = (await fast.call("up_envelope", {}, call_id="run-2")).content
+        assert envelope["headers"]["x-tenant"] == "acme"
+        assert envelope["headers"]["mcp-name"] == "envelope"
+        assert envelope["meta"]["io.toolwire/call-id"] == "run-2"
+        r = await fast.call("up_ask", {})
+        assert r.error is not None and r.error.kind == "tool_error"
+        assert "Elicitation not supported" in r.error.message
+        assert (await fast.call("up_come_back", {})).content == {"result": "came back"}
+        r = await fast.call("up_http_401", {})
+        assert r.error is not None and r.error.kind == "auth" and r.error.details["status"] == 401
+        assert "[plugins.mcp.servers.up]" in r.error.message
+        r = await fast.call("up_http_429", {})
+        assert r.error is not None and r.error.kind == "rate_limit"
+        assert r.error.retry_after_s == 7
+        r = await fast.call("up_http_503", {})
+        assert r.error is not None and r.error.kind == "unavailable"
+        r = await fast.call("up_slow", {"seconds": 5})
+        assert r.error is not None and r.error.kind == "timeout"
+
+
+async def test_the_direct_path_is_taken_only_where_it_applies(
+    upstream: HttpUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with gateway({"url": upstream.url}) as (k, up):
+        assert up._direct is not None
+        assert (await k.call("up_forecast", {"city": "Rome"})).content == {
+            "result": "sunny in Rome"
+        }
+        assert up.direct_calls == 1
+        # A tool asking for Mcp-Param-* headers goes through the FastMCP client
+        # (the server refuses the call without the header).
+        r = await k.call("up_regional", {"region": "eu"})
+        assert r.content == {"result": "served in eu"} and up.direct_calls == 1
+    async with gateway({"url": upstream.url}, protocol="legacy") as (k, up):
+        assert (await k.call("up_forecast", {"city": "Rome"})).content is not None
+        assert up._direct is None and up.direct_calls == 0
+    async with gateway({"url": upstream.url}, direct=False) as (k, up):
+        assert (await k.call("up_forecast", {"city": "Rome"})).is_error is False
+        assert up._direct is None and up.direct_calls == 0
+    async with gateway(upstream_entry(include=["forecast"])) as (k, up):  # stdio
+        assert (await k.call("up_forecast", {"city": "Rome"})).is_error is False
+        assert up._direct is None and up.direct_calls == 0
+    # A proxy in the environment (bypassed for this host, as httpx2 honours NO_PROXY):
+    # the FastMCP client decides how to reach the server.
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    async with gateway({"url": upstream.url}) as (k, up):
+        assert (await k.call("up_forecast", {"city": "Rome"})).is_error is False
+        assert up._direct is None and up.direct_calls == 0
+
+
+async def test_a_redirect_falls_back_to_the_fastmcp_client(upstream: HttpUpstream) -> None:
+    """``/mcp/`` answers 307 to ``/mcp``: the SDK follows it, the direct path hands over."""
+    async with gateway({"url": upstream.url + "/"}) as (k, up):
+        for city in ("Bern", "Graz"):
+            r = await k.call("up_forecast", {"city": city})
+            assert r.content == {"result": f"sunny in {city}"}
+        assert up.direct_calls == 1 and up._direct is None  # tried once, then handed over
+
+
+@PATHS
+async def test_cancelling_a_call_abandons_the_request(upstream: HttpUpstream, direct: bool) -> None:
+    async with gateway({"url": upstream.url}, direct=direct) as (k, _):
+        before = (await k.call("up_slow_state", {})).content
+        with anyio.move_on_after(0.5):
+            await k.call("up_slow", {"seconds": 30})
+
+        with anyio.fail_after(10):  # the server saw the request go and stopped the tool
+            while True:
+                state = (await k.call("up_slow_state", {})).content
+                if state["cancelled"] > before["cancelled"]:
+                    break
+                await anyio.sleep(0.05)
+        assert state["finished"] == before["finished"]
+
+
+@PATHS
+async def test_a_timeout_answers_timeout(upstream: HttpUpstream, direct: bool) -> None:
+    async with gateway({"url": upstream.url, "timeout": 300}, direct=direct) as (k, up):
+        r = await k.call("up_slow", {"seconds": 5})
+        assert r.error is not None and r.error.kind == "timeout", r.error
+        assert r.error.details["mcp_code"] == -32001
+        assert (await k.call("up_forecast", {"city": "Kyiv"})).content is not None
+        assert up.direct_calls == (2 if direct else 0)
+
+
+@PATHS
+async def test_list_changed_announced_during_a_call_re_lists(
+    upstream: HttpUpstream, direct: bool
+) -> None:
+    name = f"fresh_{'direct' if direct else 'client'}"
+    async with gateway({"url": upstream.url}, direct=direct) as (k, _):
+        r = await k.call("up_grow", {"name": name})
+        assert r.content == {"result": f"added {name}"}
+        await eventually(lambda: k.get_tool(f"up_{name}") is not None)
+        r = await k.call(f"up_{name}", {})
+        assert r.content == {"result": f"I am {name}"}
+
+
+@PATHS
+async def test_a_crash_mid_call_answers_unavailable_then_reconnects(direct: bool) -> None:
+    server = HttpUpstream().start()
+    try:
+        async with gateway({"url": server.url}, direct=direct) as (k, up):
+            first = up._direct
+            r = await k.call("up_crash", {})
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            assert "connection was lost during the call to 'crash'" in r.error.message
+            assert r.error.details["in_flight"] is True
+            if direct:
+                assert first is not None and up.direct_calls == 1
+                await eventually(lambda: first.closed)  # the session ended: its HTTP session too
+            server.start()  # the same port again
+            r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}
+            if direct:  # a new session, a new HTTP session
+                assert up._direct is not None and up._direct is not first
+            else:
+                assert up._direct is None
+            assert up.direct_calls == (2 if direct else 0)
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[HttpUpstream]:
+    """An HTTP upstream requiring the bearer token ``up-secret``."""
+    up = HttpUpstream(env=clean_env(UPSTREAM_TOKEN="up-secret")).start()
+    yield up
+    up.stop()
+
+
+@PATHS
+async def test_bearer_auth(guarded: HttpUpstream, direct: bool) -> None:
+    async with gateway({"url": guarded.url, "auth": "up-secret"}, direct=direct) as (k, up):
+        r = await k.call("up_envelope", {})
+        assert r.content["headers"]["authorization"] == "Bearer up-secret"
+        assert up.direct_calls == (1 if direct else 0)
+    entry = {"url": guarded.url, "auth": "wrong", "include": ["forecast"]}
+    cfg = {"servers": {"up": entry}, "direct_http_calls": direct, "connect_timeout_s": 5}
+    async with Kernel(plugins=[MCPPlugin(MCPConfig.model_validate(cfg))]) as k:
+        r = await k.call("up_forecast", {"city": "Oslo"})
+        assert r.error is not None and r.error.kind == "auth", r.error
+        assert "HTTP 401" in r.error.message and "[plugins.mcp.servers.up]" in r.error.message
+
+
+async def test_the_http_session_closes_with_the_kernel(upstream: HttpUpstream) -> None:
+    async with gateway({"url": upstream.url}) as (k, up):
+        caller = up._direct
+        assert caller is not None and not caller.closed
+        assert (await k.call("up_forecast", {"city": "Nice"})).content is not None
+    assert caller.closed and up._direct is None
