@@ -130,3 +130,32 @@ def test_find_tools_over_the_catalog_and_after_changes() -> None:
     assert k.find_tools("translate a sentence into French", limit=1)[0].name == "translate_text"
     k.remove_tool("translate_text")
     assert all(t.name != "translate_text" for t in k.find_tools("translate", limit=5))
+
+
+async def test_catalog_change_listeners_hear_real_changes_only() -> None:
+    src = Source("s", ["a"])
+    k = Kernel(plugins=[src])
+    seen: list[list[str]] = []
+    unsubscribe = k.on_catalog_change(lambda: seen.append(sorted(t.name for t in k.list_tools())))
+    async with k:
+        assert seen == [["a"]]  # the start built the catalog
+        seen.clear()
+        await k.refresh_tools()  # the source rebuilds identical tools: no change
+        assert seen == []
+        src.tools = ["a", "b"]
+        await k.refresh_tools()
+        assert len(seen) == 1 and len(seen[0]) == 2
+        k.add_tool(ping)
+        assert "ping" in seen[-1]
+        k.remove_tool("ping")
+        assert "ping" not in seen[-1] and len(seen) == 3
+
+        def broken() -> None:
+            raise RuntimeError("listener bug")
+
+        k.on_catalog_change(broken)  # a raising listener is logged, the change still lands
+        k.add_tool(ping)
+        assert k.get_tool("ping") is not None and len(seen) == 4
+        unsubscribe()
+        k.remove_tool("ping")
+        assert len(seen) == 4

@@ -47,6 +47,24 @@ __all__ = ["Kernel"]
 
 log = logging.getLogger("toolwire")
 
+
+def _visible(t: Tool) -> tuple[Any, ...]:
+    """What a client of the catalog sees of a tool."""
+    return (
+        t.description,
+        repr(t.input_schema),
+        repr(t.output_schema),
+        t.annotations,
+        t.tags,
+    )
+
+
+def _catalog_differs(old: Mapping[str, Tool], new: Mapping[str, Tool]) -> bool:
+    if old.keys() != new.keys():
+        return True
+    return any(old[n] is not t and _visible(old[n]) != _visible(t) for n, t in new.items())
+
+
 _get_running_loop = asyncio._get_running_loop
 ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
 Mode = Literal["explicit", "semantic", "hybrid"]
@@ -107,6 +125,7 @@ class Kernel:
         self._start_lock: anyio.Lock | None = None
         self._index: Any = None
         self._background: list[BackgroundTask] = []
+        self._catalog_listeners: list[Callable[[], None]] = []
         self._on_plugins_changed()
         for p in plugins:
             self.register(p)
@@ -192,6 +211,30 @@ class Kernel:
             for n, t in cat.items():
                 if old.get(n) is not t:
                     index.add(t)
+        if self._catalog_listeners and _catalog_differs(old, cat):
+            for fn in list(self._catalog_listeners):
+                try:
+                    fn()
+                except Exception:
+                    log.exception("a catalog-change listener raised (ignored)")
+
+    def on_catalog_change(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn()`` after the catalog changes; returns a function that unsubscribes it.
+
+        A change is a tool added or removed, or one whose name, description,
+        schemas, annotations or tags changed (a source that rebuilds identical
+        tools on every ``discover`` is no change). ``fn`` runs synchronously
+        where the change happened (``add_tool``, ``refresh_tools``, ...); one
+        that needs to await should schedule it, e.g. with ``kernel.spawn``.
+        For transports that tell their clients (MCP's ``tools/list_changed``).
+        """
+        self._catalog_listeners.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._catalog_listeners:
+                self._catalog_listeners.remove(fn)
+
+        return unsubscribe
 
     async def refresh_tools(self) -> list[Tool]:
         """Ask every tool source (``discover`` hook, query=None) for its tools.

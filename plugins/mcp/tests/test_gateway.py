@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types
 import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
+from mcp.client.subscriptions import ToolsListChanged, listen
 from toolwire_mcp_testkit import UPSTREAM, clean_env, eventually, write_config
 
 from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY
@@ -157,3 +159,14 @@ async def test_an_upstream_crash_mid_call_is_reported_and_the_gateway_recovers(
             assert again.meta[ERROR_META_KEY]["kind"] == "unavailable"
             await anyio.sleep(0.1)
     assert again.structured_content == {"result": "sunny in Brest"}
+
+
+async def test_a_changed_upstream_list_reaches_the_gateways_clients(gateway: Client[Any]) -> None:
+    """Upstream announces tools/list_changed -> the gateway re-lists -> its clients hear it."""
+    async with listen(gateway.session, tools_list_changed=True) as sub:
+        r = await gateway.call_tool_mcp("weather_grow", {"name": "sprout"})
+        assert not r.is_error, r
+        with anyio.fail_after(20):
+            event = await sub.__anext__()
+        assert isinstance(event, ToolsListChanged)
+    assert "weather_sprout" in {t.name for t in await gateway.list_tools()}

@@ -9,6 +9,8 @@ import anyio
 import mcp_types
 import pytest
 from fastmcp import Client
+from fastmcp.client.messages import MessageHandler
+from mcp.client.subscriptions import ToolsListChanged, listen
 
 import toolwire.examples as examples
 from toolwire import (
@@ -243,3 +245,43 @@ async def test_concurrent_calls_are_independent(client: Client[Any]) -> None:
         for i in range(20):
             tg.start_soon(one, i)
     assert results == {i: {"result": float(i + 1)} for i in range(20)}
+
+
+@tool
+def late_tool() -> str:
+    """Added while clients are connected."""
+    return "late"
+
+
+async def test_2026_clients_hear_tools_list_changed_on_a_listen_stream(kernel: Kernel) -> None:
+    server = create_server(kernel)
+    async with Client(server) as c:
+        assert c.protocol_version == "2026-07-28"
+        caps = c.server_capabilities
+        assert caps is not None and caps.tools is not None and caps.tools.list_changed
+        async with listen(c.session, tools_list_changed=True) as sub:
+            kernel.add_tool(late_tool)
+            kernel.remove_tool("late_tool")  # a burst: one notification
+            with anyio.fail_after(10):
+                event = await sub.__anext__()
+            assert isinstance(event, ToolsListChanged)
+        assert "late_tool" not in {t.name for t in await c.list_tools()}
+
+
+async def test_handshake_sessions_hear_tools_list_changed(kernel: Kernel) -> None:
+    heard = anyio.Event()
+
+    class Handler(MessageHandler):
+        async def on_tool_list_changed(
+            self, message: mcp_types.ToolListChangedNotification
+        ) -> None:
+            heard.set()
+
+    async with Client(create_server(kernel), mode="legacy", message_handler=Handler()) as c:
+        assert c.protocol_version != "2026-07-28"
+        await c.list_tools()  # the session is remembered once it listed
+        kernel.add_tool(late_tool)
+        with anyio.fail_after(10):
+            await heard.wait()
+        assert "late_tool" in {t.name for t in await c.list_tools()}
+        kernel.remove_tool("late_tool")

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
@@ -34,6 +35,7 @@ from fastmcp.tools import Tool as MCPTool
 from fastmcp.tools import ToolResult as MCPToolResult
 from fastmcp.tools.base import InputRequiredToolResult
 from fastmcp.utilities.versions import VersionSpec
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import PrivateAttr
 from starlette.applications import Starlette
@@ -56,6 +58,7 @@ __all__ = [
     "BearerTokenVerifier",
     "KernelProvider",
     "KernelTool",
+    "ListChanged",
     "MCPElicitation",
     "ServeGate",
     "create_http_app",
@@ -283,6 +286,68 @@ class KernelTool(MCPTool):
         return to_mcp_result(result)
 
 
+class ListChanged:
+    """Tells a server's clients when the kernel's catalog changes (``tools/list_changed``).
+
+    2026-07-28 clients subscribe with ``subscriptions/listen`` (the MCP SDK's
+    ``ListenHandler`` over an in-process bus, registered on the server).
+    Handshake-era sessions (stdio, legacy HTTP) that listed or called tools
+    get ``notifications/tools/list_changed`` on their session. A burst of
+    changes (an upstream re-listed, several tools added) is one notification.
+    """
+
+    def __init__(self, kernel: Kernel) -> None:
+        self.kernel = kernel
+        self.bus = InMemorySubscriptionBus()
+        self.sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.sent = 0
+        self._pending = False
+        ref = weakref.WeakMethod(self._changed)
+
+        def listener() -> None:  # the kernel must not keep a dropped server alive
+            changed = ref()
+            if changed is None:
+                unsubscribe()
+            else:
+                changed()
+
+        unsubscribe = kernel.on_catalog_change(listener)
+
+    def track(self, ctx: Context | None) -> None:
+        """Remember the connection of the current request when it is a handshake-era session."""
+        rc = ctx.request_context if ctx is not None else None
+        if rc is None or rc.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return
+        # The SDK's Connection outlives the request; the per-request ServerSession
+        # does not. Reached through private attributes (tests pin them).
+        conn = getattr(getattr(rc, "_srctx", None), "connection", None)
+        if conn is None:
+            conn = getattr(rc.session, "_connection", None)
+        if conn is not None and getattr(conn, "has_standalone_channel", False):
+            self.sessions.add(conn)
+
+    def _changed(self) -> None:
+        if self._pending:
+            return
+        try:
+            self.kernel.spawn(self._notify, name="toolwire-mcp:list_changed")
+        except Exception:  # no event loop yet: nobody can be connected
+            return
+        self._pending = True
+
+    async def _notify(self) -> None:
+        await anyio.sleep(0.01)  # let a burst of changes land first
+        self._pending = False
+        self.sent += 1
+        await self.bus.publish(ToolsListChanged())
+        for session in list(self.sessions):
+            try:
+                await session.send_tool_list_changed()
+            except Exception as exc:  # a session that went away
+                log.debug("tools/list_changed not delivered: %s", exc)
+                self.sessions.discard(session)
+
+
 class KernelProvider(Provider):
     """A FastMCP provider reading the kernel's live catalog.
 
@@ -291,10 +356,13 @@ class KernelProvider(Provider):
     answers ``not_found`` with close matches.
     """
 
-    def __init__(self, kernel: Kernel, gate: ServeGate | None = None) -> None:
+    def __init__(
+        self, kernel: Kernel, gate: ServeGate | None = None, changes: ListChanged | None = None
+    ) -> None:
         super().__init__()
         self.kernel = kernel
         self.gate = gate or ServeGate()
+        self.changes = changes
         self._views: dict[str, tuple[Tool, KernelTool]] = {}
 
     def _view(self, tool: Tool) -> KernelTool:
@@ -307,6 +375,8 @@ class KernelProvider(Provider):
 
     async def _list_tools(self) -> Sequence[MCPTool]:
         await self.kernel.start()
+        if self.changes is not None:
+            self.changes.track(_current_context())
         tools: list[Tool] = self.kernel.list_tools()
         live = {t.name for t in tools}
         for stale in self._views.keys() - live:
@@ -352,8 +422,9 @@ def create_server(
     (401 otherwise). The kernel is started on first use; closing it is the
     caller's job.
     """
-    provider = KernelProvider(kernel, gate)
-    return FastMCP(
+    changes = ListChanged(kernel)
+    provider = KernelProvider(kernel, gate, changes)
+    mcp = FastMCP(
         name,
         instructions=instructions,
         version=toolwire.__version__,
@@ -361,6 +432,13 @@ def create_server(
         providers=[provider],
         mask_error_details=True,
     )
+    # 2026-07-28 clients learn of catalog changes on a subscriptions/listen stream.
+    mcp._mcp_server.add_request_handler(
+        "subscriptions/listen",
+        mcp_types.SubscriptionsListenRequestParams,
+        ListenHandler(changes.bus),
+    )
+    return mcp
 
 
 # ------------------------------------------------------------- plugin routes
