@@ -279,3 +279,14 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
         ConfigError, match=r"tools\.modules: cannot import module 'no_such_module_abc'"
     ):
         Kernel.from_config(str(p))
+
+
+def test_from_config_takes_a_path_object_as_well_as_a_string(tmp_path: Path) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(
+        'state = "memory://"\nenabled_plugins = []\n[tools]\nmodules = ["toolwire.examples"]\n'
+    )
+    by_path = Kernel.from_config(path)
+    by_str = Kernel.from_config(str(path))
+    assert {t.name for t in by_path.list_tools()} == {t.name for t in by_str.list_tools()}
+    assert "add" in {t.name for t in by_path.list_tools()}

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import difflib
 import logging
+import os
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import perf_counter
@@ -829,13 +830,15 @@ class Kernel:
 
     # ------------------------------------------------------------ config
     @classmethod
-    def from_config(cls, config: ToolwireConfig | str | None = None, **overrides: Any) -> Kernel:
+    def from_config(
+        cls, config: ToolwireConfig | str | os.PathLike[str] | None = None, **overrides: Any
+    ) -> Kernel:
         """Build a kernel from a ``toolwire.toml`` (path) or a loaded config.
 
         Loads the enabled plugins from entry points, validates their sections,
         and adds the configured tool modules.
         """
-        from ._config import build_kernel, load_config
+        from ._config import ToolwireConfig, build_kernel, load_config
 
-        cfg = config if config is not None and not isinstance(config, str) else load_config(config)
+        cfg = config if isinstance(config, ToolwireConfig) else load_config(config)
         return build_kernel(cls, cfg, **overrides)

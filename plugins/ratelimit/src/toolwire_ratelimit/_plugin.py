@@ -262,6 +262,11 @@ class RateLimitPlugin:
         """The configuration of ``provider`` (None when it is not configured)."""
         return self.settings.providers.get(provider)
 
+    def providers(self) -> list[str]:
+        """Every provider this plugin knows: configured in ``[plugins.ratelimit]`` or given keys
+        from code (``register_keys``)."""
+        return sorted(set(self.settings.providers) | set(self._registered))
+
     def pool(self, provider: str) -> KeyPool:
         """The key pool of ``provider`` (a keyless, health-only pool if it has no keys)."""
         pool = self._pools.get(provider)

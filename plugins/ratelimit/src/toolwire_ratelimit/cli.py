@@ -1,0 +1,150 @@
+"""``toolwire keys``: the state of every API-key pool, and lifting cooldowns and quarantines.
+
+A quarantined key stays quarantined across restarts (it lives in the state
+store) until its secret changes or an operator clears it; this is the
+operator's way to see why calls answer ``unavailable`` and to clear a key once
+its problem (a revoked key, an unpaid invoice) is fixed. It builds the kernel
+from the configuration, so keys that plugins register from code (the search
+backends') are included, and works on the same state store as every process
+sharing it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from toolwire import ConfigError, Kernel
+from toolwire.cli import build_cli_kernel, load_cli_config
+
+from ._plugin import RateLimitPlugin
+
+__all__ = ["register", "render_status"]
+
+
+def register(subparsers: Any) -> None:
+    """Add ``keys`` to the ``toolwire`` CLI (entry point ``toolwire.cli``)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "keys",
+        help="API-key pools: every key's state (ok, cooling down, quarantined); clear them",
+        description="The ratelimit plugin's key pools, as every process sharing the "
+        "configured state store sees them. Secrets are never printed: keys go by alias.",
+    )
+    p.add_argument("--config", "-c", default=argparse.SUPPRESS, help="path to toolwire.toml")
+    sub = p.add_subparsers(dest="keys_command", required=True)
+
+    st = sub.add_parser("status", help="each provider's availability and each key's state")
+    st.add_argument("provider", nargs="*", help="only these providers (default: all)")
+    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.set_defaults(fn=_cmd_status)
+
+    cl = sub.add_parser(
+        "clear",
+        help="lift the cooldown and quarantine of one key (or of every key) of a provider",
+    )
+    cl.add_argument("provider")
+    cl.add_argument("alias", nargs="?", help="the key's alias (default: every key)")
+    cl.add_argument(
+        "--keep-suspension",
+        action="store_true",
+        help="leave a suspended pool suspended (by default the suspension is lifted too)",
+    )
+    cl.set_defaults(fn=_cmd_clear)
+
+
+def _fmt_until(value: Any, now: float) -> str:
+    if not isinstance(value, int | float) or value <= now:
+        return ""
+    return f"{value - now:.0f}s"
+
+
+def render_status(status: dict[str, dict[str, Any]], now: float) -> str:
+    """The ``toolwire keys status`` table."""
+    lines: list[str] = []
+    for provider, st in status.items():
+        avail = "available" if st.get("available") else "UNAVAILABLE"
+        why = f" ({st['reason']})" if st.get("reason") else ""
+        lines.append(f"{provider}: {avail}{why}")
+        keys = st.get("keys") or {}
+        if not keys:
+            lines.append("  (no keys: health tracking only)")
+            continue
+        lines.append(
+            f"  {'key':<16}{'state':<14}{'weight':>7}{'picks':>8}{'strikes':>9}  "
+            f"{'cooling':>8}  quarantine"
+        )
+        for alias, k in keys.items():
+            q = k.get("quarantine") or {}
+            qtext = ""
+            if q:
+                qtext = str(q.get("reason") or "quarantined")
+                if q.get("pattern"):
+                    qtext += f" [{q['pattern']}]"
+            lines.append(
+                f"  {alias:<16}{k.get('state', ''):<14}{k.get('weight', 1):>7}"
+                f"{k.get('picks', 0):>8}{k.get('strikes', 0):>9}  "
+                f"{_fmt_until(k.get('cool_until'), now):>8}  {qtext}"
+            )
+    return "\n".join(lines) if lines else "no providers are configured"
+
+
+async def _with_plugin(
+    args: argparse.Namespace, action: Callable[[Kernel, RateLimitPlugin], Awaitable[int]]
+) -> int:
+    cfg = load_cli_config(args)
+    kernel = build_cli_kernel(cfg)
+    async with kernel:
+        try:
+            plugin = kernel.get_plugin("ratelimit")
+        except KeyError:
+            raise ConfigError(
+                "the ratelimit plugin is not loaded: add it to enabled_plugins "
+                '(enabled_plugins = ["ratelimit", ...]) or give it a [plugins.ratelimit] table',
+                file=cfg.path,
+            ) from None
+        return await action(kernel, plugin)
+
+
+async def _cmd_status(args: argparse.Namespace) -> int:
+    async def show(kernel: Kernel, plugin: RateLimitPlugin) -> int:
+        known = plugin.providers()
+        wanted = list(args.provider) or known
+        unknown = [p for p in wanted if p not in known]
+        if unknown:
+            sys.stderr.write(f"toolwire: error: unknown provider(s) {unknown}; known: {known}\n")
+            return 2
+        status = {p: await plugin.pool(p).status() for p in wanted}
+        if args.json:
+            sys.stdout.write(json.dumps(status, indent=2, default=str) + "\n")
+        else:
+            sys.stdout.write(render_status(status, kernel.clock.time()) + "\n")
+        return 0
+
+    return await _with_plugin(args, show)
+
+
+async def _cmd_clear(args: argparse.Namespace) -> int:
+    async def clear(kernel: Kernel, plugin: RateLimitPlugin) -> int:
+        known = plugin.providers()
+        if args.provider not in known:
+            sys.stderr.write(
+                f"toolwire: error: unknown provider {args.provider!r}; known: {known}\n"
+            )
+            return 2
+        pool = plugin.pool(args.provider)
+        try:
+            await pool.clear(args.alias, suspension=not args.keep_suspension)
+        except KeyError:
+            sys.stderr.write(
+                f"toolwire: error: provider {args.provider!r} has no key {args.alias!r}; "
+                f"its keys: {pool.aliases}\n"
+            )
+            return 2
+        what = f"key {args.alias!r}" if args.alias else "every key"
+        sys.stdout.write(f"{args.provider}: cleared {what}\n")
+        return 0
+
+    return await _with_plugin(args, clear)

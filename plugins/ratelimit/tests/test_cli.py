@@ -1,0 +1,87 @@
+"""`toolwire keys`: pool status and clearing a quarantine, on the configured state store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolwire import Kernel
+from toolwire_ratelimit import RateLimitPlugin
+
+pytestmark = pytest.mark.anyio
+
+SECRET_A = "sk-alpha-0123456789"
+SECRET_B = "sk-bravo-9876543210"
+
+
+def write_config(tmp_path: Path) -> Path:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(
+        f'state = "sqlite:///{tmp_path / "state.db"}"\n'
+        'enabled_plugins = ["ratelimit"]\n'
+        "[plugins.ratelimit.providers.acme]\n"
+        "keys = [\n"
+        f'  {{alias = "a", secret = "{SECRET_A}", weight = 3}},\n'
+        f'  {{alias = "b", secret = "{SECRET_B}"}},\n'
+        "]\n"
+    )
+    return path
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    return subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "--config", str(tmp_path / "toolwire.toml"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+async def test_status_shows_a_quarantine_and_clear_lifts_it(tmp_path: Path) -> None:
+    path = write_config(tmp_path)
+    async with Kernel.from_config(path) as kernel:
+        plugin: RateLimitPlugin = kernel.get_plugin("ratelimit")
+        await plugin.pool("acme").report("a", "auth", pattern="default.status.401")
+
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 0, r.stderr
+    assert "acme: available" in r.stdout
+    line_a = next(line for line in r.stdout.splitlines() if line.strip().startswith("a "))
+    assert "quarantined" in line_a and "default.status.401" in line_a
+    assert SECRET_A not in r.stdout and SECRET_B not in r.stdout
+
+    r = run(tmp_path, "keys", "status", "acme", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)["acme"]
+    assert status["keys"]["a"]["state"] == "quarantined"
+    assert status["keys"]["b"]["state"] == "ok"
+
+    r = run(tmp_path, "keys", "clear", "acme", "a")
+    assert r.returncode == 0, r.stderr
+    assert "cleared key 'a'" in r.stdout
+    async with Kernel.from_config(path) as kernel:
+        plugin = kernel.get_plugin("ratelimit")
+        assert (await plugin.pool("acme").status())["keys"]["a"]["state"] == "ok"
+
+
+def test_unknown_names_and_a_missing_plugin_are_named(tmp_path: Path) -> None:
+    write_config(tmp_path)
+    r = run(tmp_path, "keys", "status", "nope")
+    assert r.returncode == 2 and "unknown provider(s) ['nope']" in r.stderr
+    assert "known: ['acme']" in r.stderr
+    r = run(tmp_path, "keys", "clear", "acme", "zz")
+    assert r.returncode == 2 and "has no key 'zz'" in r.stderr and "['a', 'b']" in r.stderr
+    (tmp_path / "toolwire.toml").write_text(
+        f'state = "sqlite:///{tmp_path / "state.db"}"\nenabled_plugins = []\n'
+    )
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode != 0 and "ratelimit plugin is not loaded" in r.stderr
