@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,25 +159,33 @@ def fake_clock() -> FakeClock:
 
 
 @pytest.fixture
-def kernel(fake_clock: FakeClock) -> Kernel:
-    """A fresh kernel on in-memory state with the fake clock (it starts on first call)."""
-    return Kernel(state="memory://", clock=fake_clock)
+async def kernel(fake_clock: FakeClock) -> AsyncIterator[Kernel]:
+    """A fresh kernel on in-memory state with the fake clock (it starts on first call).
+
+    Closed after the test: plugins' ``shutdown`` hooks run and tasks started
+    with ``kernel.spawn`` are cancelled, as in production. An async fixture:
+    use it from tests run by anyio (``pytest.mark.anyio``).
+    """
+    k = Kernel(state="memory://", clock=fake_clock)
+    try:
+        yield k
+    finally:
+        await k.close()
 
 
 @pytest.fixture
-def register_plugin(kernel: Kernel) -> Iterator[Callable[..., Any]]:
-    """Register a plugin on the ``kernel`` fixture for this test only."""
-    names: list[str] = []
+def register_plugin(kernel: Kernel) -> Callable[..., Any]:
+    """Register a plugin on the ``kernel`` fixture (a fresh kernel per test).
+
+    The plugin stays registered until the kernel fixture closes the kernel
+    after the test, so its ``shutdown`` hook runs then.
+    """
 
     def register(plugin: object, name: str | None = None, order: int | None = None) -> object:
-        info = kernel.register(plugin, name=name, order=order)
-        names.append(info.name)
+        kernel.register(plugin, name=name, order=order)
         return plugin
 
-    yield register
-    for n in names:
-        if n in kernel.plugins.plugins:
-            kernel.unregister(n)
+    return register
 
 
 @functools.cache
