@@ -27,7 +27,8 @@ from toolwire_search_testkit import (
 )
 
 from toolwire import Kernel, load_config
-from toolwire_ratelimit import RateLimitPlugin
+from toolwire_ratelimit import ApiKey, RateLimitPlugin
+from toolwire_retry import RetryPlugin
 from toolwire_search import SearchPlugin
 
 pytestmark = pytest.mark.anyio
@@ -676,3 +677,154 @@ async def test_an_explicit_backend_starts_the_walk(mock: respx.MockRouter) -> No
         ("web_search_searxng", None),
     ]
     assert res.content["served_by"] == "searxng" and exa.call_count == 1 and not brave.called
+
+
+# ------------------------------------------------- the chain through the retry API
+def down() -> httpx.Response:
+    return httpx.Response(503, text="service unavailable")
+
+
+async def test_the_default_chains_are_set_through_the_retry_api(mock: respx.MockRouter) -> None:
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1, "SEARXNG_URL": SEARX})
+    retry = _retry_of(kernel)
+    async with kernel:
+        await kernel.start()
+        web = [s.tool for s in retry.fallbacks_for("web_search")]
+        forced = {n: retry.fallbacks_for(f"web_search_{n}") for n in ("brave", "exa", "searxng")}
+        # a backend configured later: the next catalog build replaces the search plugin's chain
+        RateLimitPlugin.of(kernel).register_keys("exa", [ApiKey("exa-1", E1)])
+        await kernel.refresh_tools()
+        refreshed = [s.tool for s in retry.fallbacks_for("web_search")]
+    assert web == ["web_search_searxng"]  # exa has no key
+    assert forced == {"brave": [], "exa": [], "searxng": []}
+    assert refreshed == ["web_search_exa", "web_search_searxng"]
+    assert retry.config.fallbacks == {} and retry.config.tools == {}  # config untouched
+
+
+def _retry_of(kernel: Kernel) -> RetryPlugin:
+    plugin = kernel.get_plugin("retry")
+    assert isinstance(plugin, RetryPlugin)
+    return plugin
+
+
+async def test_without_a_backend_the_chain_is_unchanged(mock: respx.MockRouter) -> None:
+    brave = mock.get(BRAVE_URL).mock(return_value=down())
+    exa = mock.post(EXA_URL).mock(return_value=down())
+    searx = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX},
+        retry={"max_provider_attempts": 1},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+    # backend "auto": the first configured backend, then every one after it, in order
+    assert kinds(res) == [
+        ("web_search", "unavailable", "fallback"),
+        ("web_search_exa", "unavailable", "fallback"),
+        ("web_search_searxng", None, None),
+    ]
+    assert (brave.call_count, exa.call_count, searx.call_count) == (1, 1, 1)
+
+
+async def test_an_explicit_backend_never_comes_back_to_itself(mock: respx.MockRouter) -> None:
+    brave = mock.get(BRAVE_URL).mock(return_value=ok("brave_web_search_200.json"))
+    exa = mock.post(EXA_URL).mock(return_value=down())  # down, but its pool stays usable
+    searx = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX})
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "exa"})
+        again = await kernel.call("web_search", {"query": "q"})  # the override was per call
+    # exa: its own retry, then the backends after exa in the chain — not exa a third time
+    # through web_search_exa, and not brave (before exa in the chain)
+    assert kinds(res) == [
+        ("web_search", "unavailable", "retry"),
+        ("web_search", "unavailable", "fallback"),
+        ("web_search_searxng", None, None),
+    ]
+    assert res.content["served_by"] == "searxng" and exa.call_count == 2
+    assert searx.call_count == 1
+    assert again.content["served_by"] == "brave" and brave.call_count == 1
+
+
+async def test_an_explicit_last_backend_has_nowhere_to_go(mock: respx.MockRouter) -> None:
+    brave = mock.get(BRAVE_URL)
+    exa = mock.post(EXA_URL)
+    searx = mock.get(SEARX_URL).mock(return_value=down())
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX},
+        retry={"max_provider_attempts": 1},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "searxng"})
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert kinds(res) == [("web_search", "unavailable", None)]
+    assert not brave.called and not exa.called and searx.call_count == 1
+
+    # a backend left out of chain_order has nothing after it either
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX},
+        search={"chain_order": ["exa", "searxng"]},
+        retry={"max_provider_attempts": 1},
+    )
+    brave.mock(return_value=down())
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "brave"})
+    assert kinds(res) == [("web_search", "unavailable", None)]
+    assert brave.call_count == 1 and not exa.called and searx.call_count == 1
+
+
+async def test_an_explicit_backend_skips_disabled_and_unconfigured_backends(
+    mock: respx.MockRouter,
+) -> None:
+    mock.get(BRAVE_URL).mock(
+        return_value=httpx.Response(429, json=load("brave_429_quota_exhausted.json"))
+    )
+    exa = mock.post(EXA_URL)
+    searx = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX},
+        search={"chain_order": ["exa", "brave", "searxng"], "exa": {"enabled": False}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "brave"})
+    assert kinds(res)[-1] == ("web_search_searxng", None, None)
+    assert res.content["served_by"] == "searxng" and not exa.called
+
+    # a backend with no key is not a candidate either
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1, "SEARXNG_URL": SEARX},
+        search={"chain_order": ["brave", "exa", "searxng"]},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "brave"})
+    assert [a.tool for a in res.meta.attempts] == ["web_search", "web_search_searxng"]
+    assert not exa.called and searx.call_count == 2
+
+
+async def test_an_explicit_backend_with_the_operators_own_list(mock: respx.MockRouter) -> None:
+    brave = mock.get(BRAVE_URL)
+    exa = mock.post(EXA_URL).mock(return_value=down())
+    searx = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
+    everything = {"BRAVE_API_KEY": B1, "EXA_API_KEY": E1, "SEARXNG_URL": SEARX}
+    # the operator's list is kept, without the chosen backend
+    kernel = make_kernel(
+        environ=everything,
+        retry={
+            "fallbacks": {"web_search": ["web_search_exa", "searxng"]},
+            "max_provider_attempts": 1,
+        },
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "exa"})
+    assert [a.tool for a in res.meta.attempts] == ["web_search", "web_search_searxng"]
+    assert exa.call_count == 1 and not brave.called
+
+    # the operator said "no fallback for web_search": an explicit backend does not change that
+    kernel = make_kernel(
+        environ=everything,
+        retry={"tools": {"web_search": {"fallbacks": []}}, "max_provider_attempts": 1},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "exa"})
+    assert res.is_error and [a.tool for a in res.meta.attempts] == ["web_search"]
+    assert searx.call_count == 1 and not brave.called

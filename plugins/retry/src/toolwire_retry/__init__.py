@@ -6,6 +6,11 @@ same provider (another key at once, or exponential backoff with full jitter
 honouring ``retry_after_s``), ``Fallback(tool)`` along the configured chain,
 or nothing (the error stands; an exhausted chain becomes one ``unavailable``
 error naming every provider's state). See docs/retry.md.
+
+Other plugins set their tools' default chains with ``RetryPlugin.set_fallbacks``
+(the operator's configuration wins), read the chain in effect with
+``RetryPlugin.fallbacks_for``, and set one call's candidates with
+``RetryPlugin.set_call_fallbacks(ctx, ...)`` or ``ctx.state["retry"]["fallbacks"]``.
 """
 
 from __future__ import annotations

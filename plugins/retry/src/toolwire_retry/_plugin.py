@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from toolwire import (
@@ -32,10 +32,53 @@ log = logging.getLogger("toolwire.retry")
 #: Keys a provider section of [plugins.ratelimit] may set for this plugin.
 _AGGREGATION_KEYS = ("max_provider_attempts", "request_timeout_seconds", "fallback_on_empty")
 _KEY_KINDS = ("rate_limit", "quota", "auth")
+#: Where a tool or a plugin puts this call's fallback candidates (see docs/retry.md).
+CALL_FALLBACKS = "fallbacks"
 
 
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _specs(
+    targets: object, where: str, tool: str | None = None, *, strict: bool = True
+) -> list[FallbackSpec]:
+    """Validate fallback targets: tool or provider names, ``FallbackSpec``s, or
+    ``{"tool": ..., "args": {...}}`` mappings. Returns fresh ``FallbackSpec`` copies.
+    ``strict``: also reject ``tool`` itself and repeated targets (else they are skipped
+    when the chain is resolved)."""
+    if isinstance(targets, (str, bytes)) or not isinstance(targets, Sequence):
+        raise TypeError(
+            f"{where}: expected a list of fallback targets (tool or provider names, "
+            f"FallbackSpec), got {type(targets).__name__}"
+            + (f" {targets!r}; write [{targets!r}]" if isinstance(targets, str) else "")
+        )
+    out: list[FallbackSpec] = []
+    seen: set[str] = set()
+    for i, t in enumerate(targets):
+        if isinstance(t, str):
+            spec = FallbackSpec(tool=t)
+        elif isinstance(t, FallbackSpec):
+            spec = t.model_copy(deep=True)
+        elif isinstance(t, Mapping):
+            try:
+                spec = FallbackSpec.model_validate(dict(t))
+            except ValueError as exc:
+                raise ValueError(f"{where}[{i}]: not a fallback target: {exc}") from None
+        else:
+            raise TypeError(
+                f"{where}[{i}]: a fallback target is a tool or provider name (str), a "
+                f"FallbackSpec or a {{'tool', 'args'}} mapping, not {type(t).__name__}"
+            )
+        if not spec.tool.strip():
+            raise ValueError(f"{where}[{i}]: empty tool name")
+        if strict and tool is not None and spec.tool == tool:
+            raise ValueError(f"{where}[{i}]: tool {tool!r} cannot fall back to itself")
+        if strict and spec.tool in seen:
+            raise ValueError(f"{where}[{i}]: {spec.tool!r} is listed more than once")
+        seen.add(spec.tool)
+        out.append(spec)
+    return out
 
 
 def is_empty(value: Any) -> bool:
@@ -117,6 +160,136 @@ class RetryPlugin:
         self._rng = random.Random(self.config.seed)
         self.budget = RetryBudget(self.config.budget)
         self._prepared: dict[str, Tool] = {}
+        #: tool -> (source plugin, chain): default chains other plugins set (set_fallbacks)
+        self._defaults: dict[str, tuple[str, list[FallbackSpec]]] = {}
+        self._kernel: Kernel | None = None  # for fallbacks_for's chain_order view
+
+    # ------------------------------------------------------------ fallback API
+    def set_fallbacks(
+        self, tool: str, targets: Sequence[str | FallbackSpec], *, source: str
+    ) -> bool:
+        """Register the default fallback chain of ``tool`` on behalf of plugin ``source``.
+
+        ``targets`` are tool or provider names (a provider stands for its first
+        tool) or ``FallbackSpec``s (a target with different arguments); ``[]``
+        means "never fall over". The operator's configuration always wins: when
+        ``[plugins.retry] fallbacks`` or ``[plugins.retry.tools.<tool>] fallbacks``
+        names a chain for ``tool``, nothing is registered and this returns False.
+        It also returns False (with a warning) when another plugin registered a
+        chain for ``tool`` first. Calling it again from the same ``source``
+        replaces that source's chain. True: the chain is in effect.
+
+        Raises:
+            TypeError: ``tool``, ``source`` or ``targets`` (or one of them) has the
+                wrong type — e.g. a bare string instead of a list.
+            ValueError: an empty tool or source name, a target naming ``tool``
+                itself, or a target listed twice.
+        """
+        if not isinstance(tool, str):
+            raise TypeError(f"set_fallbacks: tool must be a str, not {type(tool).__name__}")
+        if not isinstance(source, str):
+            raise TypeError(f"set_fallbacks: source must be a str, not {type(source).__name__}")
+        if not tool.strip():
+            raise ValueError("set_fallbacks: empty tool name")
+        if not source.strip():
+            raise ValueError("set_fallbacks: empty source (the name of the calling plugin)")
+        specs = _specs(targets, f"set_fallbacks({tool!r}) targets", tool)
+        if self._operator_chain(tool) is not None:
+            if self._defaults.get(tool, ("",))[0] == source:
+                del self._defaults[tool]
+            log.debug(
+                "plugin %r: the operator configured the fallbacks of %r; keeping them", source, tool
+            )
+            return False
+        held = self._defaults.get(tool)
+        if held is not None and held[0] != source:
+            log.warning(
+                "plugin %r wants to set the fallbacks of tool %r, but plugin %r set them first; "
+                "keeping %r's (configure [plugins.retry] fallbacks.%s to decide)",
+                source,
+                tool,
+                held[0],
+                held[0],
+                tool,
+            )
+            return False
+        self._defaults[tool] = (source, specs)
+        return True
+
+    def clear_fallbacks(self, tool: str, *, source: str) -> bool:
+        """Drop the chain ``source`` registered for ``tool``; False if it had none."""
+        held = self._defaults.get(tool)
+        if held is None or held[0] != source:
+            return False
+        del self._defaults[tool]
+        return True
+
+    def fallbacks_for(self, tool: str) -> list[FallbackSpec]:
+        """The fallback chain a call of ``tool`` walks (without a per-call override).
+
+        The operator's list (``tools.<tool>.fallbacks``, then ``fallbacks``), else
+        the one a plugin set with ``set_fallbacks``, else the entries after the
+        tool's provider (or the tool) in ``chain_order``. Names are as
+        configured: providers are resolved to their tools when a call falls over,
+        and targets that are no tool at that moment are skipped. A copy: changing
+        it changes nothing.
+        """
+        specs = self._configured_chain(tool)
+        if specs is None:
+            kernel = self._kernel
+            rl = self._rl(kernel) if kernel is not None else None
+            provider = self._provider(kernel, rl, tool) if kernel is not None else None
+            return [FallbackSpec(tool=t) for t in self._order_after(rl, tool, provider)]
+        return [s.model_copy(deep=True) for s in specs]
+
+    @staticmethod
+    def set_call_fallbacks(ctx: CallContext, targets: Sequence[str | FallbackSpec] | None) -> bool:
+        """Set the fallback candidates of this call only (None: back to the configured chain).
+
+        Call it from the requested tool (before its attempt fails) or from a
+        ``before_call`` hook. It writes ``ctx.state["retry"]["fallbacks"]`` — the
+        documented per-call key, which may also be set directly. The candidates
+        replace the chain of the call's tool, operator's included; everything
+        else still applies (``retry = false`` tools, budgets, pools that cannot
+        serve are skipped, nothing is tried twice). The chain is fixed at the
+        call's first fallback decision: returns False (and changes nothing)
+        when that already happened.
+        """
+        st: dict[str, Any] = ctx.state.setdefault("retry", {})
+        if "chain" in st:
+            return False
+        if targets is None:
+            st.pop(CALL_FALLBACKS, None)
+        else:
+            st[CALL_FALLBACKS] = _specs(targets, "set_call_fallbacks targets", ctx.call.name)
+        return True
+
+    def _operator_chain(self, tool: str) -> list[FallbackSpec] | None:
+        tp = self.config.tools.get(tool)
+        if tp is not None and tp.fallbacks is not None:
+            return tp.fallbacks
+        return self.config.fallbacks.get(tool)
+
+    def _configured_chain(self, tool: str) -> list[FallbackSpec] | None:
+        """The operator's list for ``tool``, else a plugin's (None: use chain_order)."""
+        specs = self._operator_chain(tool)
+        if specs is None:
+            held = self._defaults.get(tool)
+            specs = held[1] if held is not None else None
+        return specs
+
+    def _order_after(
+        self, rl: RateLimitPlugin | None, tool: str, provider: str | None
+    ) -> list[str]:
+        """The ``chain_order`` entries after ``tool``'s provider (or ``tool`` itself)."""
+        order = self.config.chain_order
+        if order is None:
+            order = rl.settings.chain_order if rl is not None else []
+        if provider is not None and provider in order:
+            return list(order[order.index(provider) + 1 :])
+        if tool in order:
+            return list(order[order.index(tool) + 1 :])
+        return []
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -198,29 +371,21 @@ class RetryPlugin:
         return bool(ann.readOnlyHint or ann.idempotentHint)
 
     def _chain(
-        self, kernel: Kernel, rl: RateLimitPlugin | None, tool: str, provider: str | None
+        self,
+        kernel: Kernel,
+        rl: RateLimitPlugin | None,
+        tool: str,
+        provider: str | None,
+        override: list[FallbackSpec] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
-        """Fallback candidates of ``tool``: explicit ``fallbacks``, else the entries after
-        its provider (or itself) in ``chain_order``. Providers resolve to their first tool."""
-        tp = self.config.tools.get(tool)
-        explicit: list[FallbackSpec] | None = None
-        if tp is not None and tp.fallbacks is not None:
-            explicit = tp.fallbacks
-        elif tool in self.config.fallbacks:
-            explicit = self.config.fallbacks[tool]
-        if explicit is not None:
-            entries = [(e.tool, e.args) for e in explicit]
+        """Fallback candidates of ``tool``: this call's ``override``, else the explicit
+        list (operator's, else a plugin's), else the entries after its provider (or
+        itself) in ``chain_order``. Providers resolve to their first tool."""
+        specs = override if override is not None else self._configured_chain(tool)
+        if specs is not None:
+            entries = [(e.tool, e.args) for e in specs]
         else:
-            order = self.config.chain_order
-            if order is None:
-                order = rl.settings.chain_order if rl is not None else []
-            if provider is not None and provider in order:
-                pos = order.index(provider)
-            elif tool in order:
-                pos = order.index(tool)
-            else:
-                return []
-            entries = [(x, {}) for x in order[pos + 1 :]]
+            entries = [(x, {}) for x in self._order_after(rl, tool, provider)]
         out: list[tuple[str, dict[str, Any]]] = []
         seen = {tool}
         for target, args in entries:
@@ -258,6 +423,7 @@ class RetryPlugin:
     @hookimpl
     def startup(self, kernel: Kernel) -> None:
         self._prepared.clear()
+        self._kernel = kernel
         if self.config.config_file:
             self.config = with_config_file(self.config, kernel, "plugins.retry")
             self.budget = RetryBudget(self.config.budget)
@@ -279,10 +445,12 @@ class RetryPlugin:
     ) -> Retry | Fallback | Recover | None:
         kernel = ctx.kernel
         st: dict[str, Any] | None = ctx.state.get("retry")
-        if st is None:
+        if st is None or "t0" not in st:  # (a tool may have set this call's fallbacks)
             # the call started this long ago, in the kernel clock's terms (FakeClock-friendly)
             since = time.perf_counter() - ctx.started_at
-            st = ctx.state["retry"] = {"t0": kernel.clock.monotonic() - since}
+            if st is None:
+                st = ctx.state["retry"] = {}
+            st["t0"] = kernel.clock.monotonic() - since
         rl = self._rl(kernel)
         tool = kernel.get_tool(call.name)
         provider = self._provider(kernel, rl, call.name, error)
@@ -425,10 +593,16 @@ class RetryPlugin:
         detail: dict[str, Any],
     ) -> Fallback | None:
         chain = st.get("chain")
-        if chain is None:
+        if chain is None:  # fixed at the call's first fallback decision
             origin = ctx.call.name
+            raw = st.get(CALL_FALLBACKS)
+            override = (
+                None
+                if raw is None
+                else _specs(raw, f"ctx.state['retry'][{CALL_FALLBACKS!r}]", strict=False)
+            )
             chain = st["chain"] = self._chain(
-                kernel, rl, origin, self._provider(kernel, rl, origin)
+                kernel, rl, origin, self._provider(kernel, rl, origin), override
             )
         tried: list[str] = st["tried"]
         skipped: dict[str, Any] = st.setdefault("skipped", {})

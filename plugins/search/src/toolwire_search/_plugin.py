@@ -81,6 +81,8 @@ class _Plan:
 
     chain: list[str] = field(default_factory=list)
     configured: list[str] = field(default_factory=list)
+    #: the retry plugin walks our default chain for web_search (no operator's list)
+    own_fallbacks: bool = False
 
 
 class _CollectionQuery(BaseModel):
@@ -101,7 +103,8 @@ class SearchPlugin:
 
     - ``web_search``: the first configured backend of ``chain_order`` (or the
       one named by the ``backend`` argument); on a classified failure the
-      retry plugin falls over to the next configured backends.
+      retry plugin falls over to the next configured backends (after the
+      named one, for this call only).
     - ``web_search_brave``, ``web_search_exa``, ``web_search_searxng``: one
       backend only (key rotation and same-backend retries, no fallback).
     - ``search_<collection>`` for each ``[plugins.search.collections.<name>]``.
@@ -159,7 +162,6 @@ class SearchPlugin:
         self._plan = _Plan()
         self._collections: dict[str, Collection | str] = {}
         self._locks: dict[str, anyio.Lock] = {}
-        self._injected: set[str] = set()
 
     # ------------------------------------------------------------ access
     @classmethod
@@ -342,7 +344,8 @@ class SearchPlugin:
         return _Plan(chain, [n for n in chain if self._configured(n)])
 
     def _register_fallbacks(self, kernel: Kernel) -> None:
-        """Tell the retry plugin where web_search falls over to (unless the operator did).
+        """Tell the retry plugin where web_search falls over to (the operator's own
+        lists win: ``set_fallbacks`` keeps them).
 
         web_search -> the forced tools of the configured backends after the
         first; web_search_<backend> -> nothing (forced means forced).
@@ -350,21 +353,31 @@ class SearchPlugin:
         retry = self._retry(kernel)
         if retry is None:
             return
-        plan: dict[str, list[str]] = {
-            "web_search": [f"web_search_{n}" for n in self._plan.configured[1:]]
-        }
+        first = [f"web_search_{n}" for n in self._plan.configured[1:]]
+        self._plan.own_fallbacks = retry.set_fallbacks("web_search", first, source=self.name)
         for n, b in self.backends.items():
             if b.config.enabled:
-                plan[f"web_search_{n}"] = []
-        cfg = retry.config
-        for tool, targets in plan.items():
-            policy = cfg.tools.get(tool)
-            if policy is not None and policy.fallbacks is not None:
-                continue
-            if tool in cfg.fallbacks and tool not in self._injected:
-                continue  # the operator's own list
-            cfg.fallbacks[tool] = [FallbackSpec(tool=t) for t in targets]
-            self._injected.add(tool)
+                retry.set_fallbacks(f"web_search_{n}", [], source=self.name)
+
+    def _call_fallbacks(self, ctx: CallContext, chosen: str) -> None:
+        """web_search with an explicit ``backend``: this call falls over to the
+        configured backends after ``chosen`` in the chain — never to ``chosen`` again,
+        never to a disabled backend. With the operator's own list for web_search,
+        that list without ``chosen``."""
+        if ctx.call.name != "web_search":
+            return  # web_search as some other tool's fallback: that call's chain stands
+        retry = self._retry(ctx.kernel)
+        if retry is None:
+            return
+        targets: list[str | FallbackSpec]
+        if self._plan.own_fallbacks:
+            chain = self._plan.chain
+            after = chain[chain.index(chosen) + 1 :] if chosen in chain else []
+            targets = [f"web_search_{n}" for n in after if n in self._plan.configured]
+        else:
+            mine = {chosen, f"web_search_{chosen}"}
+            targets = [s for s in retry.fallbacks_for("web_search") if s.tool not in mine]
+        retry.set_call_fallbacks(ctx, targets)
 
     # ------------------------------------------------------------- tools
     def _web_tools(self) -> list[Tool]:
@@ -436,6 +449,7 @@ class SearchPlugin:
             b = self.backends.get(name)
             if b is None or not b.config.enabled:
                 raise _config_error(f"{tool}: backend {name!r} is disabled", backend=name)
+            self._call_fallbacks(ctx, name)
         else:
             if not self._plan.configured:
                 raise self._nothing_configured(tool)
