@@ -244,12 +244,11 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(direct: bool
             assert r.error.details["in_flight"] is True
             if direct:
                 assert first is not None and up.direct_calls == 1
-                await eventually(lambda: first.closed)  # the session ended: its HTTP session too
             server.start()  # the same port again
             r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
             assert r.content == {"result": "sunny in Oslo"}
-            if direct:  # a new session, a new HTTP session
-                assert up._direct is not None and up._direct is not first
+            if direct:  # a new session, the same HTTP client: reconnects cut no call
+                assert up._direct is first and not first.closed
             else:
                 assert up._direct is None
             assert up.direct_calls == (2 if direct else 0)
@@ -285,3 +284,55 @@ async def test_the_http_session_closes_with_the_kernel(upstream: HttpUpstream) -
         assert caller is not None and not caller.closed
         assert (await k.call("up_forecast", {"city": "Nice"})).content is not None
     assert caller.closed and up._direct is None
+
+
+async def test_one_lost_call_does_not_cut_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection lost under one call (a stale keep-alive, say) leaves the others alone."""
+    import aiohttp
+
+    from toolwire_mcp._direct import DirectCaller
+
+    server = HttpUpstream().start()
+    try:
+        async with gateway({"url": server.url}) as (k, up):
+            caller = up._direct
+            assert caller is not None
+            real = DirectCaller._exchange
+
+            async def exchange(self: DirectCaller, name: str, *args: Any) -> Any:
+                if name == "forecast":
+                    raise aiohttp.ServerDisconnectedError()
+                return await real(self, name, *args)
+
+            monkeypatch.setattr(DirectCaller, "_exchange", exchange)
+            results: dict[str, ToolResult] = {}
+
+            async def run(key: str, tool: str, args: dict[str, Any]) -> None:
+                results[key] = await k.call(tool, args)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(run, "slow", "up_slow", {"seconds": 1.0})
+                await anyio.sleep(0.3)  # the slow call is on the wire
+                tg.start_soon(run, "lost", "up_forecast", {"city": "Oslo"})
+            lost = results["lost"]
+            assert lost.error is not None and lost.error.kind == "unavailable"
+            assert lost.error.details["in_flight"] is True
+            assert results["slow"].content == {"result": "slept 1.0"}, results["slow"].error
+            assert up._http is caller and not caller.closed
+            monkeypatch.setattr(DirectCaller, "_exchange", real)
+            r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}
+    finally:
+        server.stop()
+
+
+async def test_a_result_breaking_its_output_schema_is_a_tool_error() -> None:
+    """The SDK's output-schema check failing is the tool's fault, not a lost connection."""
+    from toolwire_mcp._upstream import _schema_violation
+
+    assert _schema_violation(RuntimeError("Invalid structured content returned by tool x: 5"))
+    assert _schema_violation(
+        RuntimeError("Tool x has an output schema but did not return structured content")
+    )
+    assert not _schema_violation(RuntimeError("Connection closed"))
+    assert not _schema_violation(ValueError("Invalid structured content returned by tool x"))

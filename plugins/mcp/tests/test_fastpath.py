@@ -23,7 +23,7 @@ import uvicorn
 from fastmcp import Client
 
 import toolwire_mcp._fastpath as fastpath
-from toolwire import CallContext, Kernel, ToolError, tool
+from toolwire import CallContext, Kernel, ToolCall, ToolError, hookimpl, tool
 from toolwire_mcp import CALL_ID_META_KEY, RESULT_META_KEY, ServeConfig, create_http_app
 from toolwire_mcp._calls import ServeGate
 from toolwire_mcp._serve import _Uvicorn, bind_socket
@@ -167,7 +167,11 @@ def _scrub(obj: Any) -> Any:
 
 
 async def post(
-    url: str, body: Any, headers: dict[str, str] | None = None, *, raw: bytes | None = None
+    url: str,
+    body: Any,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
+    *,
+    raw: bytes | None = None,
 ) -> tuple[int, str, Any]:
     """(status, content-type, decoded answer: JSON, or the list of SSE data messages)."""
     hdrs = headers if headers is not None else headers_for(body)
@@ -234,7 +238,24 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
 
 
 _CALL = envelope("greet", {"name": "x"})
-PASSED_CASES: dict[str, tuple[bytes, dict[str, str]]] = {
+
+
+def _twice(headers: dict[str, str], name: str, first: str) -> list[tuple[str, str]]:
+    """``headers`` with ``name`` sent twice, ``first`` first."""
+    return [(name, first), *headers.items()]
+
+
+def _raw(body: dict[str, Any]) -> bytes:
+    return json.dumps(body).encode()
+
+
+def _with_meta(**meta: Any) -> dict[str, Any]:
+    body = envelope("greet", {"name": "x"})
+    body["params"]["_meta"].update(meta)
+    return body
+
+
+PASSED_CASES: dict[str, tuple[bytes, dict[str, str] | list[tuple[str, str]]]] = {
     "other_method": (
         json.dumps(envelope("", method="tools/list")).encode(),
         headers_for(envelope("", method="tools/list")) | {"mcp-name": ""},
@@ -263,6 +284,26 @@ PASSED_CASES: dict[str, tuple[bytes, dict[str, str]]] = {
     "wrong_content_type": (
         json.dumps(_CALL).encode(),
         headers_for(_CALL, **{"content-type": "text/plain"}),
+    ),
+    "client_info_not_an_object": (
+        _raw(_with_meta(**{"io.modelcontextprotocol/clientInfo": 5})),
+        headers_for(_CALL),
+    ),
+    "bad_capabilities": (
+        _raw(_with_meta(**{"io.modelcontextprotocol/clientCapabilities": {"sampling": 5}})),
+        headers_for(_CALL),
+    ),
+    "bad_log_level": (
+        _raw(_with_meta(**{"io.modelcontextprotocol/logLevel": "bogus"})),
+        headers_for(_CALL),
+    ),
+    "content_type_twice": (
+        _raw(_CALL),
+        _twice(headers_for(_CALL), "content-type", "text/plain"),
+    ),
+    "accept_twice": (
+        _raw(_CALL),
+        _twice(headers_for(_CALL), "accept", "text/html"),
     ),
     "extra_param": (
         json.dumps(_CALL | {"params": {**_CALL["params"], "task": {"ttl": 1}}}).encode(),
@@ -358,3 +399,53 @@ async def test_a_silent_call_commits_to_sse_and_pings(monkeypatch: pytest.Monkey
     assert ": ping" in r.text
     data = [json.loads(line[5:]) for line in r.text.splitlines() if line.startswith("data:")]
     assert data[-1]["result"]["structuredContent"] == {"result": "slept"}
+
+
+async def test_a_json_only_endpoint_is_left_to_fastmcp() -> None:
+    body = envelope("steps", {"n": 1}, meta={"progressToken": "t"})
+    async with both() as (fast, _slow):
+        assert fast.fast is not None
+        # what FASTMCP_JSON_RESPONSE=true sets up: progress is not streamed
+        fast.fast.inner.session_manager.json_response = True  # type: ignore[attr-defined]
+        status, ctype, _ = await post(fast.url, body)
+        assert fast.fast.taken == 0 and fast.fast.passed == 1
+    assert (status, ctype) == (200, "application/json")
+
+
+async def test_a_session_header_reaches_the_kernel_on_both_paths() -> None:
+    seen: list[str | None] = []
+
+    class Spy:
+        name = "spy"
+
+        @hookimpl
+        def before_call(self, call: ToolCall) -> None:
+            seen.append(call.session_id)
+
+    body = envelope("greet", {"name": "x"})
+    headers = headers_for(body, **{"mcp-session-id": "sess-1"})
+    async with (
+        Kernel(tools=TOOLS, plugins=[Spy()]) as k,
+        serving(k) as fast,
+        serving(k, fast_path=False) as slow,
+    ):
+        assert await post(fast.url, body, headers) == await post(slow.url, body, headers)
+        assert fast.fast is not None and fast.fast.taken == 1
+    assert seen == ["sess-1", "sess-1"]
+
+
+async def test_a_kernel_that_raises_is_answered_as_fastmcp_answers_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async def boom(self: Kernel, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret internals")
+
+    body = envelope("greet", {"name": "x"})
+    async with both() as (fast, slow):
+        monkeypatch.setattr(Kernel, "call", boom)
+        expected = await post(slow.url, body)
+        got = await post(fast.url, body)
+        assert fast.fast is not None and fast.fast.taken == 1
+    assert got == expected
+    assert got[2]["result"]["isError"] is True
+    assert "secret internals" not in json.dumps(got)

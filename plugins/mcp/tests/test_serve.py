@@ -265,6 +265,9 @@ async def test_2026_clients_hear_tools_list_changed_on_a_listen_stream(kernel: K
             with anyio.fail_after(10):
                 event = await sub.__anext__()
             assert isinstance(event, ToolsListChanged)
+            with anyio.move_on_after(0.3):
+                await sub.__anext__()
+                pytest.fail("a burst of changes sent a second notification")
         assert "late_tool" not in {t.name for t in await c.list_tools()}
 
 
@@ -285,3 +288,15 @@ async def test_handshake_sessions_hear_tools_list_changed(kernel: Kernel) -> Non
             await heard.wait()
         assert "late_tool" in {t.name for t in await c.list_tools()}
         kernel.remove_tool("late_tool")
+
+
+async def test_notifications_survive_a_kernel_closed_mid_burst() -> None:
+    k = Kernel(tools=[examples])
+    server = create_server(k)
+    await k.start()
+    k.add_tool(late_tool)  # a notification is pending...
+    await k.close()  # ...and the kernel closes before it goes out
+    async with k, Client(server) as c, listen(c.session, tools_list_changed=True) as sub:
+        k.remove_tool("late_tool")
+        with anyio.fail_after(10):
+            assert isinstance(await sub.__anext__(), ToolsListChanged)

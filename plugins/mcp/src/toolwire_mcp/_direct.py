@@ -110,6 +110,7 @@ class DirectCaller:
         on_list_changed: Callable[[], None],
     ) -> None:
         self.server = server
+        self.protocol_version = protocol_version
         self._url = url
         self._timeout_s = timeout_s
         self._on_list_changed = on_list_changed

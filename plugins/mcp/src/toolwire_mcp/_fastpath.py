@@ -31,15 +31,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
 import anyio
 import pydantic_core
-from mcp.server.runner import modern_error_data
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.inbound import (
-    ERROR_CODE_HTTP_STATUS,
     MCP_METHOD_HEADER,
     MCP_NAME_HEADER,
     MCP_PROTOCOL_VERSION_HEADER,
@@ -48,6 +47,7 @@ from mcp.shared.inbound import (
     x_mcp_header_map,
 )
 from mcp_types import SERVER_INFO_META_KEY
+from mcp_types.methods import validate_client_request
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -67,6 +67,8 @@ _PARAM_PREFIX: Final = b"mcp-param-"
 _ROUTING: Final = frozenset(
     h.encode() for h in (MCP_PROTOCOL_VERSION_HEADER, MCP_METHOD_HEADER, MCP_NAME_HEADER)
 )
+#: Headers a request may carry once only to be taken.
+_SINGLE: Final = _ROUTING | {b"accept", b"content-type", b"content-length", b"mcp-session-id"}
 _PARAM_KEYS: Final = frozenset({"name", "arguments", "_meta"})
 _ENVELOPE_KEYS: Final = frozenset({"jsonrpc", "id", "method", "params"})
 _JSON_HEADERS: Final = (b"content-type", b"application/json")
@@ -104,13 +106,14 @@ class _Reply:
     for none.
     """
 
-    __slots__ = ("_lock", "_send", "finished", "streaming")
+    __slots__ = ("_lock", "_send", "finished", "last_event", "streaming")
 
     def __init__(self, send: Send) -> None:
         self._send = send
         self._lock: asyncio.Lock | None = None
         self.streaming = False
         self.finished = False
+        self.last_event = time.monotonic()  # the request's arrival counts as the last word
 
     async def event(self, frame: bytes) -> None:
         """Send ``frame`` on the event stream, committing to SSE first if need be."""
@@ -127,17 +130,18 @@ class _Reply:
                     {"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS}
                 )
             await self._send({"type": "http.response.body", "body": frame, "more_body": True})
+            self.last_event = time.monotonic()
 
-    async def finish(self, message: Mapping[str, Any], status: int = 200) -> None:
+    async def finish(self, message: Mapping[str, Any]) -> None:
         """The JSON-RPC reply: the last SSE frame, or the whole JSON response."""
         self.finished = True  # before any await: later events are dropped
         if self._lock is None:
-            await self._write(message, status)
+            await self._write(message)
             return
         async with self._lock:
-            await self._write(message, status)
+            await self._write(message)
 
-    async def _write(self, message: Mapping[str, Any], status: int) -> None:
+    async def _write(self, message: Mapping[str, Any]) -> None:
         if self.streaming:
             await self._send(
                 {"type": "http.response.body", "body": _sse(message), "more_body": False}
@@ -147,7 +151,7 @@ class _Reply:
         await self._send(
             {
                 "type": "http.response.start",
-                "status": status,
+                "status": 200,
                 "headers": [_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
             }
         )
@@ -193,8 +197,18 @@ class FastCallPath:
         self._param_headers: dict[str, tuple[Tool, bool]] = {}
 
     # ------------------------------------------------------------ routing
+    def _limits(self) -> int | None:
+        """FastMCP's body limit, or None when its endpoint answers in a way the lean path
+        does not (JSON-only responses) or is not running."""
+        manager = getattr(self.inner, "session_manager", None)
+        if manager is None or getattr(manager, "json_response", False):
+            return None
+        limit = getattr(manager, "max_request_body_size", self.max_body_size)
+        return limit if isinstance(limit, int) else self.max_body_size
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST" or not self._headers_fit(scope):
+        limit = self._limits() if scope["type"] == "http" and scope["method"] == "POST" else None
+        if limit is None or not self._headers_fit(scope, limit):
             self.passed += 1
             await self.inner(scope, receive, send)
             return
@@ -213,18 +227,20 @@ class FastCallPath:
         self.taken += 1
         await self._exchange(call, receive, send)
 
-    def _headers_fit(self, scope: Scope) -> bool:
+    def _headers_fit(self, scope: Scope, limit: int) -> bool:
         """The headers are those of a modern request FastMCP would accept as they are."""
         version = accept = ctype = None
         length = -1
         seen: set[bytes] = set()
         for key, value in scope["headers"]:
-            if key in _ROUTING:
+            if key in _SINGLE:
                 if key in seen:
-                    return False  # FastMCP rejects duplicated routing headers
+                    # FastMCP rejects repeated routing headers, and reads the first of a
+                    # repeated Accept / Content-Type: leave every such request to it.
+                    return False
                 seen.add(key)
-                if key == b"mcp-protocol-version":
-                    version = value
+            if key == b"mcp-protocol-version":
+                version = value
             elif key == b"accept":
                 accept = value
             elif key == b"content-type":
@@ -240,7 +256,7 @@ class FastCallPath:
             return False
         if not ctype.lower().startswith(b"application/json"):
             return False
-        if length < 0 or length > self.max_body_size:
+        if length < 0 or length > limit:
             return False
         types = {t.split(b";")[0].strip().lower() for t in accept.split(b",")}
         any_type = b"*/*" in types
@@ -277,18 +293,25 @@ class FastCallPath:
         if token is not None and (isinstance(token, bool) or not isinstance(token, (str, int))):
             return None
         headers = {}
+        session_id = None
         for key, value in scope["headers"]:
             if key in _ROUTING:
                 headers[key.decode("latin-1")] = value.decode("latin-1")
+            elif key == b"mcp-session-id" and value:
+                session_id = value.decode("latin-1")
         verdict = classify_inbound_request(req, headers=headers)
         if not isinstance(verdict, InboundModernRoute):
+            return None
+        try:  # the SDK's own check of the params (envelope, capabilities, log level, ...)
+            validate_client_request("tools/call", verdict.protocol_version, params)
+        except (ValueError, KeyError):
             return None
         caps = verdict.client_capabilities
         if not isinstance(caps, dict) or caps.get("elicitation") is not None:
             return None  # MCP elicitation (approval prompts) runs in FastMCP's request context
         if self._needs_param_headers(name):
             return None
-        return _Call(rid, name, arguments, meta, token)
+        return _Call(rid, name, arguments, meta, token, session_id)
 
     def _needs_param_headers(self, name: str) -> bool:
         """The tool's schema declares ``Mcp-Param-*`` headers (FastMCP validates those)."""
@@ -312,35 +335,44 @@ class FastCallPath:
         if call.token is not None:
             progress = _progress_sender(reply, call.token)
         outcome: dict[str, Any] | None = None
-        status = 200
         # A call that is still running after _WATCH_AFTER_S gets a watcher task
         # (client disconnect -> cancel the call; silence -> SSE pings). Short
-        # calls, the common case, never pay for a task.
+        # calls, the common case, never pay for a task; a client that leaves
+        # earlier than that has its call finish (the answer goes nowhere).
         loop = asyncio.get_running_loop()
         watcher: list[asyncio.Task[None]] = []
-        with anyio.CancelScope() as scope:
+        try:
+            with anyio.CancelScope() as scope:
 
-            def start_watching() -> None:
-                watcher.append(loop.create_task(self._watch(receive, reply, scope)))
+                def start_watching() -> None:
+                    watcher.append(loop.create_task(self._watch(receive, reply, scope)))
 
-            timer = loop.call_later(_WATCH_AFTER_S, start_watching)
-            try:
-                outcome = await self._run(call, progress)
-            except Exception as exc:  # the kernel answers errors as results; this is a bug
-                log.exception("tools/call %r failed outside the kernel pipeline", call.name)
-                error = modern_error_data(exc)
-                status = ERROR_CODE_HTTP_STATUS.get(error.code, 200)
-                outcome = {
-                    "jsonrpc": "2.0",
-                    "id": call.rid,
-                    "error": error.model_dump(mode="json", by_alias=True, exclude_none=True),
-                }
-            finally:
-                timer.cancel()
-                for task in watcher:
-                    task.cancel()
-        if outcome is not None:  # None: the client went away and the call was cancelled
-            await reply.finish(outcome, status)
+                timer = loop.call_later(_WATCH_AFTER_S, start_watching)
+                try:
+                    outcome = await self._run(call, progress)
+                except Exception:  # as FastMCP answers a tool that raised (details masked)
+                    log.exception("tools/call %r failed outside the kernel pipeline", call.name)
+                    outcome = self._masked_error(call)
+                finally:
+                    timer.cancel()
+                    for task in watcher:
+                        task.cancel()
+            if outcome is not None:  # None: the client went away and the call was cancelled
+                await reply.finish(outcome)
+        finally:
+            reply.finished = True  # progress arriving later from other tasks is dropped
+
+    def _masked_error(self, call: _Call) -> dict[str, Any]:
+        return {
+            "jsonrpc": "2.0",
+            "id": call.rid,
+            "result": {
+                "content": [{"type": "text", "text": f"Error calling tool {call.name!r}"}],
+                "isError": True,
+                "resultType": "complete",
+                "_meta": {SERVER_INFO_META_KEY: self.server_info},
+            },
+        }
 
     async def _run(self, call: _Call, progress: ProgressSender | None) -> dict[str, Any]:
         call_id = call_id_from_meta(call.meta)
@@ -354,26 +386,30 @@ class FastCallPath:
                 call.arguments,
                 call_id=call_id,
                 request_id=call.rid,
+                session_id=call.session_id,
                 progress=progress,
             )
         return {"jsonrpc": "2.0", "id": call.rid, "result": wire_result(result, self.server_info)}
 
     async def _watch(self, receive: Receive, reply: _Reply, scope: anyio.CancelScope) -> None:
-        """Cancel the call when the client disconnects; ping an SSE stream while it is silent."""
-        silent_for = _WATCH_AFTER_S
-        while True:
-            with anyio.move_on_after(_PING_INTERVAL_S - silent_for) as idle:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    scope.cancel()
-                    return
-            if idle.cancelled_caught:
+        """Cancel the call when the client disconnects; ping an SSE stream after 15 s of silence."""
+        try:
+            while True:
+                quiet_for = time.monotonic() - reply.last_event
+                with anyio.move_on_after(max(0.0, _PING_INTERVAL_S - quiet_for)):
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        scope.cancel()
+                        return
+                    continue
                 await reply.event(_PING)
-            silent_for = 0.0
+        except Exception as exc:  # the connection broke under a ping: nothing to answer
+            log.debug("tools/call watcher stopped: %s", exc)
+            scope.cancel()
 
 
 class _Call:
-    __slots__ = ("arguments", "meta", "name", "rid", "token")
+    __slots__ = ("arguments", "meta", "name", "rid", "session_id", "token")
 
     def __init__(
         self,
@@ -382,12 +418,14 @@ class _Call:
         arguments: dict[str, Any],
         meta: dict[str, Any],
         token: str | int | None,
+        session_id: str | None,
     ) -> None:
         self.rid = rid
         self.name = name
         self.arguments = arguments
         self.meta = meta
         self.token = token
+        self.session_id = session_id
 
 
 def _progress_sender(reply: _Reply, token: str | int) -> ProgressSender:

@@ -291,8 +291,8 @@ class ListChanged:
 
     2026-07-28 clients subscribe with ``subscriptions/listen`` (the MCP SDK's
     ``ListenHandler`` over an in-process bus, registered on the server).
-    Handshake-era sessions (stdio, legacy HTTP) that listed or called tools
-    get ``notifications/tools/list_changed`` on their session. A burst of
+    Handshake-era sessions (stdio, legacy HTTP) that listed tools get
+    ``notifications/tools/list_changed`` on their connection. A burst of
     changes (an upstream re-listed, several tools added) is one notification.
     """
 
@@ -336,16 +336,14 @@ class ListChanged:
         self._pending = True
 
     async def _notify(self) -> None:
-        await anyio.sleep(0.01)  # let a burst of changes land first
-        self._pending = False
+        try:
+            await anyio.sleep(0.01)  # let a burst of changes land first
+        finally:
+            self._pending = False  # also when the kernel closes meanwhile: later changes notify
         self.sent += 1
         await self.bus.publish(ToolsListChanged())
-        for session in list(self.sessions):
-            try:
-                await session.send_tool_list_changed()
-            except Exception as exc:  # a session that went away
-                log.debug("tools/list_changed not delivered: %s", exc)
-                self.sessions.discard(session)
+        for conn in list(self.sessions):
+            await conn.send_tool_list_changed()  # best effort: the SDK drops it on a closed stream
 
 
 class KernelProvider(Provider):

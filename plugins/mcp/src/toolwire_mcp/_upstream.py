@@ -29,6 +29,9 @@ from typing import Any, Literal
 import aiohttp
 import anyio
 import httpx2
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import jsonschema.exceptions  # type: ignore[import-untyped]
+import jsonschema.validators  # type: ignore[import-untyped]
 import mcp_types
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
@@ -75,6 +78,17 @@ _LOST: tuple[type[BaseException], ...] = (
     httpx2.TransportError,
     aiohttp.ClientError,
 )
+
+
+def _schema_violation(exc: BaseException) -> bool:
+    """The MCP SDK's check of a result against the tool's output schema failed."""
+    if not isinstance(exc, RuntimeError):
+        return False
+    text = str(exc)
+    return text.startswith(
+        ("Invalid structured content returned by tool", "Invalid schema for tool")
+    ) or text.endswith("has an output schema but did not return structured content")
+
 
 #: Set around a FastMCP-client call: the HTTP statuses >= 400 its POSTs got, with
 #: their Retry-After (the SDK turns them into a bare "Server returned an error
@@ -178,9 +192,12 @@ class Upstream:
         self._session_client: Client[Any] | None = None
         self._session_down = anyio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._direct: DirectCaller | None = None
+        self._direct: DirectCaller | None = None  # the caller of the live session, if any
+        self._http: DirectCaller | None = None  # kept across sessions, closed on stop
         #: remote tools whose schema asks for ``Mcp-Param-*`` headers (FastMCP client only)
         self._param_header_tools: frozenset[str] = frozenset()
+        self._output_schemas: dict[str, dict[str, Any]] = {}
+        self._output_checkers: dict[str, Any] = {}
         #: ``tools/call`` requests sent over the direct HTTP path (tests check it is used)
         self.direct_calls = 0
         self._stderr = _StderrTap(name) if cfg.kind == "stdio" else None
@@ -231,6 +248,10 @@ class Upstream:
                     with anyio.move_on_after(_STOP_WAIT_S):
                         await asyncio.wait({task})
         self.status = "stopped"
+        self._direct = None
+        if self._http is not None:
+            http, self._http = self._http, None
+            await http.close()
         if self._stderr is not None:
             self._stderr.close()
 
@@ -337,9 +358,7 @@ class Upstream:
             with anyio.fail_after(self.plugin_cfg.connect_timeout_s):
                 await stack.enter_async_context(client)
                 await self._relist(client)
-            direct = self._direct_caller(client)
-            if direct is not None:
-                stack.push_async_callback(direct.close)
+            direct = await self._direct_caller(client)
             self._direct = direct
             self._client = client
             self.status = "up"
@@ -362,8 +381,23 @@ class Upstream:
             self._client = None
             self._direct = None
 
-    def _direct_caller(self, client: Client[Any]) -> DirectCaller | None:
-        """The direct caller for this session, when the direct path applies."""
+    async def _direct_caller(self, client: Client[Any]) -> DirectCaller | None:
+        """The direct caller for this session, when the direct path applies.
+
+        One caller (one HTTP connection pool) serves every session of this
+        server: a reconnect must not cut the calls still running on it. It is
+        closed when the plugin stops, or replaced when the protocol changes.
+        """
+        cached = self._http
+        if (
+            cached is not None
+            and not cached.closed
+            and cached.protocol_version == str(client.protocol_version)
+        ):
+            return cached if self.plugin_cfg.direct_http_calls else None
+        if cached is not None:
+            self._http = None
+            await cached.close()
         cfg = self.cfg
         if (
             not self.plugin_cfg.direct_http_calls
@@ -386,7 +420,7 @@ class Upstream:
                 "MCP server %r: %s; tools/call goes through the FastMCP client", self.name, why
             )
             return None
-        return DirectCaller(
+        self._http = DirectCaller(
             server=self.name,
             url=url,
             protocol_version=str(client.protocol_version),
@@ -395,6 +429,7 @@ class Upstream:
             timeout_s=cfg.timeout_s,
             on_list_changed=self._list_changed,
         )
+        return self._http
 
     async def _watch(self, client: Client[Any]) -> None:
         while not self._stop.is_set():
@@ -485,7 +520,41 @@ class Upstream:
             for t in keep
             if x_mcp_header_map(t.input_schema) or find_invalid_x_mcp_header(t.input_schema)
         )
+        self._output_schemas = {t.name: t.output_schema for t in keep if t.output_schema}
+        self._output_checkers.clear()
         return True
+
+    def _check_output(self, remote_tool: str, result: mcp_types.CallToolResult) -> None:
+        """What the MCP SDK's ``validate_tool_result`` checks, with the same messages.
+
+        Against the schema of the last listing, without the FastMCP client: a
+        call that outlives its session (a reconnect) is still checked.
+        """
+        schema = self._output_schemas.get(remote_tool)
+        if schema is None:
+            return
+        if (
+            result.structured_content is None
+            and "structured_content" not in result.model_fields_set
+        ):
+            raise RuntimeError(
+                f"Tool {remote_tool} has an output schema but did not return structured content"
+            )
+        checker = self._output_checkers.get(remote_tool)
+        if checker is None:
+            try:
+                cls = jsonschema.validators.validator_for(schema)
+                checker = self._output_checkers[remote_tool] = cls(schema)
+            except Exception as exc:
+                raise RuntimeError(f"Invalid schema for tool {remote_tool}: {exc}") from exc
+        try:
+            error = jsonschema.exceptions.best_match(checker.iter_errors(result.structured_content))
+        except Exception as exc:  # an unresolvable $ref, say
+            raise RuntimeError(f"Invalid schema for tool {remote_tool}: {exc}") from exc
+        if error is not None:
+            raise RuntimeError(
+                f"Invalid structured content returned by tool {remote_tool}: {error}"
+            ) from error
 
     def _kernel_tool(self, remote: mcp_types.Tool) -> Tool:
         remote_name = remote.name
@@ -651,7 +720,7 @@ class Upstream:
         else:
             result = first
         if not result.is_error:  # as the SDK's call_tool: against the listed output schema
-            await client.session.validate_tool_result(remote_tool, result)
+            self._check_output(remote_tool, result)
         return result
 
     async def _failure(
@@ -702,6 +771,19 @@ class Upstream:
             )
         if isinstance(exc, TimeoutError):
             return ToolError(f"{prefix}: timed out", kind=ErrorKind.TIMEOUT, details=where)
+        if _schema_violation(exc):
+            # The SDK's check of a result against the tool's output schema: the server
+            # answered, the answer is wrong. Not a lost connection.
+            return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=where)
+        if isinstance(exc, aiohttp.ClientConnectorError):
+            # Nothing was sent: the call did not run. The supervisor checks the server.
+            self._lost_client = client
+            self._wake.set()
+            return ToolError(
+                f"{prefix}: cannot connect to {self.cfg.target()} ({exc}); the call was not sent",
+                kind=ErrorKind.UNAVAILABLE,
+                details={**where, "in_flight": False},
+            )
         if isinstance(exc, _LOST):
             return await self._lost(client, remote_tool, exc)
         return None
