@@ -18,6 +18,7 @@ from toolwire import (
     PluginError,
     Recover,
     Retry,
+    Tool,
     ToolCall,
     ToolError,
     ToolResult,
@@ -643,3 +644,47 @@ async def test_transport_extensions_reach_hooks_and_tools() -> None:
     assert seen == [answer]
     r = await k.call("ask", {})
     assert r.error is not None and "KeyError" in r.error.message
+
+
+async def test_check_result_turns_a_result_into_a_failure_or_keeps_it() -> None:
+    """``ctx.check_result``: a plugin rejects a result (on_error sees it); a crash keeps it."""
+    seen: list[str] = []
+
+    class Picky:
+        name = "picky"
+
+        def reject_empty(self, tool: Tool, content: dict[str, Any]) -> ToolError | None:
+            return ToolError(f"{tool.name}: empty", kind="unavailable") if not content else None
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.check_result = self.reject_empty
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            seen.append(str(error.kind))
+
+    empty = FakeTool("empty", script=[{}])
+    async with Kernel(tools=[empty.tool], plugins=[Picky()]) as k:
+        r = await k.call("empty", {})
+    assert (
+        r.error is not None and r.error.kind == "unavailable" and "empty: empty" in r.error.message
+    )
+    assert seen == ["unavailable"] and [a.error_kind for a in r.meta.attempts] == ["unavailable"]
+
+    class Broken:
+        name = "broken"
+
+        def crash(self, tool: Tool, content: dict[str, Any]) -> ToolError | None:
+            raise RuntimeError("bug in the check")
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.check_result = self.crash
+
+    ok = FakeTool("ok", script=[{"v": 1}])
+    async with Kernel(tools=[ok.tool], plugins=[Broken()]) as k:
+        r = await k.call("ok", {})
+    assert not r.is_error and r.content == {"v": 1}  # a computed result is never dropped
+    assert r.meta.plugin_errors[0]["plugin"] == "broken"
+    assert r.meta.plugin_errors[0]["hook"] == "check_result"

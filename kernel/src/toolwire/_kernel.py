@@ -22,6 +22,7 @@ from ._events import EventBus
 from ._hooks import PluginInfo, PluginRegistry
 from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
 from ._types import (
+    JSON,
     Attempt,
     CallContext,
     CallRejected,
@@ -633,15 +634,34 @@ class Kernel:
                     exception=exc,
                 )
             else:
-                attempts.append(Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0))
-                ctx.meta.served_by = cur_tool.name
-                return ToolResult(content, False, None, ctx.meta)
+                check = ctx.check_result
+                rejected = self._check_result(check, cur_tool, content, ctx) if check else None
+                if rejected is None:
+                    attempts.append(Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0))
+                    ctx.meta.served_by = cur_tool.name
+                    return ToolResult(content, False, None, ctx.meta)
+                err = rejected.to_info(cur_tool.source)
             attempt = Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0, str(err.kind))
             attempts.append(attempt)
             step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
             if isinstance(step, ToolResult):
                 return step
             cur_tool, cur_call = step
+
+    @staticmethod
+    def _check_result(
+        check: Callable[[Tool, JSON], ToolError | None], tool: Tool, content: JSON, ctx: CallContext
+    ) -> ToolError | None:
+        """A plugin's ``ctx.check_result``; one that crashes keeps the result (never dropped)."""
+        try:
+            return check(tool, content)
+        except Exception as exc:
+            owner = getattr(getattr(check, "__self__", None), "name", None) or repr(check)
+            log.exception("plugin %r: check_result failed for tool %r", owner, tool.name)
+            ctx.meta.plugin_errors.append(
+                {"plugin": owner, "hook": "check_result", "error": f"{type(exc).__name__}: {exc}"}
+            )
+            return None
 
     def _before_failed(self, ctx: CallContext, plugin: str, exc: Exception) -> ToolResult:
         name = ctx.call.name

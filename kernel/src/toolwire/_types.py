@@ -402,6 +402,10 @@ class CallContext:
     #: Capabilities the caller's transport offers for this call, by namespaced key
     #: (e.g. ``"mcp.elicit"``: ask the MCP client's user). Not JSON: live objects.
     extensions: dict[str, Any] = field(default_factory=dict)
+    #: Set by a plugin (``before_call``): ``check_result(tool, content)`` runs on each
+    #: successful attempt's normalized content; a returned ``ToolError`` turns the
+    #: attempt into a failure (``on_error`` sees it; e.g. retry's ``fallback_on_empty``).
+    check_result: Callable[[Tool, JSON], ToolError | None] | None = None
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""

@@ -9,7 +9,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from toolwire import CallContext, Kernel, Tool, ToolError, load_config, tool
+from toolwire import CallContext, Kernel, Tool, ToolError, build_tool, load_config, tool
 from toolwire.testing import FakeClock, FakeTool
 from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin, key_pool, lease_key
 from toolwire_retry import RetryBudget, RetryConfig, RetryPlugin, is_empty
@@ -185,12 +185,39 @@ async def test_fallback_on_empty_is_off_by_default() -> None:
 
 
 async def test_request_timeout_applies_to_tools_without_their_own() -> None:
-    _a, ta = fake("a", [{"ok": 1}], read_only=True)
-    _b, tb = fake("b", [{"ok": 1}], read_only=True, timeout_s=9.0)
+    @tool(read_only=True)
+    async def a(ctx: CallContext) -> dict[str, Any]:
+        """Reports the attempt timeout it runs under."""
+        return {"timeout": ctx.attempt_timeout_s}
+
+    @tool(read_only=True, timeout=9.0)
+    async def b(ctx: CallContext) -> dict[str, Any]:
+        """Has its own timeout."""
+        return {"timeout": ctx.attempt_timeout_s}
+
+    ta, tb = build_tool(a), build_tool(b)
     async with kernel([ta, tb], retry={"request_timeout_seconds": 2.5}) as k:
-        await k.call("a", {})
-        await k.call("b", {})
-    assert ta.timeout_s == 2.5 and tb.timeout_s == 9.0
+        assert (await k.call("a", {})).content == {"timeout": 2.5}
+        assert (await k.call("b", {})).content == {"timeout": None}  # its own 9 s applies
+    # The Tool objects are not changed: another kernel sharing them sees no retry timeout.
+    assert ta.timeout_s is None and tb.timeout_s == 9.0
+    async with Kernel(tools=[ta]) as other:
+        assert (await other.call("a", {})).content == {"timeout": None}
+
+
+async def test_fallback_on_empty_leaves_shared_tools_alone() -> None:
+    """Another kernel using the same Tool objects without retry gets the empty result."""
+    _a, ta = fake("a", [{"results": []}, {"results": []}], provider="pa", read_only=True)
+    _b, tb = fake("b", [{"results": [1]}], provider="pb", read_only=True)
+    executor = ta.executor
+    async with kernel(
+        [ta, tb], retry={"chain_order": ["pa", "pb"], "fallback_on_empty": True}
+    ) as k:
+        assert (await k.call("a", {})).content == {"results": [1]}
+    assert ta.executor is executor
+    async with Kernel(tools=[ta]) as other:
+        res = await other.call("a", {})
+    assert not res.is_error and res.content == {"results": []}
 
 
 async def test_retries_can_be_switched_off_per_tool_and_the_kernel_caps_attempts() -> None:

@@ -159,7 +159,7 @@ class RetryPlugin:
         self.config = config or RetryConfig()
         self._rng = random.Random(self.config.seed)
         self.budget = RetryBudget(self.config.budget)
-        self._prepared: dict[str, Tool] = {}
+        self._prepared: dict[str, tuple[Tool, dict[str, Any]]] = {}
         #: tool -> (source plugin, chain): default chains other plugins set (set_fallbacks)
         self._defaults: dict[str, tuple[str, list[FallbackSpec]]] = {}
         self._kernel: Kernel | None = None  # for fallbacks_for's chain_order view
@@ -338,27 +338,44 @@ class RetryPlugin:
                     out[k] = v
         return out
 
-    def _prepare(self, kernel: Kernel, tool: Tool) -> None:
-        """Apply ``request_timeout_seconds`` and ``fallback_on_empty`` to a tool (once)."""
-        if self._prepared.get(tool.name) is tool:
-            return
-        self._prepared[tool.name] = tool
+    def _policy_of(self, kernel: Kernel, tool: Tool) -> dict[str, Any]:
+        """The policy of ``tool`` (cached per tool object; the cache is cleared on startup)."""
+        cached = self._prepared.get(tool.name)
+        if cached is not None and cached[0] is tool:
+            return cached[1]
         rl = self._rl(kernel)
         pol = self.policy(tool.name, self._provider(kernel, rl, tool.name), rl)
-        if pol["request_timeout_seconds"] is not None and tool.timeout_s is None:
-            tool.timeout_s = float(pol["request_timeout_seconds"])
-        if pol["fallback_on_empty"] and not getattr(tool.executor, "__toolwire_empty__", False):
-            inner = tool.executor
-            name = tool.name
+        self._prepared[tool.name] = (tool, pol)
+        return pol
 
-            async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
-                value = await inner(args, ctx)
-                if is_empty(value):
-                    raise EmptyResult(name, value)
-                return value
+    def _prepare(self, ctx: CallContext, tool: Tool) -> None:
+        """``request_timeout_seconds`` and ``fallback_on_empty`` for the attempts on ``tool``.
 
-            executor.__toolwire_empty__ = True  # type: ignore[attr-defined]
-            tool.executor = executor
+        Through the call's context (``ctx.attempt_timeout_s``, ``ctx.check_result``),
+        never by changing the ``Tool``: other kernels may share the object.
+        """
+        pol = self._policy_of(ctx.kernel, tool)
+        st = ctx.state.setdefault("retry", {})
+        timeout = pol["request_timeout_seconds"]
+        if ctx.attempt_timeout_s is None or st.get("timeout_set"):
+            if timeout is not None and tool.timeout_s is None:
+                ctx.attempt_timeout_s = float(timeout)
+                st["timeout_set"] = True
+            elif st.get("timeout_set"):
+                ctx.attempt_timeout_s = None
+                st["timeout_set"] = False
+        if pol["fallback_on_empty"]:
+            ctx.check_result = self._check_empty
+        elif ctx.check_result == self._check_empty:
+            ctx.check_result = None
+
+    @staticmethod
+    def _check_empty(tool: Tool, content: dict[str, Any]) -> ToolError | None:
+        """``fallback_on_empty``: an empty result fails the attempt (the chain goes on)."""
+        value: Any = content
+        if len(content) == 1 and "result" in content:
+            value = content["result"]
+        return EmptyResult(tool.name, value) if is_empty(value) else None
 
     @staticmethod
     def _repeatable(tool: Tool | None, pol: Mapping[str, Any]) -> bool:
@@ -436,8 +453,12 @@ class RetryPlugin:
         t = b.tokens + b.cfg.ratio
         b.tokens = t if t < b.cfg.burst else b.cfg.burst
         tool = ctx.tool
-        if tool is not None and self._prepared.get(tool.name) is not tool:
-            self._prepare(ctx.kernel, tool)
+        if tool is not None:
+            pol = self._policy_of(ctx.kernel, tool)
+            if pol["fallback_on_empty"] or (
+                pol["request_timeout_seconds"] is not None and tool.timeout_s is None
+            ):
+                self._prepare(ctx, tool)
 
     @hookimpl
     async def on_error(
@@ -622,7 +643,7 @@ class RetryPlugin:
                     skipped[cprov] = av
                     continue
             tried.append(cand)
-            self._prepare(kernel, tool)
+            self._prepare(ctx, tool)
             detail["decision"] = "fallback"
             detail["to"] = cand
             args = {**ctx.call.args, **extra} if extra else dict(ctx.call.args)
