@@ -247,18 +247,35 @@ def test_invalid_plugin_config_names_file_and_key(
 def test_missing_optional_dependency_is_skipped_with_pip_hint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fake_eps(
-        monkeypatch,
-        needsdep="toolwire_tests_missing_dep_xyz:Plugin",
-        plain=f"{HERE}:NoConfigPlugin",
+    pkg = tmp_path / "mods" / "twtest_needsdep"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "import toolwire_tests_missing_dep_xyz  # a third-party dependency, not installed\n"
     )
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    fake_eps(monkeypatch, needsdep="twtest_needsdep:Plugin", plain=f"{HERE}:NoConfigPlugin")
     with caplog.at_level("WARNING", logger="toolwire"):
         k = Kernel.from_config(str(write(tmp_path, "")))
     assert [i.name for i in k.plugins.ordered()] == ["plain"]
-    assert "plugin 'needsdep' skipped" in caplog.text and "pip install" in caplog.text
+    assert "plugin 'needsdep' skipped" in caplog.text
+    assert "pip install 'toolwire_tests_missing_dep_xyz'" in caplog.text
     # named explicitly, the same plugin is a fatal error that says what to install
     with pytest.raises(PluginError, match=r"plugin 'needsdep': cannot be loaded.*pip install"):
         Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["needsdep"]\n')))
+
+
+def test_a_plugin_missing_a_module_of_its_own_is_a_bug_not_a_dependency(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pkg = tmp_path / "mods" / "twtest_broken"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import twtest_broken.helpers_typo\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    fake_eps(monkeypatch, broken="twtest_broken:Plugin")
+    with pytest.raises(PluginError) as exc:
+        Kernel.from_config(str(write(tmp_path, "")))  # not even named: never silently skipped
+    assert "twtest_broken.helpers_typo" in str(exc.value)
+    assert "own package" in str(exc.value) and "pip install" not in str(exc.value)
 
 
 def test_any_other_load_error_is_fatal_and_names_the_plugin(
@@ -290,3 +307,16 @@ def test_from_config_takes_a_path_object_as_well_as_a_string(tmp_path: Path) -> 
     by_str = Kernel.from_config(str(path))
     assert {t.name for t in by_path.list_tools()} == {t.name for t in by_str.list_tools()}
     assert "add" in {t.name for t in by_path.list_tools()}
+
+
+def test_an_invalid_value_from_the_environment_names_the_variable(tmp_path: Path) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text('state = "memory://"\nenabled_plugins = []\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, env={"TOOLWIRE_MAX_ATTEMPTS": "abc"})
+    assert "max_attempts" in str(exc.value)
+    assert "environment variable TOOLWIRE_MAX_ATTEMPTS" in str(exc.value)
+    path.write_text('state = "memory://"\nmax_attempts = "abc"\n')
+    with pytest.raises(ConfigError) as exc:
+        load_config(path, env={})
+    assert "environment" not in str(exc.value)  # the file's own value: no variable to blame

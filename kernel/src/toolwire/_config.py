@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pydantic
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from ._errors import ConfigError, PluginError
 
@@ -74,6 +74,20 @@ class ToolwireConfig(BaseModel):
     server: dict[str, Any] = Field(default_factory=dict)
     #: Where the config was read from (not a key of the file).
     path: str | None = Field(None, exclude=True)
+    #: NAME -> value of every ``$secretRef`` resolved (kept out of repr and dumps).
+    _secrets: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: dotted key -> the environment variable its value came from.
+    _env_sources: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    @property
+    def secret_names(self) -> list[str]:
+        """The names of the secrets this configuration resolved (never their values)."""
+        return sorted(self._secrets)
+
+    def __repr_args__(self) -> Any:
+        hide = self._secrets
+        for k, v in super().__repr_args__():
+            yield k, _hide_values(v, hide) if hide else v
 
     @field_validator("state")
     @classmethod
@@ -97,8 +111,13 @@ def _env_value(raw: str) -> Any:
         return raw
 
 
-def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
-    """TOOLWIRE_* variables override file values (see docs/config.md)."""
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+    """TOOLWIRE_* variables override file values (see docs/config.md).
+
+    Returns ``dotted key -> variable`` for the values taken from the environment,
+    so an invalid one is reported as the variable's fault, not the file's.
+    """
+    sources: dict[str, str] = {}
     simple = {
         "TOOLWIRE_STATE": "state",
         "TOOLWIRE_MAX_ATTEMPTS": "max_attempts",
@@ -109,8 +128,10 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
     for var, key in simple.items():
         if var in env and env[var] != "":
             data[key] = env[var] if key in ("state", "secrets_file") else _env_value(env[var])
+            sources[key] = var
     if "state" not in data and env.get("REDIS_URL"):
         data["state"] = env["REDIS_URL"]
+        sources["state"] = "REDIS_URL"
     if "TOOLWIRE_LOAD_PLUGINS" in env:
         raw = env["TOOLWIRE_LOAD_PLUGINS"]
         data["enabled_plugins"] = [p.strip() for p in raw.split(",") if p.strip()]
@@ -130,6 +151,16 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
         for p in [parts[0].lower(), *[x.lower() for x in parts[1:-1]]]:
             node = node.setdefault(p, {})
         node[parts[-1].lower()] = _env_value(raw)
+        sources[".".join(["plugins", *(x.lower() for x in parts)])] = var
+    return sources
+
+
+def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
+    """``key: msg``, naming the environment variable when the value came from one."""
+    var = sources.get(key) if sources else None
+    if var is not None:
+        return f"{key}: {msg} (the value comes from the environment variable {var})"
+    return f"{key}: {msg}"
 
 
 def read_secrets_file(path: Path) -> dict[str, str]:
@@ -147,6 +178,18 @@ def read_secrets_file(path: Path) -> dict[str, str]:
     return out
 
 
+def _hide_values(value: Any, secrets: Mapping[str, str]) -> Any:
+    """``value`` with every resolved secret shown as ``[secret:<NAME>]`` (for repr)."""
+    names = {v: k for k, v in secrets.items()}
+    if isinstance(value, str):
+        return f"[secret:{names[value]}]" if value in names else value
+    if isinstance(value, Mapping):
+        return {k: _hide_values(v, secrets) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_hide_values(v, secrets) for v in value]
+    return value
+
+
 def resolve_secrets(
     value: Any,
     *,
@@ -154,11 +197,13 @@ def resolve_secrets(
     secrets: Mapping[str, str],
     file: str | None,
     key: str = "",
+    found: dict[str, str] | None = None,
 ) -> Any:
     """Replace every ``{"$secretRef": "NAME"}`` by the secret's value.
 
     Looked up in the environment first, then in the secrets file. A missing
     secret is a ``ConfigError`` naming the key and the variable to set.
+    ``found`` collects ``NAME -> value`` of every reference resolved.
     """
     if isinstance(value, dict):
         if SECRET_REF in value:
@@ -169,10 +214,11 @@ def resolve_secrets(
                     key=key,
                 )
             name = value[SECRET_REF]
-            if name in env:
-                return env[name]
-            if name in secrets:
-                return secrets[name]
+            resolved = env.get(name, secrets.get(name))
+            if resolved is not None:
+                if found is not None:
+                    found[name] = resolved
+                return resolved
             raise ConfigError(
                 f"secret {name!r} is not set; export {name}=... or add it to the secrets file",
                 file=file,
@@ -180,13 +226,18 @@ def resolve_secrets(
             )
         return {
             k: resolve_secrets(
-                v, env=env, secrets=secrets, file=file, key=f"{key}.{k}" if key else k
+                v,
+                env=env,
+                secrets=secrets,
+                file=file,
+                key=f"{key}.{k}" if key else k,
+                found=found,
             )
             for k, v in value.items()
         }
     if isinstance(value, list):
         return [
-            resolve_secrets(v, env=env, secrets=secrets, file=file, key=f"{key}[{i}]")
+            resolve_secrets(v, env=env, secrets=secrets, file=file, key=f"{key}[{i}]", found=found)
             for i, v in enumerate(value)
         ]
     return value
@@ -221,7 +272,7 @@ def load_config(
     if isinstance(data.get("plugins"), list):
         # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
         data["enabled_plugins"] = data.pop("plugins")
-    _apply_env(data, env)
+    env_sources = _apply_env(data, env)
     secrets_path = data.get("secrets_file")
     secrets: dict[str, str] = {}
     if secrets_path:
@@ -231,16 +282,19 @@ def load_config(
         if not sp.exists():
             raise ConfigError(f"secrets file {str(sp)!r} not found", file=file, key="secrets_file")
         secrets = read_secrets_file(sp)
-    data = resolve_secrets(data, env=env, secrets=secrets, file=file)
+    found: dict[str, str] = {}
+    data = resolve_secrets(data, env=env, secrets=secrets, file=file, found=found)
     try:
         cfg = ToolwireConfig.model_validate(data)
     except pydantic.ValidationError as exc:
         msgs = []
         for e in exc.errors(include_url=False):
             msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
-            msgs.append(f"{_loc(e)}: {msg}")
+            msgs.append(_problem(_loc(e), msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
     cfg.path = file
+    cfg._secrets = found
+    cfg._env_sources = env_sources
     return cfg
 
 
@@ -257,7 +311,13 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
     return dist.metadata["Name"], dist.version
 
 
-def _plugin_config(name: str, factory: Any, section: dict[str, Any], file: str | None) -> Any:
+def _plugin_config(
+    name: str,
+    factory: Any,
+    section: dict[str, Any],
+    file: str | None,
+    env_sources: Mapping[str, str] | None = None,
+) -> Any:
     model = getattr(factory, "Config", None)
     if model is None:
         if section:
@@ -275,19 +335,23 @@ def _plugin_config(name: str, factory: Any, section: dict[str, Any], file: str |
         msgs = []
         for e in exc.errors(include_url=False):
             msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
-            msgs.append(f"plugins.{name}.{_loc(e)}: {msg}")
+            msgs.append(_problem(f"plugins.{name}.{_loc(e)}", msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 
 
 def instantiate_plugin(
-    name: str, factory: Any, section: dict[str, Any], file: str | None
+    name: str,
+    factory: Any,
+    section: dict[str, Any],
+    file: str | None,
+    env_sources: Mapping[str, str] | None = None,
 ) -> tuple[object, Any, int | None]:
     """Validate the plugin's section and call its factory; returns (plugin, config, order)."""
     section = dict(section)
     order = section.pop("order", None)
     if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
         raise ConfigError("must be an integer", file=file, key=f"plugins.{name}.order")
-    cfg = _plugin_config(name, factory, section, file)
+    cfg = _plugin_config(name, factory, section, file, env_sources)
     try:
         plugin = factory(cfg) if cfg is not None else factory()
     except (ConfigError, PluginError):
@@ -329,14 +393,26 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
     kw.update(overrides)
     kernel = kernel_cls(**kw)
     kernel.config = cfg
+    for name, value in cfg._secrets.items():
+        kernel.add_secret(value, name)
     for n in names:
         ep = available[n]
         try:
             factory = ep.load()
         except ModuleNotFoundError as exc:
+            own = ep.value.split(":", 1)[0].split(".", 1)[0]
+            missing = exc.name or ""
+            if missing == own or missing.startswith(own + "."):
+                # The plugin's own code imports a module of its package that is not there:
+                # a bug in the plugin (or a broken install), not a missing dependency.
+                raise PluginError(
+                    n, f"cannot be loaded: {exc} (a module of the plugin's own package)"
+                ) from exc
             dist, _ = _dist_of(ep)
+            top = missing.split(".", 1)[0]
             hint = (
-                f"pip install '{dist or 'toolwire-' + n}' (its dependency {exc.name!r} is missing)"
+                f"its dependency {top!r} is not installed: pip install {top!r}, or the "
+                f"extra of {dist or 'toolwire-' + n!r} that brings it"
             )
             if explicit:
                 raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
@@ -344,7 +420,9 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
             continue
         except Exception as exc:
             raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
-        plugin, pcfg, order = instantiate_plugin(n, factory, cfg.plugins.get(n, {}), file)
+        plugin, pcfg, order = instantiate_plugin(
+            n, factory, cfg.plugins.get(n, {}), file, cfg._env_sources
+        )
         dist, version = _dist_of(ep)
         kernel.plugins.register(
             plugin, name=n, order=order, version=version, dist=dist, config=pcfg

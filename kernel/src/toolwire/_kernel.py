@@ -20,6 +20,7 @@ from ._clock import Clock, SystemClock
 from ._errors import KernelError, PluginError, ToolCollisionError
 from ._events import EventBus
 from ._hooks import PluginInfo, PluginRegistry
+from ._redact import Redactor
 from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
 from ._types import (
     JSON,
@@ -116,6 +117,8 @@ class Kernel:
         else:
             self.state = state
         self.events = EventBus()
+        #: Hides secrets in every error the kernel records (``add_secret``).
+        self.redactor = Redactor()
         self.plugins = PluginRegistry()
         self.plugins.on_change(self._on_plugins_changed)
         self.config: ToolwireConfig | None = None
@@ -138,7 +141,7 @@ class Kernel:
     def register(
         self, plugin: object, *, name: str | None = None, order: int | None = None
     ) -> PluginInfo:
-        """Register a plugin object (see docs/plugins.md)."""
+        """Register a plugin object (see docs/writing-plugins.md)."""
         return self.plugins.register(plugin, name=name, order=order)
 
     def unregister(self, name: str) -> None:
@@ -219,6 +222,23 @@ class Kernel:
                     fn()
                 except Exception:
                     log.exception("a catalog-change listener raised (ignored)")
+
+    def add_secret(self, value: str, name: str = "secret") -> None:
+        """Hide ``value`` in every error this kernel records (shown as ``[secret:<name>]``).
+
+        The values the configuration resolved from ``$secretRef`` are added
+        by ``Kernel.from_config``; add the ones your code holds (API keys read
+        elsewhere). Values shorter than 6 characters are not matched in text.
+        """
+        self.redactor.add(value, name)
+
+    def _scrub(self, err: ErrorInfo) -> None:
+        """Known secrets and credential fields out of an error, before anyone sees it."""
+        r = self.redactor
+        if len(r):
+            err.message = r.text(err.message)
+        if err.details:
+            err.details = r.data(err.details)
 
     def on_catalog_change(self, fn: Callable[[], None]) -> Callable[[], None]:
         """Call ``fn()`` after the catalog changes; returns a function that unsubscribes it.
@@ -520,9 +540,9 @@ class Kernel:
     def _fail(
         self, ctx: CallContext, kind: str, message: str, *, source: str = "kernel", **details: Any
     ) -> ToolResult:
-        return ToolResult.from_error(
-            ErrorInfo(kind, message, source=source, details=details), ctx.meta
-        )
+        err = ErrorInfo(kind, message, source=source, details=details)
+        self._scrub(err)
+        return ToolResult.from_error(err, ctx.meta)
 
     def _validate(self, tool: Tool, args: Mapping[str, Any]) -> dict[str, Any]:
         if tool.validator is not None:
@@ -641,6 +661,7 @@ class Kernel:
                     ctx.meta.served_by = cur_tool.name
                     return ToolResult(content, False, None, ctx.meta)
                 err = rejected.to_info(cur_tool.source)
+            self._scrub(err)
             attempt = Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0, str(err.kind))
             attempts.append(attempt)
             step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)

@@ -1,8 +1,9 @@
 """Redis state store: shared by every process and host that reaches one Redis.
 
 Layout: one Redis *hash* per logical record, at exactly the key the caller
-gave (no prefix), so every operation touches a single key and works on Redis
-Cluster too::
+gave (no prefix), so every operation touches a single key — a layout Redis
+Cluster could shard, though this store connects to one server (no cluster
+client yet)::
 
     v    the value, as JSON text
     ver  the version (decimal int)

@@ -216,6 +216,12 @@ class IdempotencyPlugin:
         self._kernel = kernel
         if self.config.enabled:
             self._ensure_renewer(kernel)
+            if getattr(kernel.state, "backend", None) == "memory":
+                log.warning(
+                    "idempotency keeps its records in memory: a replay after a restart (a "
+                    "crash and checkpoint resume) runs the tool again; set state = "
+                    '"sqlite:///path/state.db" (one host) or "redis://..." (shared)'
+                )
 
     @hookimpl
     async def shutdown(self) -> None:
