@@ -60,6 +60,19 @@ def stamped() -> dict[str, Any]:
     return {"at": datetime(2026, 11, 29, 12, 0, tzinfo=UTC), "raw": b"bytes"}
 
 
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYPgPAAEDAQAIicLsAAAAAElFTkSuQmCC"
+)
+
+
+@tool
+def picture(broken: bool = False) -> dict[str, Any]:
+    """An image as MCP content (a broken one is just JSON)."""
+    if broken:
+        return {"content": [{"type": "image", "mimeType": "image/png"}]}  # no data
+    return {"content": [{"type": "image", "data": PIXEL, "mimeType": "image/png"}]}
+
+
 @tool
 async def steps(n: int, ctx: CallContext) -> dict[str, int]:
     """Reports progress ``n`` times."""
@@ -81,7 +94,7 @@ async def slow(seconds: float, label: str = "") -> str:
     return "slept"
 
 
-TOOLS = [profile, greet, over_quota, stamped, steps, slow]
+TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow]
 
 
 @dataclass
@@ -201,6 +214,8 @@ LEAN_CASES = {
     "progress_without_token": envelope("steps", {"n": 2}),
     "no_arguments_key": envelope("over_quota", omit_arguments=True),
     "non_json_types": envelope("stamped"),
+    "image_content": envelope("picture"),
+    "not_quite_image_content": envelope("picture", {"broken": True}),
 }
 
 
@@ -233,6 +248,10 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
     result = answer[-1]["result"] if isinstance(answer, list) else answer["result"]
     if case == "call_id":
         assert result["_meta"][RESULT_META_KEY]["call_id"] == "call-42"
+    if case == "image_content":
+        assert result["content"] == [{"type": "image", "data": PIXEL, "mimeType": "image/png"}]
+    if case == "not_quite_image_content":
+        assert [b["type"] for b in result["content"]] == ["text"]
     if case in ("tool_error", "unknown_tool", "invalid_args", "bad_call_id"):
         assert result["isError"] is True and "structuredContent" not in result
 

@@ -235,3 +235,18 @@ async def test_an_http_upstream_with_bearer_auth(tmp_path: Path, serve_process: 
         r = await k.call("budget_spend", {"amount": 1})
         assert r.error is not None and r.error.kind == "auth", r.error
         assert "HTTP 401" in r.error.message and "[plugins.mcp.servers.budget]" in r.error.message
+
+
+async def test_an_upstream_image_reaches_the_gateways_client_as_an_image(kernel: Kernel) -> None:
+    from fastmcp import Client
+
+    from toolwire_mcp import create_server
+
+    pixel = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYPgPAAEDAQAIicLsAAAAAElFTkSuQmCC"
+    r = await kernel.call("up_snapshot", {})
+    assert r.content == {"content": [{"type": "image", "data": pixel, "mimeType": "image/png"}]}
+    async with Client(create_server(kernel)) as c:
+        res = await c.call_tool_mcp("up_snapshot", {})
+    assert not res.is_error
+    assert [type(b).__name__ for b in res.content] == ["ImageContent"]
+    assert res.content[0].data == pixel and res.content[0].mime_type == "image/png"

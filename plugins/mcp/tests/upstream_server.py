@@ -18,6 +18,7 @@ Over HTTP, ``UPSTREAM_TOKEN=<token>`` in the environment requires that bearer to
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import sys
 from typing import Annotated, Any
@@ -25,6 +26,7 @@ from typing import Annotated, Any
 import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
+from fastmcp.utilities.types import Image
 from mcp_types import ToolAnnotations
 from pydantic import Field
 
@@ -39,6 +41,9 @@ def _auth() -> Any:
 
 
 mcp = FastMCP("upstream", auth=_auth())
+PIXEL_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYPgPAAEDAQAIicLsAAAAAElFTkSuQmCC"
+)
 
 
 @mcp.tool(annotations=ToolAnnotations(read_only_hint=True, idempotent_hint=True))
@@ -101,6 +106,12 @@ def seen_meta(ctx: Context) -> dict[str, Any]:
     rc = ctx.request_context
     meta = dict(rc.meta or {}) if rc is not None else {}
     return {"call_id": meta.get("io.toolwire/call-id")}
+
+
+@mcp.tool
+def snapshot() -> Image:
+    """A one-pixel PNG (image content)."""
+    return Image(data=base64.b64decode(PIXEL_PNG), format="png")
 
 
 @mcp.tool

@@ -23,11 +23,13 @@ __all__ = [
     "CALL_ID_META_KEY",
     "ERROR_META_KEY",
     "RESULT_META_KEY",
+    "content_blocks",
     "make_validator",
     "remote_error",
     "remote_value",
     "render_text",
     "result_meta",
+    "wire_blocks",
 ]
 
 _KINDS = frozenset(k.value for k in ErrorKind)
@@ -51,6 +53,48 @@ def render_text(result: ToolResult) -> str:
         if type(only) is str:
             return only
     return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+
+
+_BLOCKS: Any = None  # TypeAdapter(list[ContentBlock]), built on first use
+
+
+def _block_adapter() -> Any:
+    global _BLOCKS
+    if _BLOCKS is None:
+        from pydantic import TypeAdapter
+
+        _BLOCKS = TypeAdapter(list[mcp_types.ContentBlock])
+    return _BLOCKS
+
+
+def content_blocks(result: ToolResult) -> list[mcp_types.ContentBlock]:
+    """The MCP content of a kernel result.
+
+    A success whose content is exactly ``{"content": [<MCP content blocks>]}``
+    — what an upstream's image, audio or resource result becomes (see
+    ``remote_value``), or what a local tool returns to send one — goes out as
+    those blocks, so an image reaches the client as an image. Anything else is
+    one text block (``render_text``).
+    """
+    if not result.is_error:
+        content = result.content
+        blocks = content.get("content") if len(content) == 1 else None
+        if isinstance(blocks, list) and blocks and all(isinstance(b, dict) for b in blocks):
+            try:
+                out: list[mcp_types.ContentBlock] = _block_adapter().validate_python(blocks)
+            except ValueError:
+                pass  # not MCP content blocks after all: the JSON goes out as text
+            else:
+                return out
+    return [mcp_types.TextContent(type="text", text=render_text(result))]
+
+
+def wire_blocks(blocks: list[mcp_types.ContentBlock]) -> list[dict[str, Any]]:
+    """Content blocks as JSON, as the MCP SDK serializes them."""
+    dumped: list[dict[str, Any]] = _block_adapter().dump_python(
+        blocks, mode="json", by_alias=True, exclude_none=True
+    )
+    return dumped
 
 
 def result_meta(result: ToolResult) -> dict[str, Any]:

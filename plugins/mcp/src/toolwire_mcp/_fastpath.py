@@ -54,7 +54,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolwire import Kernel, Tool, ToolResult
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
-from ._convert import render_text, result_meta
+from ._convert import content_blocks, render_text, result_meta, wire_blocks
 
 __all__ = ["FastCallPath", "install_fast_path", "wire_result"]
 
@@ -83,8 +83,12 @@ _PING: Final = b": ping\r\n\r\n"
 
 def wire_result(result: ToolResult, server_info: Mapping[str, Any]) -> dict[str, Any]:
     """The ``CallToolResult`` object of a kernel result, as FastMCP puts it on the wire."""
+    if result.is_error or "content" not in result.content:
+        content = [{"type": "text", "text": render_text(result)}]
+    else:  # MCP content blocks (an image, say) travel as themselves
+        content = wire_blocks(content_blocks(result))
     out: dict[str, Any] = {
-        "content": [{"type": "text", "text": render_text(result)}],
+        "content": content,
         "isError": result.is_error,
         "resultType": "complete",
         "_meta": {**result_meta(result), SERVER_INFO_META_KEY: server_info},

@@ -49,7 +49,7 @@ from toolwire import ConfigError, Kernel, Tool, ToolResult
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
-from ._convert import render_text, result_meta
+from ._convert import content_blocks, result_meta
 from ._fastpath import install_fast_path
 
 __all__ = [
@@ -222,7 +222,7 @@ def to_mcp_result(result: ToolResult) -> MCPToolResult:
     # content against the tool's output schema even for errors (the TypeScript SDK
     # does). The kind travels in ``_meta`` and leads the text.
     return MCPToolResult.model_construct(
-        content=[mcp_types.TextContent(type="text", text=render_text(result))],
+        content=content_blocks(result),
         structured_content=None if result.is_error else result.content,
         meta=result_meta(result),
         is_error=result.is_error,
