@@ -688,3 +688,32 @@ async def test_check_result_turns_a_result_into_a_failure_or_keeps_it() -> None:
     assert not r.is_error and r.content == {"v": 1}  # a computed result is never dropped
     assert r.meta.plugin_errors[0]["plugin"] == "broken"
     assert r.meta.plugin_errors[0]["hook"] == "check_result"
+
+
+async def test_tracing_plugins_logs_each_hook_call(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """TOOLWIRE_TRACE_PLUGINS=<names> logs the hook calls of those plugins only."""
+    monkeypatch.setenv("TOOLWIRE_TRACE_PLUGINS", "traced")
+
+    class Traced:
+        name = "traced"
+
+        @hookimpl
+        async def before_call(self, call: ToolCall) -> None:
+            return None
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> Recover:
+            return Recover({"ok": True}, reason="spare value")
+
+    quiet = RecordingPlugin("quiet", 10)
+    fake = FakeTool("t", script=[ToolError("boom")])
+    with caplog.at_level("INFO", logger="toolwire.trace"):
+        async with Kernel(tools=[fake.tool], plugins=[Traced(), quiet]) as k:
+            r = await k.call("t", {})
+    assert r.content == {"ok": True}
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "toolwire.trace"]
+    assert lines[0].startswith("traced.before_call(t) -> None in ")
+    assert lines[1].startswith("traced.on_error(t) -> Recover(spare value) in ")
+    assert len(lines) == 2 and not any(line.startswith("quiet.") for line in lines)

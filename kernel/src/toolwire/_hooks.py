@@ -11,8 +11,11 @@ await).
 from __future__ import annotations
 
 import inspect
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
 
 import pluggy
@@ -35,6 +38,79 @@ HOOK_PARAMS: dict[str, tuple[str, ...]] = {
     "after_call": ("call", "result", "ctx"),
 }
 _REVERSED = {"after_call", "shutdown"}
+
+#: Environment switch: trace every hook call of these plugins (``1``/``all``: every plugin).
+TRACE_ENV = "TOOLWIRE_TRACE_PLUGINS"
+_trace_log = logging.getLogger("toolwire.trace")
+
+
+def trace_setting(raw: str | None) -> frozenset[str] | bool:
+    """``TOOLWIRE_TRACE_PLUGINS`` parsed: True (all), False (none) or plugin names."""
+    if raw is None or raw.strip().lower() in ("", "0", "false", "no", "off"):
+        return False
+    if raw.strip().lower() in ("1", "true", "yes", "on", "all", "*"):
+        return True
+    return frozenset(n.strip() for n in raw.split(",") if n.strip())
+
+
+def _target(hook: str, args: tuple[Any, ...]) -> str:
+    if hook in ("before_call", "on_error", "after_call") and args:
+        return str(getattr(args[0], "name", ""))
+    if hook == "discover" and len(args) > 1:
+        return "" if args[1] is None else repr(args[1])
+    return ""
+
+
+def _outcome(value: Any) -> str:
+    if value is None:
+        return "None"
+    kind = type(value).__name__
+    error = getattr(value, "error", None)
+    if error is not None:
+        return f"{kind}(error={getattr(error, 'kind', error)})"
+    reason = getattr(value, "reason", None)
+    return f"{kind}({reason})" if reason else kind
+
+
+def _traced(plugin: str, hook: str, invoke: Callable[..., Any], is_async: bool) -> Any:
+    """``invoke`` logging each call (logger ``toolwire.trace``, INFO): arguments' tool,
+    outcome or exception, duration."""
+
+    def note(args: tuple[Any, ...], t0: float, outcome: str) -> None:
+        _trace_log.info(
+            "%s.%s(%s) -> %s in %.3f ms",
+            plugin,
+            hook,
+            _target(hook, args),
+            outcome,
+            (perf_counter() - t0) * 1000,
+        )
+
+    if is_async:
+
+        async def run_async(*args: Any) -> Any:
+            t0 = perf_counter()
+            try:
+                res = await invoke(*args)
+            except BaseException as exc:
+                note(args, t0, f"raised {type(exc).__name__}: {exc}")
+                raise
+            note(args, t0, _outcome(res))
+            return res
+
+        return run_async
+
+    def run(*args: Any) -> Any:
+        t0 = perf_counter()
+        try:
+            res = invoke(*args)
+        except BaseException as exc:
+            note(args, t0, f"raised {type(exc).__name__}: {exc}")
+            raise
+        note(args, t0, _outcome(res))
+        return res
+
+    return run
 
 
 @dataclass(slots=True, frozen=True)
@@ -96,6 +172,8 @@ class PluginRegistry:
         self.plugins: dict[str, PluginInfo] = {}
         self.compiled: dict[str, list[HookImpl]] = {h: [] for h in HOOK_PARAMS}
         self._listeners: list[Callable[[], None]] = []
+        #: Plugins whose hook calls are logged (``TOOLWIRE_TRACE_PLUGINS``): True = all.
+        self.trace: frozenset[str] | bool = trace_setting(os.environ.get(TRACE_ENV))
 
     def on_change(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` after every (un)registration (the kernel caches lists)."""
@@ -167,13 +245,14 @@ class PluginRegistry:
                 i for i in getattr(self.pm.hook, hook).get_hookimpls() if i.plugin_name in rank
             ]
             impls.sort(key=lambda i: rank[i.plugin_name], reverse=hook in _REVERSED)
-            self.compiled[hook] = [
-                HookImpl(
-                    plugin=i.plugin_name,
-                    invoke=_adapter(i.function, tuple(i.argnames), canonical),
-                    is_async=inspect.iscoroutinefunction(i.function),
-                )
-                for i in impls
-            ]
+            compiled = []
+            for i in impls:
+                invoke = _adapter(i.function, tuple(i.argnames), canonical)
+                is_async = inspect.iscoroutinefunction(i.function)
+                trace = self.trace
+                if trace is True or (trace and i.plugin_name in trace):
+                    invoke = _traced(i.plugin_name, hook, invoke, is_async)
+                compiled.append(HookImpl(plugin=i.plugin_name, invoke=invoke, is_async=is_async))
+            self.compiled[hook] = compiled
         for fn in self._listeners:
             fn()

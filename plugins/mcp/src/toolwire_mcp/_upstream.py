@@ -465,7 +465,9 @@ class Upstream:
                 "(connecting and listing its tools)"
             )
         self.down_kind = ErrorKind.UNAVAILABLE
-        status = self._http_status
+        # An HTTP status explains a failed connection attempt; once the session was up,
+        # an old one (the 404 of an unsupported subscriptions/listen, say) explains nothing.
+        status = None if was_up else self._http_status
         if status in (401, 403):
             self.down_kind = ErrorKind.AUTH
             msg = f"HTTP {status}: {self._auth_hint()} ({msg})"
