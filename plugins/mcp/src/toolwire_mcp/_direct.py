@@ -63,6 +63,8 @@ _LOG_LEVEL_META_KEY: Final = "io.modelcontextprotocol/logLevel"
 #: The MCP transport's limits: 30 s to connect, 300 s between reads (the
 #: stream may stay open), 1 MiB per SSE event (FastMCP's transport default).
 _CONNECT_S: Final = 30.0
+#: How long a call may wait for a pooled connection (as httpx2's pool timeout) plus connecting.
+_POOL_WAIT_S: Final = 60.0
 _READ_S: Final = 300.0
 _MAX_EVENT: Final = 1024 * 1024
 #: Shorter than common server keep-alive timeouts (uvicorn: 5 s), so an idle
@@ -144,7 +146,10 @@ class DirectCaller:
         self._session = aiohttp.ClientSession(
             headers=fixed,
             connector=aiohttp.TCPConnector(ssl=ssl, keepalive_timeout=_KEEPALIVE_S),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=_CONNECT_S, sock_read=read_s),
+            # connect: a free connection of the pool, then the TCP/TLS handshake
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=_POOL_WAIT_S, sock_connect=_CONNECT_S, sock_read=read_s
+            ),
         )
 
     @property
@@ -258,7 +263,7 @@ class DirectCaller:
                 raise MCPError(
                     code=mcp_types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
                 ) from None
-            outcome = self._response(msg)
+            outcome = self._response(msg, rid)
             if outcome is None:
                 raise MCPError(
                     code=mcp_types.PARSE_ERROR,
@@ -271,9 +276,15 @@ class DirectCaller:
 
     # ------------------------------------------------------------- answers
     @staticmethod
-    def _response(msg: Any) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
-        """The result of a JSON-RPC response (raises ``MCPError`` for an error); None otherwise."""
+    def _response(
+        msg: Any, rid: int
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
+        """The result of the JSON-RPC response to request ``rid`` (raises ``MCPError`` for an
+        error); None for anything else (a notification, a response to another id)."""
         if not isinstance(msg, dict) or "id" not in msg:
+            return None
+        if msg["id"] != rid and not (msg["id"] is None and "error" in msg):
+            log.warning("MCP server answered request %r to our request %r: ignored", msg["id"], rid)
             return None
         if "result" in msg:
             raw = msg["result"]
@@ -289,10 +300,13 @@ class DirectCaller:
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         """Read SSE frames until the response: notifications on the way, comments ignored."""
         buf = bytearray()
+        first = True
         data: list[bytes] = []
         size = 0
         event = b""
         async for chunk in resp.content.iter_any():
+            if first:  # a UTF-8 byte order mark may open the stream
+                chunk, first = chunk.removeprefix(b"\xef\xbb\xbf"), False
             buf += chunk
             start = 0
             while (nl := buf.find(b"\n", start)) >= 0:
@@ -339,7 +353,7 @@ class DirectCaller:
             raise MCPError(
                 code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE message: {exc}"
             ) from None
-        outcome = self._response(msg)
+        outcome = self._response(msg, rid)
         if outcome is not None:
             return outcome
         method = msg.get("method") if isinstance(msg, dict) else None
