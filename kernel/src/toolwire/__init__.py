@@ -11,6 +11,7 @@ from ._config import ToolwireConfig, installed_plugins, load_config, read_secret
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
 from ._kernel import Kernel
+from ._terminal import TERMINAL_EXTENSION, Terminal
 from ._tool import ToolSet, build_tool, tool, tools_from_module
 from ._types import (
     Attempt,
@@ -58,6 +59,8 @@ __all__ = [
     "Retry",
     "StateStore",
     "SystemClock",
+    "TERMINAL_EXTENSION",
+    "Terminal",
     "Tool",
     "ToolAnnotations",
     "ToolCall",

@@ -28,6 +28,7 @@ from ._config import ToolwireConfig, load_config
 from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
+from ._terminal import TERMINAL_EXTENSION, Terminal
 
 __all__ = ["CLI_ENTRY_POINT_GROUP", "build_cli_kernel", "load_cli_config", "main"]
 
@@ -108,6 +109,8 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     if not isinstance(call_args, dict):
         return _fail("--args must be a JSON object, e.g. --args '{\"a\": 1}'")
     kernel = build_cli_kernel(load_cli_config(args))
+    # Someone at the keyboard: plugins may ask there (approval prompts).
+    extensions = {TERMINAL_EXTENSION: Terminal.stdio()} if Terminal.interactive() else None
     async with kernel:
         result = await kernel.call(
             args.name,
@@ -115,6 +118,7 @@ async def _cmd_call(args: argparse.Namespace) -> int:
             call_id=args.call_id,
             session_id=args.session_id,
             tenant=args.tenant,
+            extensions=extensions,
         )
     _print(result.to_dict())
     return 1 if result.is_error else 0

@@ -14,8 +14,9 @@ import anyio
 import pytest
 from approval_testkit import Pending, Recorder, plugin
 
-from toolwire import Kernel, ToolResult, load_config
-from toolwire.cli import _parser, main
+from toolwire import TERMINAL_EXTENSION as TOOLWIRE_TERMINAL
+from toolwire import Kernel, Terminal, ToolResult, load_config
+from toolwire.cli import main
 from toolwire_approval import TERMINAL_EXTENSION, TerminalPrompt, offer_terminal
 
 
@@ -97,10 +98,29 @@ def test_a_bad_section_is_a_config_error(
     assert "plugins.approval.tools.add" in capsys.readouterr().err
 
 
-def test_toolwire_call_offers_the_terminal_prompt() -> None:
-    sub = next(a for a in _parser()._actions if a.dest == "command")
-    fn = sub.choices["call"].get_default("fn")  # type: ignore[attr-defined]
-    assert getattr(fn, "_toolwire_approval", False)
+@pytest.mark.anyio
+async def test_the_kernels_terminal_is_asked_on() -> None:
+    """What ``toolwire call`` offers on a terminal: the kernel's ``Terminal``."""
+    rfd, wfd = os.pipe()
+    os.write(wfd, b"y\n")
+    shown: list[str] = []
+    p = plugin(default="REQUIRED")
+    kernel = Kernel(plugins=[p])
+    rec = Recorder()
+    rec.add_to(kernel)
+    try:
+        async with kernel:
+            res = await kernel.call(
+                "send_email",
+                {"to": "a@x"},
+                extensions={TOOLWIRE_TERMINAL: Terminal(rfd, shown.append)},
+            )
+    finally:
+        os.close(rfd)
+        os.close(wfd)
+    assert not res.is_error and rec.runs == [{"to": "a@x", "body": "hi", "count": 1}]
+    assert res.meta.approval is not None and res.meta.approval["via"] == "terminal"
+    assert any("needs approval" in line for line in shown)
 
 
 # ------------------------------------------------------------ the prompt

@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextvars
 import getpass
 import json
-import os
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-import anyio
+from toolwire import TERMINAL_EXTENSION as _KERNEL_TERMINAL_EXTENSION
+from toolwire import Terminal
 
 from ._types import ApprovalDecision, ApprovalRequest, Approve, InvalidEditError, Reject
 
@@ -32,12 +31,13 @@ __all__ = [
     "elicitation_message",
     "offer_terminal",
     "parse_elicitation",
+    "terminal_prompt",
 ]
 
 #: ``ctx.extensions`` key of the MCP elicitation capability (offered by ``toolwire serve``).
 ELICIT_EXTENSION = "mcp.elicit"
-#: ``ctx.extensions`` key of a terminal prompt (a ``TerminalPrompt``).
-TERMINAL_EXTENSION = "toolwire.terminal"
+#: ``ctx.extensions`` key of a terminal (the kernel's ``Terminal``, or a ``TerminalPrompt``).
+TERMINAL_EXTENSION = _KERNEL_TERMINAL_EXTENSION
 #: Error kind that ends a call while an MCP client (2026-07-28 protocol) asks its user;
 #: ``toolwire serve`` turns it into an MCP ``InputRequiredResult``.
 INPUT_REQUIRED = "input_required"
@@ -168,13 +168,12 @@ class TerminalPrompt:
     @classmethod
     def stdio(cls) -> TerminalPrompt:
         """A prompt on this process's stdin / stderr."""
-        reader = _FdLineReader(sys.stdin.fileno())
+        return cls.on(Terminal.stdio())
 
-        def write(text: str) -> None:
-            sys.stderr.write(text)
-            sys.stderr.flush()
-
-        return cls(reader.read_line, write)
+    @classmethod
+    def on(cls, terminal: Terminal) -> TerminalPrompt:
+        """A prompt on the kernel's ``Terminal`` (what ``toolwire call`` offers)."""
+        return cls(terminal.read_line, terminal.write)
 
     def say(self, text: str) -> None:
         """Print a line to the terminal."""
@@ -232,28 +231,6 @@ def _user() -> str:
         return "terminal"
 
 
-class _FdLineReader:
-    """Lines from a file descriptor, read on the event loop (no blocking thread)."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._buf = b""
-        self._eof = False
-
-    async def read_line(self) -> str | None:
-        while b"\n" not in self._buf and not self._eof:
-            await anyio.wait_readable(self._fd)
-            chunk = os.read(self._fd, 4096)
-            if not chunk:
-                self._eof = True
-            self._buf += chunk
-        if not self._buf:
-            return None
-        line, _sep, rest = self._buf.partition(b"\n")
-        self._buf = rest
-        return line.decode("utf-8", errors="replace")
-
-
 _TERMINAL: contextvars.ContextVar[TerminalPrompt | None] = contextvars.ContextVar(
     "toolwire_approval_terminal", default=None
 )
@@ -271,3 +248,13 @@ def offer_terminal(prompt: TerminalPrompt | None) -> contextvars.Token[TerminalP
 def current_terminal() -> TerminalPrompt | None:
     """The prompt offered to this context, if any."""
     return _TERMINAL.get()
+
+
+def terminal_prompt(offered: object) -> TerminalPrompt | None:
+    """A prompt from what a call offers under ``toolwire.terminal``: a ``TerminalPrompt``,
+    the kernel's ``Terminal`` (``toolwire call`` on a terminal), else the context's."""
+    if isinstance(offered, TerminalPrompt):
+        return offered
+    if isinstance(offered, Terminal):
+        return TerminalPrompt.on(offered)
+    return current_terminal()

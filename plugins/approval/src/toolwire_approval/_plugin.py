@@ -60,9 +60,9 @@ from ._channels import (
     TERMINAL_EXTENSION,
     Elicitor,
     TerminalPrompt,
-    current_terminal,
     elicitation_message,
     parse_elicitation,
+    terminal_prompt,
 )
 from ._config import ApprovalConfig, Policy
 from ._rules import Resolution, RuleSet
@@ -686,8 +686,8 @@ class ApprovalPlugin:
         if elicit is not None:
             tg.start_soon(self._run_elicitation, elicit, request, signal)
         if self.config.terminal:
-            term = ctx.extensions.get(TERMINAL_EXTENSION) or current_terminal()
-            if isinstance(term, TerminalPrompt):
+            term = terminal_prompt(ctx.extensions.get(TERMINAL_EXTENSION))
+            if term is not None:
                 tg.start_soon(self._run_terminal, term, request)
 
     async def _run_callback(self, cb: ApprovalCallback, request: ApprovalRequest) -> None:
@@ -915,8 +915,8 @@ class ApprovalPlugin:
         """Whether someone is asked in this process (a callback, the MCP client, a prompt)."""
         if self._callbacks or elicit is not None:
             return True
-        term = ctx.extensions.get(TERMINAL_EXTENSION) or current_terminal()
-        return self.config.terminal and isinstance(term, TerminalPrompt)
+        term = terminal_prompt(ctx.extensions.get(TERMINAL_EXTENSION))
+        return self.config.terminal and term is not None
 
     def _announce_log(self, req: ApprovalRequest, created: bool, asked_here: bool) -> None:
         # A warning when nobody in this process is asked: the call may sit there for

@@ -3,7 +3,6 @@
 Works on the configured state store (``state``, else the embedded
 ``.toolwire/state.db`` that ``toolwire call`` and ``toolwire serve`` use), so a
 decision taken here releases a call waiting in any process sharing that store.
-Also offers a terminal prompt to ``toolwire call`` when it runs on a terminal.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from toolwire import ConfigError
 from toolwire.cli import EMBEDDED_STATE, load_cli_config
 from toolwire.state import open_store
 
-from ._channels import TerminalPrompt, offer_terminal
 from ._config import ApprovalConfig
 from ._plugin import ApprovalPlugin
 from ._types import ApprovalError
@@ -32,8 +30,8 @@ __all__ = ["approval_config", "register"]
 def register(subparsers: Any) -> None:
     """Add ``approvals`` to the ``toolwire`` CLI (entry point ``toolwire.cli``).
 
-    Also lets ``toolwire call`` prompt at the terminal for approvals (when
-    stdin and stderr are terminals).
+    (``toolwire call`` prompts for approvals by itself: on a terminal it offers
+    the kernel's ``Terminal`` to the call, which the plugin asks on.)
     """
     p: argparse.ArgumentParser = subparsers.add_parser(
         "approvals",
@@ -75,34 +73,6 @@ def register(subparsers: Any) -> None:
     au.add_argument("id", nargs="?")
     au.add_argument("--limit", type=int, help="only the most recent N entries")
     au.set_defaults(fn=_cmd_audit)
-
-    _offer_terminal_to_call(subparsers)
-
-
-def _offer_terminal_to_call(subparsers: Any) -> None:
-    """Make ``toolwire call`` offer a terminal prompt to the approval plugin.
-
-    The kernel's ``call`` command passes no ``extensions`` yet, so the prompt is
-    offered through a context variable around the original command.
-    """
-    call = getattr(subparsers, "choices", {}).get("call")
-    if call is None:
-        return
-    original: Callable[[argparse.Namespace], Awaitable[int]] | None = call.get_default("fn")
-    if original is None or getattr(original, "_toolwire_approval", False):
-        return
-
-    async def call_with_prompt(args: argparse.Namespace) -> int:
-        assert original is not None
-        interactive = sys.stdin.isatty() and sys.stderr.isatty()
-        token = offer_terminal(TerminalPrompt.stdio() if interactive else None)
-        try:
-            return await original(args)
-        finally:
-            token.var.reset(token)
-
-    call_with_prompt._toolwire_approval = True  # type: ignore[attr-defined]
-    call.set_defaults(fn=call_with_prompt)
 
 
 def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:
