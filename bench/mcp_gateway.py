@@ -1,16 +1,19 @@
 """MCP gateway overhead: bare FastMCP vs `toolwire serve`, over Streamable HTTP.
 
-One run, same tool, same machine, three servers (each its own process):
+One run, same tool, same machine, four servers (each its own process):
 
 - (a) bare: a FastMCP server with the ``echo`` tool,
 - (b) served: ``toolwire serve --transport http`` serving the same ``echo`` as a
   local tool (no plugins, memory state),
 - (c) gateway: ``toolwire serve --transport http`` fronting (a) through the
-  ``mcp`` plugin (the tool keeps its name: ``name_template = "{tool}"``).
+  ``mcp`` plugin (the tool keeps its name: ``name_template = "{tool}"``),
+- (d) relay: a TCP relay doing no work in front of (a) — what any proxy pays
+  for the extra hop on this machine, so (c) - (d) is toolwire's own work.
 
-For each: per-call latency (sequential calls: mean, p50, p95) and throughput
-(sequential, and 20 concurrent callers), measured with one FastMCP client in
-this process. Prints the figures and the ratios against (a).
+For each: per-call latency (sequential calls: mean, p50, p95; the servers take
+turns every ``--block`` calls, so drift hits all alike) and throughput
+(sequential, and 20 concurrent callers), measured with FastMCP clients in this
+process. Prints the figures and the ratios against (a).
 
 Targets (issue #3): (b)/(a) latency <= 1.15 and throughput >= 0.9;
 (c)/(a) latency <= 1.4.
