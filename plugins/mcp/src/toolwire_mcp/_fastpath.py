@@ -17,11 +17,15 @@ object with the server-info stamp, JSON while the call sends nothing, and
 ``text/event-stream`` from the first progress notification on (or after 15 s
 of silence, with keep-alive pings), exactly as the SDK's handler decides.
 A request is only taken when every check FastMCP's handler would make is
-one the lean path makes too; anything else — another method, a batch, a
-malformed body, mismatched routing headers, an unsupported version,
-``Mcp-Param-*`` headers, a client that can answer elicitations (approval
-prompts need FastMCP's request context), a retried request carrying input
-responses — goes to FastMCP, which produces the protocol's answer.
+one the lean path makes too (the SDK's own ``classify_inbound_request`` and
+``validate_client_request`` among them); anything else — another method, a
+batch, a malformed body or envelope, mismatched or repeated headers, an
+unsupported version, ``Mcp-Param-*`` headers, FastMCP's JSON-only mode, a
+client that can answer elicitations (approval prompts need FastMCP's request
+context), a retried request carrying input responses — goes to FastMCP,
+which produces the protocol's answer. One difference remains by design: a
+client that disconnects cancels its call only once the call has run 0.5 s
+(short calls pay for no watcher task).
 
 ``[server] fast_path = false`` turns it off.
 """
