@@ -13,7 +13,10 @@ One run, same tool, same machine, four servers (each its own process):
 For each: per-call latency (sequential calls: mean, p50, p95; the servers take
 turns every ``--block`` calls, so drift hits all alike) and throughput
 (sequential, and 20 concurrent callers), measured with FastMCP clients in this
-process. Prints the figures and the ratios against (a).
+process. Prints the figures and the ratios against (a), and each server
+process's own CPU per sequential call (its event-loop thread, from
+``/proc/PID/schedstat``): on a shared machine whose speed drifts, the CPU
+ratio of servers measured in the same blocks is the steadier figure.
 
 Targets (issue #3): (b)/(a) latency <= 1.15 and throughput >= 0.9;
 (c)/(a) latency <= 1.4.
@@ -171,15 +174,34 @@ class Figures:
     conc_per_s: float
 
 
-async def latencies(urls: dict[str, str], calls: int, block: int) -> dict[str, list[float]]:
+def cpu_s(pid: int) -> float:
+    """CPU time a process's main thread (the event loop) has used so far, in seconds.
+
+    From ``/proc/PID/schedstat`` (nanoseconds); 0.0 where there is no such file.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+async def latencies(
+    urls: dict[str, str], pids: dict[str, int], calls: int, block: int
+) -> tuple[dict[str, list[float]], dict[str, float]]:
     """Sequential per-call latency of each server, the servers taking turns in blocks.
 
     Within a block of ``block`` calls a server is warm, as under steady use;
     taking turns block by block means whatever else the machine does (and the
     client's own garbage collection) hits every server alike, so the ratios
     are steadier than whole runs done one server after another.
+
+    Also returns the CPU seconds each server's own process spent over its
+    blocks (``pids``): on a shared machine whose speed drifts, the CPU ratio
+    between servers measured in the same blocks is the steadier figure.
     """
     out: dict[str, list[float]] = {key: [] for key in urls}
+    cpu: dict[str, float] = dict.fromkeys(urls, 0.0)
     async with contextlib.AsyncExitStack() as stack:
         clients = {
             key: await stack.enter_async_context(Client(url, timeout=30))
@@ -192,12 +214,14 @@ async def latencies(urls: dict[str, str], calls: int, block: int) -> dict[str, l
                 assert not r.is_error, r
         for _ in range(max(1, calls // block)):
             for key, c in clients.items():
+                c0 = cpu_s(pids[key])
                 for _ in range(block):
                     s = time.perf_counter()
                     r = await c.call_tool_mcp("echo", ARGS)
                     out[key].append((time.perf_counter() - s) * 1000)
                     assert r.structured_content == EXPECTED, r
-    return out
+                cpu[key] += cpu_s(pids[key]) - c0
+    return out, cpu
 
 
 async def throughput(url: str, calls: int, concurrency: int) -> tuple[float, float]:
@@ -256,11 +280,15 @@ async def run(calls: int, concurrency: int, rounds: int, block: int) -> int:
             url_d = f"http://127.0.0.1:{port_d}/mcp"
             await wait_http(url_d)
             urls = {"a": url_a, "b": url_b, "c": url_c, "d": url_d}
+            pids = {key: p.pid for key, p in zip("abcd", procs, strict=True)}
             lat: dict[str, list[float]] = {key: [] for key in urls}
+            cpu: dict[str, float] = dict.fromkeys(urls, 0.0)
             tput: dict[str, list[tuple[float, float]]] = {key: [] for key in urls}
             for _ in range(rounds):
-                for key, values in (await latencies(urls, calls, block)).items():
+                per_call, spent = await latencies(urls, pids, calls, block)
+                for key, values in per_call.items():
                     lat[key].extend(values)
+                    cpu[key] += spent[key]
                 for key, url in urls.items():
                     tput[key].append(await throughput(url, calls, concurrency))
         finally:
@@ -289,12 +317,19 @@ async def run(calls: int, concurrency: int, rounds: int, block: int) -> int:
         f"every {block} calls; throughput: best of {rounds} runs ({calls} sequential calls, then "
         f"{concurrency} concurrent callers)"
     )
-    print(f"{'server':<22}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'seq/s':>9}{'conc/s':>9}")
+    print(
+        f"{'server':<22}{'mean ms':>9}{'p50 ms':>9}{'p95 ms':>9}{'seq/s':>9}{'conc/s':>9}"
+        f"{'cpu ms':>9}"
+    )
     for key, f in (("a", a), ("b", b), ("c", c), ("d", d)):
         print(
             f"{names[key]:<22}{f.mean_ms:>9.3f}{f.p50_ms:>9.3f}{f.p95_ms:>9.3f}"
-            f"{f.seq_per_s:>9.0f}{f.conc_per_s:>9.0f}"
+            f"{f.seq_per_s:>9.0f}{f.conc_per_s:>9.0f}{cpu[key] / len(lat[key]) * 1000:>9.3f}"
         )
+    print(
+        "cpu ms: the server process's own CPU per sequential call (for (c), the gateway's "
+        "alone; (a)'s work is on top)"
+    )
     checks = [
         ("(b)/(a) latency (mean)", b.mean_ms / a.mean_ms, "<=", 1.15),
         ("(b)/(a) latency (p50)", b.p50_ms / a.p50_ms, "<=", 1.15),
@@ -303,6 +338,7 @@ async def run(calls: int, concurrency: int, rounds: int, block: int) -> int:
         ("(c)/(a) latency (mean)", c.mean_ms / a.mean_ms, "<=", 1.4),
         ("(c)/(a) latency (p50)", c.p50_ms / a.p50_ms, "<=", 1.4),
     ]
+    print(f"gateway CPU / (a) CPU per call: {cpu['c'] / cpu['a']:.2f}")
     print(
         f"the hop alone (d)/(a): mean {d.mean_ms / a.mean_ms:.2f}, p50 {d.p50_ms / a.p50_ms:.2f}; "
         f"toolwire's own work per call, (c) - (d): mean {c.mean_ms - d.mean_ms:.3f} ms, "

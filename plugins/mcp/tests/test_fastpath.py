@@ -468,3 +468,94 @@ async def test_a_kernel_that_raises_is_answered_as_fastmcp_answers_it(
     assert got == expected
     assert got[2]["result"]["isError"] is True
     assert "secret internals" not in json.dumps(got)
+
+
+async def test_the_host_guard_applies_before_the_lean_path() -> None:
+    body = envelope("greet", {"name": "x"})
+    hdrs = headers_for(body, host="evil.example")
+    async with both() as (fast, slow):
+        expected = await post(slow.url, body, hdrs)
+        got = await post(fast.url, body, hdrs)
+        assert fast.fast is not None and fast.fast.taken == 0
+    assert got == expected
+    assert got[0] == 421
+
+
+async def test_middleware_added_after_create_http_app_sees_lean_calls() -> None:
+    """The lean path skips only Starlette's own wrappers: an app's middleware still runs."""
+    seen: list[str] = []
+
+    class Stamp:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            seen.append(scope["path"])
+
+            async def stamped(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message["headers"], (b"x-stamp", b"yes")]
+                await send(message)
+
+            await self.app(scope, receive, stamped)
+
+    body = envelope("greet", {"name": "x"})
+    async with Kernel(tools=TOOLS) as k:
+        app = create_http_app(k, ServeConfig(transport="http", port=0))
+        app.add_middleware(Stamp)
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
+        ):
+            r = await c.post("/mcp", json=body, headers=headers_for(body))
+        fast = app.state.toolwire_fast_path
+        assert fast is not None and fast.taken == 1
+        assert type(app.middleware_stack).__name__ == "_Front"
+    assert r.status_code == 200 and r.headers["x-stamp"] == "yes"
+    assert r.json()["result"]["structuredContent"] == {"result": "hello x"}
+    assert seen == ["/mcp"]
+
+
+async def test_a_mounted_gateway_still_answers_calls_on_the_lean_path() -> None:
+    """Under a path prefix (root_path set) Starlette routes the request; the route takes it."""
+    from starlette.applications import Starlette
+    from starlette.routing import Mount
+
+    body = envelope("greet", {"name": "x"})
+    async with Kernel(tools=TOOLS) as k:
+        app = create_http_app(k, ServeConfig(transport="http", port=0))
+        outer = Starlette(
+            routes=[Mount("/gw", app)], lifespan=lambda _: app.router.lifespan_context(app)
+        )
+        transport = httpx.ASGITransport(app=outer)
+        async with (
+            outer.router.lifespan_context(outer),
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
+        ):
+            r = await c.post("/gw/mcp", json=body, headers=headers_for(body))
+            listed = await c.post(
+                "/gw/mcp",
+                json=envelope("", method="tools/list"),
+                headers=headers_for(envelope("", method="tools/list")) | {"mcp-name": ""},
+            )
+        fast = app.state.toolwire_fast_path
+        assert fast is not None and fast.taken == 1 and fast.passed == 1
+    assert r.json()["result"]["structuredContent"] == {"result": "hello x"}
+    assert listed.status_code == 200 and "greet" in listed.text
+
+
+async def test_starlettes_body_limit_applies_to_the_lean_path() -> None:
+    body = envelope("greet", {"name": "x" * 200})
+    async with Kernel(tools=TOOLS) as k:
+        app = create_http_app(k, ServeConfig(transport="http", port=0))
+        app.max_body_size = 100
+        transport = httpx.ASGITransport(app=app)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
+        ):
+            r = await c.post("/mcp", json=body, headers=headers_for(body))
+        fast = app.state.toolwire_fast_path
+        assert fast is not None and fast.taken == 0
+    assert r.status_code == 413
