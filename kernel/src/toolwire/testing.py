@@ -10,6 +10,9 @@ Fixtures (available in any project that installs toolwire):
   default ``redis://127.0.0.1:6379/15``); the test is skipped without one, or
   fails when ``TOOLWIRE_REQUIRE_REDIS=1`` (CI). Nothing is flushed: use unique
   key prefixes.
+- ``redis_cluster_url``: the same for a Redis Cluster
+  (``$TOOLWIRE_REDIS_CLUSTER_URL``, a ``redis+cluster://host:port`` URL; no
+  default: skipped when unset, failed when unset under ``TOOLWIRE_REQUIRE_REDIS=1``).
 
 Helpers: ``FakeClock``, ``FakeTool`` (a scripted tool that records its calls),
 ``RecordingPlugin`` (records every hook call, for ordering assertions).
@@ -21,7 +24,7 @@ import functools
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.lowlevel
@@ -39,9 +42,11 @@ __all__ = [
     "RecordingPlugin",
     "fake_clock",
     "kernel",
+    "redis_cluster_url",
     "redis_url",
     "register_plugin",
     "require_redis",
+    "require_redis_cluster",
 ]
 
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
@@ -192,9 +197,21 @@ def register_plugin(kernel: Kernel) -> Callable[..., Any]:
 def _redis_problem(url: str) -> str | None:
     try:
         import redis
+        import redis.cluster
     except ImportError:
         return "redis-py is not installed (pip install 'toolwire[redis]')"
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    scheme, sep, rest = url.partition("://")
+    client: Any
+    try:
+        if scheme.lower().endswith("+cluster"):
+            plain = scheme.lower().removesuffix("+cluster") + sep + rest
+            client = redis.cluster.RedisCluster.from_url(
+                plain, socket_connect_timeout=1, socket_timeout=2
+            )
+        else:
+            client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=2)
+    except Exception as exc:
+        return f"no Redis answers at {url} ({exc})"
     try:
         client.ping()
     except Exception as exc:
@@ -202,6 +219,12 @@ def _redis_problem(url: str) -> str | None:
     finally:
         client.close()
     return None
+
+
+def _skip_or_fail(problem: str, advice: str) -> NoReturn:
+    if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
+        pytest.fail(f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. {advice}", pytrace=False)
+    pytest.skip(f"{problem}; {advice}")
 
 
 def require_redis(url: str | None = None) -> str:
@@ -212,13 +235,30 @@ def require_redis(url: str | None = None) -> str:
     url = url or os.environ.get("TOOLWIRE_REDIS_URL") or DEFAULT_TEST_REDIS_URL
     problem = _redis_problem(url)
     if problem is not None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
-            pytest.fail(
-                f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. Start one with `redis-server --port 6379 "
-                "--save '' --appendonly no --daemonize yes` or point TOOLWIRE_REDIS_URL at one.",
-                pytrace=False,
-            )
-        pytest.skip(f"{problem}; set TOOLWIRE_REDIS_URL or start redis-server")
+        _skip_or_fail(
+            problem,
+            "Start one with `redis-server --port 6379 --save '' --appendonly no --daemonize "
+            "yes` or point TOOLWIRE_REDIS_URL at one",
+        )
+    return url
+
+
+def require_redis_cluster(url: str | None = None) -> str:
+    """The test Redis Cluster URL (``redis+cluster://...``), or skip / fail as ``require_redis``.
+
+    ``url`` defaults to ``$TOOLWIRE_REDIS_CLUSTER_URL`` (``./dev test`` starts a
+    private three-node cluster and sets it).
+    """
+    url = url or os.environ.get("TOOLWIRE_REDIS_CLUSTER_URL")
+    advice = (
+        "Run the tests with ./dev test (it starts a private cluster) or point "
+        "TOOLWIRE_REDIS_CLUSTER_URL at one (redis+cluster://host:port)"
+    )
+    if not url:
+        _skip_or_fail("TOOLWIRE_REDIS_CLUSTER_URL is not set", advice)
+    problem = _redis_problem(url)
+    if problem is not None:
+        _skip_or_fail(problem, advice)
     return url
 
 
@@ -226,3 +266,9 @@ def require_redis(url: str | None = None) -> str:
 def redis_url() -> str:
     """A reachable test Redis URL (see ``require_redis``); nothing is flushed."""
     return require_redis()
+
+
+@pytest.fixture
+def redis_cluster_url() -> str:
+    """A reachable test Redis Cluster URL (see ``require_redis_cluster``); nothing is flushed."""
+    return require_redis_cluster()

@@ -1,13 +1,16 @@
 """Fixtures of the state-store conformance suite.
 
 Every test that takes ``store`` (or ``backend``) runs against each backend:
-memory and sqlite under asyncio *and* trio (with a fake clock), and redis under
-asyncio against a real server. A test module may restrict the backends with
+memory and sqlite under asyncio *and* trio (with a fake clock), redis under
+asyncio against a real server, and redis-cluster against a real three-node
+Redis Cluster. A test module may restrict the backends with
 ``STATE_BACKENDS = ("sqlite", "redis")``.
 
 Redis: the URL comes from ``TOOLWIRE_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/15``). THAT DATABASE IS FLUSHED before every redis
-test. Without a reachable server the redis tests are skipped, unless
+test. Redis Cluster: ``TOOLWIRE_REDIS_CLUSTER_URL`` (``redis+cluster://``;
+``./dev test`` starts one); EVERY PRIMARY IS FLUSHED before every cluster
+test. Without a reachable server the tests are skipped, unless
 ``TOOLWIRE_REQUIRE_REDIS=1``, which turns that into a failure.
 """
 
@@ -24,10 +27,10 @@ import anyio.lowlevel
 import pytest
 
 from toolwire.state import MemoryStore, RedisStore, SQLiteStore, StateStore
-from toolwire.testing import require_redis
+from toolwire.testing import require_redis, require_redis_cluster
 
 REDIS_URL = os.environ.get("TOOLWIRE_REDIS_URL", "redis://127.0.0.1:6379/15")
-ALL_BACKENDS = ("memory", "sqlite", "redis")
+ALL_BACKENDS = ("memory", "sqlite", "redis", "redis-cluster")
 
 # (store backend, anyio backend)
 _SPECS = [
@@ -36,6 +39,7 @@ _SPECS = [
     pytest.param(("sqlite", "asyncio"), id="sqlite-asyncio"),
     pytest.param(("sqlite", "trio"), id="sqlite-trio"),
     pytest.param(("redis", "asyncio"), id="redis", marks=pytest.mark.redis),
+    pytest.param(("redis-cluster", "asyncio"), id="redis-cluster", marks=pytest.mark.redis),
 ]
 
 
@@ -59,7 +63,16 @@ def redis_url() -> str:
 
 def flush_redis(url: str) -> None:
     import redis
+    import redis.cluster
 
+    client: redis.Redis | redis.cluster.RedisCluster
+    if url.startswith("redis+cluster://"):
+        client = redis.cluster.RedisCluster.from_url(url.replace("+cluster", "", 1))
+        try:
+            client.flushdb(target_nodes=redis.cluster.RedisCluster.PRIMARIES)
+        finally:
+            client.close()
+        return
     client = redis.Redis.from_url(url)
     try:
         client.flushdb()
@@ -71,7 +84,7 @@ def flush_redis(url: str) -> None:
 class Backend:
     """A store under test plus what a test needs to drive it."""
 
-    name: str  # "memory" | "sqlite" | "redis"
+    name: str  # "memory" | "sqlite" | "redis" | "redis-cluster"
     store: StateStore
     clock: FakeClock | None  # None: real (Redis server) time
     url: str  # for open_store / other processes ("memory://" for memory)
@@ -124,7 +137,7 @@ async def backend(backend_spec: tuple[str, str], tmp_path: Path) -> AsyncIterato
             lambda: SQLiteStore(path, clock=clock),
         )
     else:
-        url = redis_url()
+        url = redis_url() if name == "redis" else require_redis_cluster()
         flush_redis(url)
         b = Backend(name, RedisStore(url), None, url, lambda: RedisStore(url))
     await b.store.open()
@@ -138,6 +151,14 @@ async def backend(backend_spec: tuple[str, str], tmp_path: Path) -> AsyncIterato
 def fresh_redis_url() -> str:
     """A reachable Redis URL whose database was just flushed (skips/fails otherwise)."""
     url = redis_url()
+    flush_redis(url)
+    return url
+
+
+@pytest.fixture
+def fresh_redis_cluster_url() -> str:
+    """A reachable Redis Cluster URL whose primaries were just flushed (skips/fails otherwise)."""
+    url = require_redis_cluster()
     flush_redis(url)
     return url
 

@@ -1,4 +1,4 @@
-"""Cross-process correctness of the shared backends (SQLite file, Redis).
+"""Cross-process correctness of the shared backends (SQLite file, Redis, Redis Cluster).
 
 Children are real processes started with the ``spawn`` method; they run
 ``_state_worker.py`` (via ``runpy``) against the same store URL.
@@ -23,11 +23,18 @@ PROCESSES = 4
 ROUNDS = 25  # set_if_absent races and CAS increments per process
 
 
-@pytest.fixture(params=["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("redis", marks=pytest.mark.redis),
+        pytest.param("redis-cluster", marks=pytest.mark.redis),
+    ]
+)
 def shared_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/shared/state.db"
-    url: str = request.getfixturevalue("fresh_redis_url")
+    fixture = "fresh_redis_url" if request.param == "redis" else "fresh_redis_cluster_url"
+    url: str = request.getfixturevalue(fixture)
     return url
 
 

@@ -1,4 +1,5 @@
-"""Two store objects on the same data (SQLite file / Redis server) agree and wake each other."""
+"""Two store objects on the same data (SQLite file / Redis / Redis Cluster) agree and wake each
+other."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from toolwire.state import Entry, StateStore
 if TYPE_CHECKING:
     from conftest import Backend
 
-STATE_BACKENDS = ("sqlite", "redis")
+STATE_BACKENDS = ("sqlite", "redis", "redis-cluster")
 
 pytestmark = pytest.mark.anyio
 

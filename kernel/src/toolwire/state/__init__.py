@@ -8,6 +8,7 @@ Pick a backend with a URL (``state = "..."`` in ``toolwire.toml``)::
     redis://[:password@]host:port/db  shared by hosts (asyncio only)
     rediss://...                      Redis over TLS
     unix:///path/redis.sock?db=0      Redis over a Unix socket
+    redis+cluster://host:port         a Redis Cluster (one seed node; rediss+cluster:// for TLS)
 
 ``open_store(url)`` builds the store; it connects on first use (or call
 ``await store.open()`` / use ``async with``). The Redis backend needs the
@@ -46,9 +47,11 @@ ACCEPTED_SCHEMES = (
     "redis://host:port/db",
     "rediss://host:port/db",
     "unix:///path/to/redis.sock",
+    "redis+cluster://host:port",
+    "rediss+cluster://host:port",
 )
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+_REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
 
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None) -> StateStore:

@@ -1,9 +1,9 @@
 """Redis state store: shared by every process and host that reaches one Redis.
 
 Layout: one Redis *hash* per logical record, at exactly the key the caller
-gave (no prefix), so every operation touches a single key — a layout Redis
-Cluster could shard, though this store connects to one server (no cluster
-client yet)::
+gave (no prefix), so every operation touches a single key and a Redis
+Cluster shards records freely (``redis+cluster://`` URLs: one seed node, the
+rest discovered; see :class:`RedisStore`)::
 
     v    the value, as JSON text
     ver  the version (decimal int)
@@ -19,6 +19,10 @@ old version back (that would take 1000 writes per microsecond to one key, or
 the server clock stepping back). All arithmetic on versions is done by Redis
 (HINCRBY) on 64-bit integers, never in Lua doubles. TTLs use the Redis
 server's clock. Needs Redis >= 5 (scripts read TIME before writing).
+
+On a cluster, PUBLISH from a script reaches every node, so the store's one
+pub/sub connection (to whichever node owns the first channel's slot) hears
+the changes of every shard.
 
 ``redis.asyncio`` only runs under asyncio: so does this backend (a clear
 :class:`StateStoreError` is raised under trio).
@@ -55,11 +59,14 @@ from ._base import (
 )
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from redis.asyncio import Redis, RedisCluster
     from redis.asyncio.client import PubSub
     from redis.commands.core import AsyncScript
 
-__all__ = ["RedisStore", "redact_url"]
+__all__ = ["CLUSTER_SCHEMES", "RedisStore", "redact_url"]
+
+#: URL schemes of a Redis Cluster (the scheme without ``+cluster`` is the connection's).
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 
 _log = logging.getLogger(__name__)
 _running_loop = asyncio._get_running_loop
@@ -433,7 +440,7 @@ class _Notifier:
     connection breaks it wakes every waiter (they re-read and keep polling).
     """
 
-    def __init__(self, client: Redis) -> None:
+    def __init__(self, client: Redis | RedisCluster) -> None:
         self._pubsub: PubSub = client.pubsub()
         self._lock = asyncio.Lock()
         self._refs: dict[str, int] = {}
@@ -552,13 +559,19 @@ class RedisStore(StateStore):
     """State in Redis (``redis://``, ``rediss://`` or ``unix://`` URL); asyncio only.
 
     Safe across tasks, processes and hosts: conditional operations are Lua
-    scripts, one key per record (Redis Cluster compatible key layout; this
-    client itself talks to a single server). ``wait_for_change`` uses pub/sub
-    with a polling fallback (one extra connection per store while anybody waits).
+    scripts, one key per record. ``wait_for_change`` uses pub/sub with a
+    polling fallback (one extra connection per store while anybody waits).
 
     Connections come from a bounded pool (50 by default) that makes callers
     queue for up to 20 s rather than fail. redis-py's URL query parameters
     override the defaults, e.g. ``?max_connections=100&timeout=5&socket_timeout=5``.
+
+    Redis Cluster: ``redis+cluster://[:password@]host:port`` (or
+    ``rediss+cluster://``) names one node; redis-py's ``RedisCluster`` finds the
+    others and follows slot moves. Every record is one key, so each operation
+    goes to the shard that owns it; ``scan`` visits every primary. A cluster
+    has database 0 only, and its pools (``max_connections``, 50 by default, per
+    node) fail at once when exhausted instead of queueing (no ``timeout``).
     """
 
     backend = "redis"
@@ -573,8 +586,12 @@ class RedisStore(StateStore):
             ) from exc
         self.url = url
         self.safe_url = redact_url(url)
+        scheme, sep, rest = url.partition("://")
+        #: Whether the URL names a Redis Cluster (``redis+cluster://``).
+        self.cluster = scheme.lower() in CLUSTER_SCHEMES
+        self._connect_url = scheme.lower().removesuffix("+cluster") + sep + rest
         self._client_options = client_options
-        self._client: Redis | None = None
+        self._client: Redis | RedisCluster | None = None
         self._notifier: _Notifier | None = None
         self._state: Literal["new", "open", "closed"] = "new"
         self._open_lock: asyncio.Lock | None = None
@@ -626,14 +643,17 @@ class RedisStore(StateStore):
                 "timeout": 20.0,
                 **self._client_options,
             }
+            client: Redis | RedisCluster
             try:
-                pool = _fast_pool(self.url, options)
+                if self.cluster:
+                    client = self._cluster_client(options)
+                else:
+                    client = redis.asyncio.Redis.from_pool(_fast_pool(self.url, options))
             except (ValueError, TypeError) as exc:
                 raise StateStoreError(
                     f"redis state store URL {self.safe_url} is invalid: {exc}; "
                     "fix `state` in toolwire.toml"
                 ) from exc
-            client = redis.asyncio.Redis.from_pool(pool)
             try:
                 with self._errors(None):
                     await client.ping()
@@ -657,6 +677,24 @@ class RedisStore(StateStore):
             self._notifier = _Notifier(client)
             self._state = "open"
 
+    def _cluster_client(self, options: dict[str, Any]) -> RedisCluster:
+        """A ``RedisCluster`` seeded by the URL's node (a cluster has no queueing pool)."""
+        import redis.asyncio
+        from redis.exceptions import RedisClusterException
+
+        if not hasattr(redis.asyncio.RedisCluster, "pubsub"):
+            # asyncio cluster pub/sub (which wait_for_change uses) came with redis-py 8
+            raise StateStoreError(
+                f"redis state store at {self.safe_url}: Redis Cluster needs redis-py >= 8.0 "
+                f"(installed: {getattr(redis, '__version__', 'unknown')}); "
+                "pip install -U 'redis>=8'"
+            )
+        options = {k: v for k, v in options.items() if k != "timeout"}
+        try:
+            return redis.asyncio.RedisCluster.from_url(self._connect_url, **options)
+        except RedisClusterException as exc:  # e.g. a database other than 0, a Unix socket
+            raise ValueError(str(exc)) from exc
+
     async def close(self) -> None:
         """Close the connections; wakes waiters. Idempotent."""
         if self._state != "open":
@@ -672,7 +710,7 @@ class RedisStore(StateStore):
                 with contextlib.suppress(Exception):
                     await client.aclose()
 
-    async def _ready(self) -> Redis:
+    async def _ready(self) -> Redis | RedisCluster:
         loop = self._require_asyncio()
         if self._state == "new" or (self._state == "open" and self._loop is not loop):
             await self.open()
@@ -705,11 +743,22 @@ class RedisStore(StateStore):
                 f"redis state store at {self.safe_url} is unreachable: {exc}; "
                 "start redis-server or fix `state` in toolwire.toml"
             ) from exc
+        except (rx.ClusterDownError, rx.RedisClusterException) as exc:
+            hint = (
+                "check the cluster (redis-cli --cluster check) or fix `state` in toolwire.toml"
+                if self.cluster
+                else "this URL names a cluster node: use redis+cluster:// in `state`"
+            )
+            raise StateStoreError(
+                f"redis state store at {self.safe_url}: the cluster cannot serve: {exc}; {hint}"
+            ) from exc
         except rx.RedisError as exc:
             what = "" if key is None else f" on key {key!r}"
             hint = ""
             if "WRONGTYPE" in str(exc):
                 hint = " (the key holds data that is not a toolwire state entry)"
+            elif isinstance(exc, (rx.MovedError, rx.AskError)) and not self.cluster:
+                hint = " (the server is a Redis Cluster node: use a redis+cluster:// URL)"
             raise StateStoreError(
                 f"redis state store at {self.safe_url}: command{what} failed: {exc}{hint}"
             ) from exc
