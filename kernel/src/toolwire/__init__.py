@@ -10,6 +10,7 @@ from ._clock import Clock, SystemClock
 from ._config import ToolwireConfig, installed_plugins, load_config, read_secrets_file
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
+from ._image import IMG_PATH_KEY, Image, sniff_image_type
 from ._kernel import Kernel
 from ._terminal import TERMINAL_EXTENSION, Terminal
 from ._tool import ToolSet, build_tool, tool, tools_from_module
@@ -38,6 +39,7 @@ from .state import StateStore, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "IMG_PATH_KEY",
     "ArgsError",
     "Attempt",
     "BackgroundTask",
@@ -50,6 +52,7 @@ __all__ = [
     "ErrorInfo",
     "ErrorKind",
     "EventBus",
+    "Image",
     "Fallback",
     "Kernel",
     "KernelError",
@@ -79,6 +82,7 @@ __all__ = [
     "normalize_content",
     "open_store",
     "read_secrets_file",
+    "sniff_image_type",
     "tool",
     "tools_from_module",
     "validate_json_schema",

@@ -10,13 +10,14 @@ import re
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NotRequired, TypeVar, get_type_hints, overload
+from typing import Annotated, Any, NotRequired, TypeVar, get_args, get_type_hints, overload
 
 import anyio.to_thread
 import pydantic
 from pydantic import ConfigDict, Field, create_model
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
+from ._image import Image
 from ._types import CallContext, Tool, ToolAnnotations
 
 __all__ = ["ToolSet", "ToolSpec", "build_tool", "tool", "tools_from_module", "tools_from_object"]
@@ -321,8 +322,10 @@ def _output_schema(annotation: Any) -> dict[str, Any] | None:
     Mirrors normalization: objects (dicts, models, dataclasses) are the content
     itself; anything else is wrapped as ``{"result": ...}``.
     """
-    if annotation in (inspect.Signature.empty, Any, None, type(None)):
-        return None
+    if annotation in (inspect.Signature.empty, Any, None, type(None)) or _mentions_image(
+        annotation
+    ):
+        return None  # an Image's content takes one of two shapes: no schema to promise
     try:
         schema = pydantic.TypeAdapter(annotation).json_schema(mode="serialization")
     except Exception:
@@ -330,6 +333,12 @@ def _output_schema(annotation: Any) -> dict[str, Any] | None:
     if schema.get("type") == "object":
         return schema
     return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+
+
+def _mentions_image(annotation: Any) -> bool:
+    if annotation is Image:
+        return True
+    return any(_mentions_image(arg) for arg in get_args(annotation))
 
 
 # ------------------------------------------------------------------ ToolSet

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import pydantic
 import pydantic_core
 
+from ._image import Image
+
 if TYPE_CHECKING:
     from ._kernel import Kernel
 
@@ -490,11 +492,15 @@ def normalize_content(value: Any) -> JSON:
     """Normalize a tool's return value into a JSON object.
 
     - a dict passes through (made JSON-compatible),
+    - an ``Image`` becomes ``{"img_path": ..., "mime_type": ...}`` (a file) or
+      MCP image content (bytes),
     - a pydantic model or dataclass is dumped to a dict,
     - anything else (scalars, lists, None) becomes ``{"result": value}``.
 
     Raises ``NotJSONError`` for values that cannot be encoded.
     """
+    if type(value) is Image:
+        return value.to_content()
     if type(value) is dict and _is_plain_json(value):
         return value
     if hasattr(value, "model_dump") or hasattr(value, "__dataclass_fields__"):

@@ -128,8 +128,10 @@ async def serving(
 
 
 @asynccontextmanager
-async def both() -> AsyncIterator[tuple[Served, Served]]:
-    async with Kernel(tools=TOOLS) as k, serving(k) as fast, serving(k, fast_path=False) as slow:
+async def both(extra_tools: list[Any] | None = None) -> AsyncIterator[tuple[Served, Served]]:
+    """The same kernel served with the lean path and without it."""
+    tools = [*TOOLS, *(extra_tools or [])]
+    async with Kernel(tools=tools) as k, serving(k) as fast, serving(k, fast_path=False) as slow:
         assert fast.fast is not None and slow.fast is None
         yield fast, slow
 

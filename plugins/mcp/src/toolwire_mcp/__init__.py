@@ -12,10 +12,17 @@ so loading the plugin costs nothing when it is not used.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._config import MCPConfig, ServeConfig, ServerConfig, resolve_auth_token
+from ._config import (
+    DEFAULT_IMAGE_MAX_BYTES,
+    MCPConfig,
+    ServeConfig,
+    ServerConfig,
+    resolve_auth_token,
+)
 from ._keys import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
 from ._plugin import MCPPlugin
 
@@ -48,16 +55,23 @@ def create_server(
     name: str = "toolwire",
     instructions: str | None = None,
     auth_token: str | None = None,
+    image_roots: Sequence[str | os.PathLike[str]] | None = None,
+    image_max_bytes: int = DEFAULT_IMAGE_MAX_BYTES,
 ) -> FastMCP:
     """A FastMCP server offering ``kernel``'s live catalog; every call goes through ``kernel.call``.
 
     ``auth_token``: HTTP clients must send ``Authorization: Bearer <token>``
-    (HTTP 401 otherwise; compared in constant time). The kernel starts on first
-    use; closing it is the caller's job.
+    (HTTP 401 otherwise; compared in constant time). ``image_roots`` /
+    ``image_max_bytes``: which image files ``{"img_path": ...}`` results may
+    send (default: the system temp directory and the working directory; 10 MiB).
+    The kernel starts on first use; closing it is the caller's job.
     """
+    from ._calls import ServeGate
+    from ._images import ImageFiles
     from ._serve import create_server as impl
 
-    return impl(kernel, name=name, instructions=instructions, auth_token=auth_token)
+    gate = ServeGate(images=ImageFiles(image_roots, max_bytes=image_max_bytes))
+    return impl(kernel, name=name, instructions=instructions, auth_token=auth_token, gate=gate)
 
 
 def create_http_app(

@@ -15,6 +15,7 @@ import anyio
 
 from toolwire import ErrorKind, Kernel, ToolResult
 
+from ._images import ImageFiles
 from ._keys import CALL_ID_META_KEY
 
 __all__ = ["ProgressSender", "ServeGate", "call_id_from_meta", "run_call"]
@@ -26,9 +27,14 @@ _DRAINING = "toolwire is shutting down and accepts no new calls; retry on anothe
 
 
 class ServeGate:
-    """Counts in-flight calls and refuses new ones while the server drains."""
+    """Counts in-flight calls and refuses new ones while the server drains.
 
-    def __init__(self) -> None:
+    Also holds what both paths need to answer alike: ``images``, the reader of
+    ``{"img_path": ...}`` results (default roots when not given).
+    """
+
+    def __init__(self, *, images: ImageFiles | None = None) -> None:
+        self.images = images if images is not None else ImageFiles()
         self.inflight = 0
         self.draining = False
         self._idle: anyio.Event | None = None

@@ -12,6 +12,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+#: Largest image file ``toolwire serve`` sends for an ``img_path`` result, by default.
+DEFAULT_IMAGE_MAX_BYTES = 10 * 1024 * 1024
+
 __all__ = [
     "AUTH_ENABLED_ENV",
     "AUTH_TOKEN_ENV",
@@ -212,6 +215,16 @@ class ServeConfig(BaseModel):
     )
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="on SIGINT/SIGTERM, how long in-flight calls may finish"
+    )
+    image_roots: list[str] | None = Field(
+        None,
+        description='directories whose image files `{"img_path": ...}` results may send '
+        "to MCP clients (default: the system temp directory and the working directory)",
+    )
+    image_max_bytes: int = Field(
+        DEFAULT_IMAGE_MAX_BYTES,
+        ge=1,
+        description="largest image file sent for an `img_path` result, in bytes",
     )
     fast_path: bool = Field(
         True,

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 import anyio
+import mcp_types
 import pydantic_core
 from mcp.server.transport_security import DEFAULT_MAX_REQUEST_BODY_SIZE
 from mcp.shared.inbound import (
@@ -91,9 +92,18 @@ _PING: Final = b": ping\r\n\r\n"
 _TRIED: Final = "toolwire.lean_path_tried"
 
 
-def wire_result(result: ToolResult, server_info: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``CallToolResult`` object of a kernel result, as FastMCP puts it on the wire."""
-    if result.is_error or "content" not in result.content:
+def wire_result(
+    result: ToolResult,
+    server_info: Mapping[str, Any],
+    blocks: list[mcp_types.ContentBlock] | None = None,
+) -> dict[str, Any]:
+    """The ``CallToolResult`` object of a kernel result, as FastMCP puts it on the wire.
+
+    ``blocks``: the content when already made (an image file read by ``ImageFiles``).
+    """
+    if blocks is not None:
+        content = wire_blocks(blocks)
+    elif result.is_error or "content" not in result.content:
         content = [{"type": "text", "text": render_text(result)}]
     else:  # MCP content blocks (an image, say) travel as themselves
         content = wire_blocks(content_blocks(result))
@@ -431,7 +441,12 @@ class FastCallPath:
                 session_id=call.session_id,
                 progress=progress,
             )
-        return {"jsonrpc": "2.0", "id": call.rid, "result": wire_result(result, self.server_info)}
+        blocks = await self.gate.images.blocks(result) if self.gate.images.wanted(result) else None
+        return {
+            "jsonrpc": "2.0",
+            "id": call.rid,
+            "result": wire_result(result, self.server_info, blocks),
+        }
 
     async def _watch(self, receive: Receive, reply: _Reply, scope: anyio.CancelScope) -> None:
         """Cancel the call when the client disconnects; ping an SSE stream after 15 s of silence."""

@@ -51,6 +51,7 @@ from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
 from ._convert import content_blocks, result_meta
 from ._fastpath import install_fast_path
+from ._images import ImageFiles
 
 __all__ = [
     "ELICIT_EXTENSION",
@@ -216,13 +217,18 @@ class MCPElicitation:
         )
 
 
-def to_mcp_result(result: ToolResult) -> MCPToolResult:
-    """A kernel result as an MCP result: structured content + text, or ``isError`` + ``_meta``."""
+def to_mcp_result(
+    result: ToolResult, blocks: list[mcp_types.ContentBlock] | None = None
+) -> MCPToolResult:
+    """A kernel result as an MCP result: structured content + text, or ``isError`` + ``_meta``.
+
+    ``blocks``: the content when already made (an image file read by ``ImageFiles``).
+    """
     # An error result carries no structured content: clients validate structured
     # content against the tool's output schema even for errors (the TypeScript SDK
     # does). The kind travels in ``_meta`` and leads the text.
     return MCPToolResult.model_construct(
-        content=content_blocks(result),
+        content=blocks if blocks is not None else content_blocks(result),
         structured_content=None if result.is_error else result.content,
         meta=result_meta(result),
         is_error=result.is_error,
@@ -283,7 +289,7 @@ class KernelTool(MCPTool):
             asked = elicit.input_required()
             if asked is not None:
                 return InputRequiredToolResult(asked)
-        return to_mcp_result(result)
+        return to_mcp_result(result, await self._gate.images.blocks(result))
 
 
 class ListChanged:
@@ -554,6 +560,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def serve_gate(cfg: ServeConfig) -> ServeGate:
+    """The ``ServeGate`` of a server run with ``cfg`` (its image roots and size limit)."""
+    return ServeGate(images=ImageFiles(cfg.image_roots, max_bytes=cfg.image_max_bytes))
+
+
 def create_http_app(
     kernel: Kernel,
     cfg: ServeConfig | None = None,
@@ -569,7 +580,7 @@ def create_http_app(
     given, and the Host/Origin guard. Run the app's lifespan (uvicorn does).
     """
     cfg = cfg or ServeConfig(transport="http")
-    gate = gate or ServeGate()
+    gate = gate or serve_gate(cfg)
     mcp = create_server(
         kernel, name=cfg.name, instructions=cfg.instructions, auth_token=auth_token, gate=gate
     )
@@ -607,7 +618,7 @@ async def run_server(
     caller closes the kernel.
     """
     token = resolve_auth_token(cfg) if cfg.transport == "http" else None
-    gate = ServeGate()
+    gate = serve_gate(cfg)
     app: Starlette | None = None
     if cfg.transport == "http":
         app = create_http_app(kernel, cfg, auth_token=token, gate=gate)
