@@ -136,6 +136,17 @@ async def both(extra_tools: list[Any] | None = None) -> AsyncIterator[tuple[Serv
         yield fast, slow
 
 
+@asynccontextmanager
+async def asgi_client(app: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client calling ``app`` in this process, with the app's lifespan running."""
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
+    ):
+        yield c
+
+
 def envelope(
     name: str,
     arguments: Any = None,
@@ -505,11 +516,7 @@ async def test_middleware_added_after_create_http_app_sees_lean_calls() -> None:
     async with Kernel(tools=TOOLS) as k:
         app = create_http_app(k, ServeConfig(transport="http", port=0))
         app.add_middleware(Stamp)
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
-        ):
+        async with asgi_client(app) as c:
             r = await c.post("/mcp", json=body, headers=headers_for(body))
         fast = app.state.toolwire_fast_path
         assert fast is not None and fast.taken == 1
@@ -530,11 +537,7 @@ async def test_a_mounted_gateway_still_answers_calls_on_the_lean_path() -> None:
         outer = Starlette(
             routes=[Mount("/gw", app)], lifespan=lambda _: app.router.lifespan_context(app)
         )
-        transport = httpx.ASGITransport(app=outer)
-        async with (
-            outer.router.lifespan_context(outer),
-            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
-        ):
+        async with asgi_client(outer) as c:
             r = await c.post("/gw/mcp", json=body, headers=headers_for(body))
             listed = await c.post(
                 "/gw/mcp",
@@ -552,11 +555,7 @@ async def test_starlettes_body_limit_applies_to_the_lean_path() -> None:
     async with Kernel(tools=TOOLS) as k:
         app = create_http_app(k, ServeConfig(transport="http", port=0))
         app.max_body_size = 100
-        transport = httpx.ASGITransport(app=app)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
-        ):
+        async with asgi_client(app) as c:
             r = await c.post("/mcp", json=body, headers=headers_for(body))
         fast = app.state.toolwire_fast_path
         assert fast is not None and fast.taken == 0

@@ -12,7 +12,7 @@ from typing import Any
 import mcp_types
 import pytest
 from fastmcp import Client
-from test_fastpath import both, envelope, headers_for, post
+from test_fastpath import asgi_client, both, envelope, headers_for, post
 
 from toolwire import Image, Kernel, tool
 from toolwire_mcp import ServeConfig, create_http_app, create_server
@@ -149,19 +149,13 @@ async def test_both_http_paths_send_the_same_image(tmp_path: Path) -> None:
 
 
 async def test_serve_config_sets_the_roots(tmp_path: Path) -> None:
-    import httpx
-
     served = tmp_path / "served"
     served.mkdir()
     async with Kernel(tools=image_tools(tmp_path)) as k:
         cfg = ServeConfig(transport="http", image_roots=[str(served)])
         app = create_http_app(k, cfg)
-        transport = httpx.ASGITransport(app=app)
         body = envelope("chart", {})
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c,
-        ):
+        async with asgi_client(app) as c:
             r = await c.post("/mcp", json=body, headers=headers_for(body))
     [block] = r.json()["result"]["content"]
     assert block["type"] == "text" and "is outside the directories" in block["text"]
