@@ -10,7 +10,7 @@ from ._clock import Clock, SystemClock
 from ._config import ToolwireConfig, installed_plugins, load_config, read_secrets_file
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
-from ._image import IMG_PATH_KEY, Image, sniff_image_type
+from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image, sniff_image_type
 from ._kernel import Kernel
 from ._terminal import TERMINAL_EXTENSION, Terminal
 from ._tool import ToolSet, build_tool, tool, tools_from_module
@@ -39,6 +39,7 @@ from .state import StateStore, open_store
 __version__ = "0.1.0"
 
 __all__ = [
+    "IMAGE_FILE_EXTRA",
     "IMG_PATH_KEY",
     "ArgsError",
     "Attempt",

@@ -23,10 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-__all__ = ["IMG_PATH_KEY", "Image", "sniff_image_type"]
+__all__ = ["IMAGE_FILE_EXTRA", "IMG_PATH_KEY", "Image", "sniff_image_type"]
 
 #: The content key of an image kept as a file.
 IMG_PATH_KEY: Final = "img_path"
+
+#: ``ResultMeta.extra`` key the kernel sets to the ``img_path`` when a tool
+#: returned ``Image(path=...)``. Only such results are sent as image files
+#: (a plain ``{"img_path": ...}`` dict may echo a caller's input or an
+#: upstream's result, naming any file).
+IMAGE_FILE_EXTRA: Final = "image_file"
 
 # Leading bytes of the image formats MCP clients render.
 _SIGNATURES: Final = (

@@ -20,6 +20,7 @@ from ._clock import Clock, SystemClock
 from ._errors import KernelError, PluginError, ToolCollisionError
 from ._events import EventBus
 from ._hooks import PluginInfo, PluginRegistry
+from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image
 from ._redact import Redactor
 from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
 from ._types import (
@@ -659,6 +660,8 @@ class Kernel:
                 if rejected is None:
                     attempts.append(Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0))
                     ctx.meta.served_by = cur_tool.name
+                    if type(raw) is Image and raw.path is not None:  # vouch for the file
+                        ctx.meta.extra[IMAGE_FILE_EXTRA] = content[IMG_PATH_KEY]
                     return ToolResult(content, False, None, ctx.meta)
                 err = rejected.to_info(cur_tool.source)
             self._scrub(err)

@@ -9,7 +9,16 @@ from typing import Any
 import anyio
 import pytest
 
-from toolwire import CallContext, Tool, ToolError, ToolResult, hookimpl
+from toolwire import (
+    IMAGE_FILE_EXTRA,
+    CallContext,
+    Image,
+    Tool,
+    ToolError,
+    ToolResult,
+    hookimpl,
+    tool,
+)
 from toolwire.testing import FakeTool, RecordingPlugin
 from toolwire_idempotency import IdempotencyPlugin
 
@@ -552,3 +561,31 @@ async def test_fake_tool_from_the_test_kit(env: Env) -> None:
         a = await kernel.call("kit", {"q": 1}, call_id="k")
         b = await kernel.call("kit", {"q": 1}, call_id="k")
     assert a.content == b.content == {"n": 1} and len(fake.calls) == 1
+
+
+async def test_a_replayed_image_file_result_is_still_vouched_for(env: Env, tmp_path: Any) -> None:
+    """The kernel marks results made from ``toolwire.Image(path=...)``; a replay keeps the mark,
+    so ``toolwire serve`` sends the image on a replay as on the first call."""
+    runs: list[int] = []
+
+    @tool
+    def plot() -> Image:
+        """A plot."""
+        runs.append(1)
+        return Image(path=tmp_path / "p.png")
+
+    @tool
+    def plain() -> dict[str, Any]:
+        """An img_path given as data."""
+        return {"img_path": str(tmp_path / "p.png")}
+
+    async with env.kernel([plot, plain], [env.plugin()]) as kernel:
+        first = await kernel.call("plot", {}, call_id="i1")
+        replay = await kernel.call("plot", {}, call_id="i1")
+        data = await kernel.call("plain", {}, call_id="i2")
+        data_replay = await kernel.call("plain", {}, call_id="i2")
+    assert len(runs) == 1 and replay.meta.replayed
+    assert first.meta.extra[IMAGE_FILE_EXTRA] == str(tmp_path / "p.png")
+    assert replay.meta.extra[IMAGE_FILE_EXTRA] == first.meta.extra[IMAGE_FILE_EXTRA]
+    assert IMAGE_FILE_EXTRA not in data.meta.extra
+    assert IMAGE_FILE_EXTRA not in data_replay.meta.extra

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import anyio
 import mcp_types
 import pytest
 from fastmcp import Client
@@ -44,14 +45,9 @@ def image_tools(where: Path) -> list[Any]:
         return Image(path=where / name)
 
     @tool
-    def captioned() -> dict[str, Any]:
-        """An image file and more."""
-        return {"img_path": str(where / "chart.png"), "caption": "sales"}
-
-    @tool
-    def relative() -> dict[str, Any]:
-        """A relative img_path."""
-        return {"img_path": "chart.png"}
+    def echo(data: dict[str, Any]) -> dict[str, Any]:
+        """Returns what it was given: an img_path here is the caller's, not the tool's."""
+        return data
 
     @tool
     def elsewhere(path: str) -> Image:
@@ -63,7 +59,7 @@ def image_tools(where: Path) -> list[Any]:
         """The bytes themselves."""
         return Image(data=PNG)
 
-    return [chart, captioned, relative, elsewhere, inline]
+    return [chart, echo, elsewhere, inline]
 
 
 async def call(client: Client[Any], name: str, args: dict[str, Any] | None = None) -> Any:
@@ -86,11 +82,6 @@ async def test_an_image_file_goes_out_as_image_content(tmp_path: Path) -> None:
         gif = await call(c, "chart", {"name": "named-wrong.png"})
         assert gif.content[0].mime_type == "image/gif"  # from the bytes, not the name
 
-        more = await call(c, "captioned")
-        text, image = more.content
-        assert isinstance(text, mcp_types.TextContent) and '"caption":"sales"' in text.text
-        assert isinstance(image, mcp_types.ImageContent)
-
         inline = await call(c, "inline")
         assert inline.content[0].type == "image"
         assert base64.b64decode(inline.content[0].data) == PNG
@@ -102,9 +93,12 @@ async def test_an_image_file_goes_out_as_image_content(tmp_path: Path) -> None:
         ("not_an_image", "is not a PNG, JPEG, GIF, WebP or BMP image"),
         ("too_big", "over [server] image_max_bytes (1000)"),
         ("missing", "cannot read"),
-        ("relative", "is not an absolute path"),
         ("outside", "is outside the directories images are served from"),
         ("symlink_out", "is outside the directories images are served from"),
+        ("fifo", "is not a regular file"),
+        ("directory", "is not a regular file"),
+        ("nul_byte", "embedded null byte"),
+        ("given_as_data", "only the file of a toolwire.Image(path=...) a tool returned is sent"),
     ],
 )
 async def test_an_image_that_may_not_be_sent_is_explained_and_the_result_kept(
@@ -115,18 +109,24 @@ async def test_an_image_that_may_not_be_sent_is_explained_and_the_result_kept(
     secret = tmp_path / "private.png"
     secret.write_bytes(PNG)
     os.symlink(secret, served / "link.png")
+    os.mkfifo(served / "pipe.png")  # opening it to read would block until a writer comes
+    (served / "dir.png").mkdir()
     name, args = {
         "not_an_image": ("chart", {"name": "notes.png"}),
         "too_big": ("chart", {"name": "big.png"}),
         "missing": ("chart", {"name": "gone.png"}),
-        "relative": ("relative", {}),
         "outside": ("elsewhere", {"path": str(secret)}),
         "symlink_out": ("chart", {"name": "link.png"}),
+        "fifo": ("chart", {"name": "pipe.png"}),
+        "directory": ("chart", {"name": "dir.png"}),
+        "nul_byte": ("chart", {"name": "a\x00b.png"}),
+        # an image file inside the roots, named by the caller: not sent
+        "given_as_data": ("echo", {"data": {"img_path": str(served / "chart.png")}}),
     }[case]
     server = create_server(
         Kernel(tools=image_tools(served)), image_roots=[served], image_max_bytes=1000
     )
-    with caplog.at_level(logging.WARNING, logger="toolwire.serve"):
+    with caplog.at_level(logging.WARNING, logger="toolwire.serve"), anyio.fail_after(20):
         async with Client(server) as c:
             r = await call(c, name, args)
     [block] = r.content

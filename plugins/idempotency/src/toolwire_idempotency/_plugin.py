@@ -33,6 +33,7 @@ import anyio
 import anyio.lowlevel
 
 from toolwire import (
+    IMAGE_FILE_EXTRA,
     CallContext,
     CallRejected,
     ErrorInfo,
@@ -538,7 +539,11 @@ class IdempotencyPlugin:
         )
 
     def _replay(self, call: ToolCall, value: dict[str, Any], waited: bool) -> ToolResult:
-        extra = {STATE_KEY: {"replayed": True, "waited": waited, "completed_at": value.get("end")}}
+        extra: dict[str, Any] = {
+            STATE_KEY: {"replayed": True, "waited": waited, "completed_at": value.get("end")}
+        }
+        if "img" in value:  # the kernel vouched for this image file on the first call
+            extra[IMAGE_FILE_EXTRA] = value["img"]
         meta = ResultMeta(
             call_id=call.call_id,
             tool=call.name,
@@ -588,6 +593,8 @@ class IdempotencyPlugin:
             record["e"] = result.error.to_dict()
         if meta.approval is not None:
             record["ap"] = meta.approval
+        if IMAGE_FILE_EXTRA in meta.extra:
+            record["img"] = meta.extra[IMAGE_FILE_EXTRA]
         return record
 
     def _store_failed(

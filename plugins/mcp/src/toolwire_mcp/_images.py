@@ -1,14 +1,19 @@
-"""``{"img_path": ...}`` results go to MCP clients as image content.
+"""Image files of ``toolwire.Image(path=...)`` results go to MCP clients as image content.
 
-A tool that returns ``toolwire.Image(path=...)`` (or the content
-``{"img_path": "/abs/file.png"}`` itself) keeps its image as a file. When
-``toolwire serve`` answers an MCP client it reads the file and sends an
-``image`` content block, but only a file that:
+A tool that returns ``toolwire.Image(path=...)`` keeps its image as a file: its
+content is ``{"img_path": "/abs/file.png", "mime_type": ...}`` and the kernel
+vouches for the path in ``meta.extra["image_file"]``. When ``toolwire serve``
+answers an MCP client it reads the file and sends an ``image`` content block,
+but only for such a result (a plain ``{"img_path": ...}`` dict may echo the
+caller's input or an upstream's result, and name any file), and only a file
+that:
 
 - lies under one of the directories it may read (``[server] image_roots``;
   default: the system temp directory and the working directory), symlinks
-  resolved first, so a result cannot name ``/etc/shadow``;
-- is no larger than ``[server] image_max_bytes`` (10 MiB by default);
+  resolved first and the file opened without following a link, so a result
+  cannot name ``/etc/shadow``;
+- is a regular file (not a FIFO or a device, which could block a reader)
+  no larger than ``[server] image_max_bytes`` (10 MiB by default);
 - starts with the bytes of a PNG, JPEG, GIF, WebP or BMP image (its type is
   taken from those bytes, not from the name).
 
@@ -22,22 +27,21 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Final
 
 import anyio.to_thread
 import mcp_types
 
-from toolwire import IMG_PATH_KEY, ToolResult, sniff_image_type
+from toolwire import IMAGE_FILE_EXTRA, IMG_PATH_KEY, ToolResult, sniff_image_type
 
 from ._config import DEFAULT_IMAGE_MAX_BYTES
 
 __all__ = ["ImageFiles", "default_image_roots"]
 
 log = logging.getLogger("toolwire.serve")
-_IMAGE_KEYS: Final = frozenset({IMG_PATH_KEY, "mime_type"})
 
 
 def default_image_roots() -> list[Path]:
@@ -69,9 +73,8 @@ class ImageFiles:
     async def blocks(self, result: ToolResult) -> list[mcp_types.ContentBlock] | None:
         """The MCP content of an image-file result (None: not one; the caller renders it).
 
-        The image block, after a text block with the JSON when the content has
-        more than the image's keys; or, when the file may not or cannot be
-        sent, one text block saying why.
+        The image block; or, when the file may not or cannot be sent, one text
+        block: the result's JSON and why.
         """
         path = self.wanted(result)
         if path is None:
@@ -79,6 +82,11 @@ class ImageFiles:
         from ._convert import render_text
 
         try:
+            if result.meta.extra.get(IMAGE_FILE_EXTRA) != path:
+                raise _NotSent(
+                    "only the file of a toolwire.Image(path=...) a tool returned is sent "
+                    f"({IMG_PATH_KEY} given as data is not read)"
+                )
             image = await anyio.to_thread.run_sync(self._read, path)
         except _NotSent as exc:
             log.warning("image of tool %r not sent: %s", result.meta.tool, exc)
@@ -87,11 +95,16 @@ class ImageFiles:
                     type="text", text=f"{render_text(result)}\n[image not sent: {exc}]"
                 )
             ]
-        if result.content.keys() <= _IMAGE_KEYS:
-            return [image]
-        return [mcp_types.TextContent(type="text", text=render_text(result)), image]
+        return [image]
 
     def _read(self, path: str) -> mcp_types.ImageContent:
+        try:
+            return self._read_checked(path)
+        except (OSError, ValueError) as exc:  # ValueError: a NUL in the path, say
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise _NotSent(f"cannot read {path!r}: {reason}") from None
+
+    def _read_checked(self, path: str) -> mcp_types.ImageContent:
         if not os.path.isabs(path):
             raise _NotSent(f"{IMG_PATH_KEY} {path!r} is not an absolute path")
         real = Path(os.path.realpath(path))
@@ -101,16 +114,22 @@ class ImageFiles:
                 f"{path} is outside the directories images are served from ({roots}); "
                 "add its directory to [server] image_roots"
             )
+        # No link followed at the last step (one swapped in after realpath), no blocking
+        # open of a FIFO; then only a regular file is read.
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
-            with open(real, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > self.max_bytes:
-                    raise _NotSent(
-                        f"{path} is {size} bytes, over [server] image_max_bytes ({self.max_bytes})"
-                    )
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise _NotSent(f"{path} is not a regular file")
+            if st.st_size > self.max_bytes:
+                raise _NotSent(
+                    f"{path} is {st.st_size} bytes, over [server] image_max_bytes "
+                    f"({self.max_bytes})"
+                )
+            with open(fd, "rb", closefd=False) as f:
                 data = f.read(self.max_bytes + 1)
-        except OSError as exc:
-            raise _NotSent(f"cannot read {path}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
         if len(data) > self.max_bytes:  # grew while being read
             raise _NotSent(f"{path} is over [server] image_max_bytes ({self.max_bytes})")
         mime = sniff_image_type(data[:16])
