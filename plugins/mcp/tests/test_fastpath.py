@@ -526,6 +526,38 @@ async def test_middleware_added_after_create_http_app_sees_lean_calls() -> None:
     assert seen == ["/mcp"]
 
 
+async def test_a_call_the_lean_path_declines_meets_the_apps_middleware_once() -> None:
+    """A tools/call that looks lean by its headers but not by its body (an elicitation-capable
+    client) goes on to FastMCP below the middleware it already passed."""
+    calls: list[str] = []
+
+    class Tag:
+        def __init__(self, app: Any) -> None:
+            self.app = app
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            calls.append(scope["path"])
+
+            async def tagged(message: Any) -> None:
+                if message["type"] == "http.response.start":
+                    message["headers"] = [*message["headers"], (b"x-tag", b"1")]
+                await send(message)
+
+            await self.app(scope, receive, tagged)
+
+    body = envelope("greet", {"name": "x"}, caps={"elicitation": {}})
+    async with Kernel(tools=TOOLS) as k:
+        app = create_http_app(k, ServeConfig(transport="http", port=0))
+        app.add_middleware(Tag)
+        async with asgi_client(app) as c:
+            r = await c.post("/mcp", json=body, headers=headers_for(body))
+        fast = app.state.toolwire_fast_path
+        assert fast is not None and fast.taken == 0 and fast.passed == 1
+    assert calls == ["/mcp"]
+    assert r.headers.get_list("x-tag") == ["1"]
+    assert r.status_code == 200 and "hello x" in r.text
+
+
 async def test_a_mounted_gateway_still_answers_calls_on_the_lean_path() -> None:
     """Under a path prefix (root_path set) Starlette routes the request; the route takes it."""
     from starlette.applications import Starlette

@@ -510,16 +510,20 @@ class _Front:
     the route's own auth, then the lean path. It skips only Starlette's error
     and exception wrappers and its router, which do nothing for this request
     and cost about 4% of a gateway call's instructions (callgrind). What the
-    lean path gives up on goes down ``full`` (the stack as Starlette built
-    it), marked so the route does not try again.
+    lean path gives up on (after reading the body) goes on down Starlette's
+    own stack below the app's middleware — which it has passed already, so no
+    middleware sees it twice — marked so the route does not try again.
     """
 
-    __slots__ = ("fast", "full", "lean", "path")
+    __slots__ = ("below", "fast", "full", "lean", "path")
 
-    def __init__(self, fast: FastCallPath, full: ASGIApp, lean: ASGIApp, path: str) -> None:
+    def __init__(
+        self, fast: FastCallPath, full: ASGIApp, lean: ASGIApp, below: ASGIApp, path: str
+    ) -> None:
         self.fast = fast
         self.full = full
         self.lean = lean
+        self.below = below  # what ``full`` runs below the app's middleware: errors + router
         self.path = path
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -534,12 +538,14 @@ class _Front:
             await self.full(scope, receive, send)
 
     async def end(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """The bottom of ``lean``: the lean path, or back to ``full``."""
+        """The bottom of ``lean``: the lean path, or on to FastMCP below the middleware."""
         await self.fast.take(scope, receive, send, self._hand_on)
 
     async def _hand_on(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # The app's middleware has run on the way down ``lean``: carry on below it,
+        # as ``full`` would have, so no middleware sees the request twice.
         scope[_TRIED] = True
-        await self.full(scope, receive, send)
+        await self.below(scope, receive, send)
 
 
 def _install_front(app: Any, fast: FastCallPath, route_app: Any, path: str) -> None:
@@ -549,9 +555,13 @@ def _install_front(app: Any, fast: FastCallPath, route_app: Any, path: str) -> N
 
     def build() -> ASGIApp:
         from starlette.middleware import Middleware
+        from starlette.middleware.exceptions import ExceptionMiddleware
 
         full = build_full()
-        front = _Front(fast, full, full, path)
+        # Starlette's innermost layer, as build_middleware_stack makes it.
+        handlers = {k: v for k, v in app.exception_handlers.items() if k not in (500, Exception)}
+        below = ExceptionMiddleware(app.router, handlers=handlers, debug=app.debug)
+        front = _Front(fast, full, full, below, path)
         bottom: ASGIApp = front.end
         if route_app is not fast:  # the route's auth check, in front of the lean path
             guard = copy.copy(route_app)
