@@ -131,7 +131,44 @@ async def test_a_dead_cluster_seed_names_the_url(free_tcp_port: int) -> None:
         await open_store(url).get("k")
     message = str(info.value)
     assert "hunter2" not in message and f"127.0.0.1:{free_tcp_port}" in message
-    assert "redis+cluster://" in message
+    assert "the cluster cannot serve" in message
+    assert "check the cluster (redis-cli --cluster check) or fix `state`" in message
+
+
+async def test_timeout_in_a_cluster_url_is_ignored(fresh_redis_cluster_url: str) -> None:
+    """?timeout= sets the single-server pool's queueing; a cluster has none, so it is dropped."""
+    async with RedisStore(fresh_redis_cluster_url + "?timeout=5&max_connections=7") as store:
+        await store.set("k", 1)
+        assert await store.get("k") == 1
+
+
+async def test_an_exhausted_cluster_pool_names_the_per_node_limit(
+    fresh_redis_cluster_url: str,
+) -> None:
+    async with RedisStore(fresh_redis_cluster_url + "?max_connections=2") as store:
+        await store.set("hot", 0)
+        errors: list[str] = []
+
+        async def bump() -> None:
+            try:
+                await store.incr("hot")
+            except StateStoreError as exc:
+                errors.append(str(exc))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(40):
+                tg.start_soon(bump)
+    assert errors, "40 concurrent calls on 2 connections should exhaust the pool"
+    assert all("per cluster node; a cluster's pool does not queue" in e for e in errors)
+
+
+async def test_a_cluster_client_never_resends_a_command(fresh_redis_cluster_url: str) -> None:
+    """A script whose reply was lost may have run: the store must not send it again."""
+    async with RedisStore(fresh_redis_cluster_url) as store:
+        await store.get("k")  # connect
+        client: Any = store._client
+        assert client.retry.get_retries() == 0
+        assert client.reinitialize_steps == 0
 
 
 async def test_an_old_redis_py_is_named_for_the_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,3 +177,60 @@ async def test_an_old_redis_py_is_named_for_the_cluster(monkeypatch: pytest.Monk
     monkeypatch.delattr(redis.asyncio.RedisCluster, "pubsub")
     with pytest.raises(StateStoreError, match=r"Redis Cluster needs redis-py >= 8\.0"):
         await open_store("redis+cluster://127.0.0.1:7000").open()
+
+
+async def test_writes_apply_once_while_slots_move(fresh_redis_cluster_url: str) -> None:
+    """Increments racing a real slot migration (redis-cli --cluster reshard) each apply once.
+
+    redis-py's cluster client, left to its defaults, resends commands whose
+    connection it closed on a MOVED reply: every counter came out too high.
+    """
+    seed = _plain(fresh_redis_cluster_url).split("://", 1)[1]
+    nodes = await anyio.run_process(["redis-cli", "-u", f"redis://{seed}", "cluster", "nodes"])
+    lines = nodes.stdout.decode().splitlines()
+    mine = next(ln.split()[0] for ln in lines if "myself" in ln)
+    other = next(ln.split()[0] for ln in lines if "master" in ln and "myself" not in ln)
+    done: Counter[str] = Counter()
+    failed: list[BaseException] = []
+    moving = True
+    async with RedisStore(fresh_redis_cluster_url) as store:
+
+        async def bump(worker: int) -> None:
+            i = 0
+            while moving:
+                key = f"n:{(i * 7 + worker) % 100}"
+                i += 1
+                try:
+                    await store.incr(key)
+                except StateStoreError as exc:  # allowed (outcome unknown); resending is not
+                    failed.append(exc)
+                else:
+                    done[key] += 1
+
+        async with anyio.create_task_group() as tg:
+            for w in range(8):
+                tg.start_soon(bump, w)
+            await anyio.sleep(0.2)
+            reshard = await anyio.run_process(
+                [
+                    "redis-cli",
+                    "--cluster",
+                    "reshard",
+                    seed,
+                    "--cluster-from",
+                    mine,
+                    "--cluster-to",
+                    other,
+                    "--cluster-slots",
+                    "1000",
+                    "--cluster-yes",
+                ],
+                check=False,
+            )
+            await anyio.sleep(0.2)
+            moving = False
+        assert reshard.returncode == 0, reshard.stderr.decode()
+        stored = {key: await store.get(key) for key in done}
+    assert sum(done.values()) > 1000
+    over = {k: (stored[k], n) for k, n in done.items() if (stored[k] or 0) > n + len(failed)}
+    assert not over, f"increments applied more often than acknowledged: {over}"

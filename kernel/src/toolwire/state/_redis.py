@@ -36,6 +36,7 @@ import logging
 import math
 import re
 import time
+import urllib.parse
 from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -630,6 +631,7 @@ class RedisStore(StateStore):
             import redis.asyncio
             from redis.asyncio.retry import Retry
             from redis.backoff import EqualJitterBackoff
+            from redis.exceptions import ConnectionError as RedisConnectionError
 
             options: dict[str, Any] = {
                 "decode_responses": True,
@@ -637,7 +639,14 @@ class RedisStore(StateStore):
                 "encoding_errors": "surrogateescape",
                 "socket_connect_timeout": 5.0,
                 "socket_timeout": 10.0,
-                "retry": Retry(EqualJitterBackoff(cap=0.25, base=0.01), 3),
+                # Retried: a connection that failed (a restarted server's stale socket).
+                # Not retried: a timeout, after which a script may have run already —
+                # running it again would apply an incr or a claim twice.
+                "retry": Retry(
+                    EqualJitterBackoff(cap=0.25, base=0.01),
+                    3,
+                    supported_errors=(RedisConnectionError,),
+                ),
                 # a bounded pool that queues callers instead of failing at once
                 "max_connections": 50,
                 "timeout": 20.0,
@@ -689,9 +698,26 @@ class RedisStore(StateStore):
                 f"(installed: {getattr(redis, '__version__', 'unknown')}); "
                 "pip install -U 'redis>=8'"
             )
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
         options = {k: v for k, v in options.items() if k != "timeout"}
+        options.update(
+            # No command is sent again after a failure: the cluster client resends
+            # on a dropped connection, and during a slot migration it drops the
+            # connections of commands that already ran (a script resent would
+            # apply twice). MOVED / ASK redirects are still followed.
+            retry=Retry(NoBackoff(), 0),
+            # A MOVED reply updates that slot's owner; it never closes every
+            # connection (which cut the other calls in flight).
+            reinitialize_steps=0,
+        )
+        # ?timeout= (the single-server pool's queueing) has no meaning here: ignored
+        parts = urllib.parse.urlsplit(self._connect_url)
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(parts.query) if k != "timeout"]
+        url = parts._replace(query=urllib.parse.urlencode(query)).geturl()
         try:
-            return redis.asyncio.RedisCluster.from_url(self._connect_url, **options)
+            return redis.asyncio.RedisCluster.from_url(url, **options)
         except RedisClusterException as exc:  # e.g. a database other than 0, a Unix socket
             raise ValueError(str(exc)) from exc
 
@@ -731,8 +757,14 @@ class RedisStore(StateStore):
             if type(exc).__name__ == "MaxConnectionsError" or "No connection available" in str(exc):
                 raise StateStoreError(
                     f"redis state store at {self.safe_url}: every pooled connection stayed "
-                    f"busy ({exc}); raise ?max_connections= / ?timeout= in the URL or lower "
-                    "the concurrency"
+                    f"busy ({exc}); "
+                    + (
+                        "raise ?max_connections= (per cluster node; a cluster's pool does not "
+                        "queue) in the URL or lower the concurrency"
+                        if self.cluster
+                        else "raise ?max_connections= / ?timeout= in the URL or lower the "
+                        "concurrency"
+                    )
                 ) from exc
             raise StateStoreError(
                 f"redis state store at {self.safe_url} is unreachable: {exc}; "
@@ -761,6 +793,15 @@ class RedisStore(StateStore):
                 hint = " (the server is a Redis Cluster node: use a redis+cluster:// URL)"
             raise StateStoreError(
                 f"redis state store at {self.safe_url}: command{what} failed: {exc}{hint}"
+            ) from exc
+        except StateStoreError:
+            raise
+        except Exception as exc:  # a client-library fault (seen in a cluster mid-migration)
+            what = "" if key is None else f" on key {key!r}"
+            raise StateStoreError(
+                f"redis state store at {self.safe_url}: command{what} failed in the Redis "
+                f"client ({type(exc).__name__}: {exc}); a write may or may not have been "
+                "applied: read the key before retrying"
             ) from exc
 
     async def _script(self, name: str, key: str, args: list[str]) -> Any:
