@@ -494,67 +494,55 @@ async def test_the_host_guard_applies_before_the_lean_path() -> None:
     assert got[0] == 421
 
 
-async def test_middleware_added_after_create_http_app_sees_lean_calls() -> None:
-    """The lean path skips only Starlette's own wrappers: an app's middleware still runs."""
+class Stamp:
+    """App middleware that notes each request's path and stamps ``x-stamp: yes`` on answers."""
+
     seen: list[str] = []
 
-    class Stamp:
-        def __init__(self, app: Any) -> None:
-            self.app = app
+    def __init__(self, app: Any) -> None:
+        self.app = app
 
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            seen.append(scope["path"])
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        Stamp.seen.append(scope["path"])
 
-            async def stamped(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    message["headers"] = [*message["headers"], (b"x-stamp", b"yes")]
-                await send(message)
+        async def stamped(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message["headers"], (b"x-stamp", b"yes")]
+            await send(message)
 
-            await self.app(scope, receive, stamped)
+        await self.app(scope, receive, stamped)
 
-    body = envelope("greet", {"name": "x"})
+
+async def stamped_call(body: dict[str, Any]) -> tuple[httpx.Response, fastpath.FastCallPath]:
+    """``body`` POSTed in process to an app with ``Stamp`` added after ``create_http_app``."""
+    Stamp.seen.clear()
     async with Kernel(tools=TOOLS) as k:
         app = create_http_app(k, ServeConfig(transport="http", port=0))
         app.add_middleware(Stamp)
         async with asgi_client(app) as c:
             r = await c.post("/mcp", json=body, headers=headers_for(body))
-        fast = app.state.toolwire_fast_path
-        assert fast is not None and fast.taken == 1
         assert type(app.middleware_stack).__name__ == "_Front"
+        fast = app.state.toolwire_fast_path
+        assert fast is not None
+    return r, fast
+
+
+async def test_middleware_added_after_create_http_app_sees_lean_calls() -> None:
+    """The lean path skips only Starlette's own wrappers: an app's middleware still runs."""
+    r, fast = await stamped_call(envelope("greet", {"name": "x"}))
+    assert fast.taken == 1
     assert r.status_code == 200 and r.headers["x-stamp"] == "yes"
     assert r.json()["result"]["structuredContent"] == {"result": "hello x"}
-    assert seen == ["/mcp"]
+    assert Stamp.seen == ["/mcp"]
 
 
 async def test_a_call_the_lean_path_declines_meets_the_apps_middleware_once() -> None:
     """A tools/call that looks lean by its headers but not by its body (an elicitation-capable
     client) goes on to FastMCP below the middleware it already passed."""
-    calls: list[str] = []
-
-    class Tag:
-        def __init__(self, app: Any) -> None:
-            self.app = app
-
-        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-            calls.append(scope["path"])
-
-            async def tagged(message: Any) -> None:
-                if message["type"] == "http.response.start":
-                    message["headers"] = [*message["headers"], (b"x-tag", b"1")]
-                await send(message)
-
-            await self.app(scope, receive, tagged)
-
-    body = envelope("greet", {"name": "x"}, caps={"elicitation": {}})
-    async with Kernel(tools=TOOLS) as k:
-        app = create_http_app(k, ServeConfig(transport="http", port=0))
-        app.add_middleware(Tag)
-        async with asgi_client(app) as c:
-            r = await c.post("/mcp", json=body, headers=headers_for(body))
-        fast = app.state.toolwire_fast_path
-        assert fast is not None and fast.taken == 0 and fast.passed == 1
-    assert calls == ["/mcp"]
-    assert r.headers.get_list("x-tag") == ["1"]
+    r, fast = await stamped_call(envelope("greet", {"name": "x"}, caps={"elicitation": {}}))
+    assert fast.taken == 0 and fast.passed == 1
+    assert Stamp.seen == ["/mcp"]
+    assert r.headers.get_list("x-stamp") == ["yes"]
     assert r.status_code == 200 and "hello x" in r.text
 
 
