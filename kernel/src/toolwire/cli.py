@@ -9,7 +9,10 @@ configuration.
 A command entry point names a function ``register(subparsers)`` that adds an
 ``argparse`` sub-parser and sets ``fn`` to ``async def fn(args) -> int``; the
 function builds its kernel with ``load_cli_config(args)`` and
-``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply.
+``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply. A
+command may also set ``backend_options`` to ``def (args) -> dict``: the
+options ``anyio.run`` gets for it (``toolwire serve`` picks its event loop
+there); a ``KernelError`` it raises is reported like the command's own.
 """
 
 from __future__ import annotations
@@ -199,7 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level.upper())
     try:
-        code: int = anyio.run(args.fn, args)
+        options = getattr(args, "backend_options", None)
+        code: int = anyio.run(args.fn, args, backend_options=options(args) if options else None)
     except KernelError as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:

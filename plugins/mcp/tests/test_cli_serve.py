@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -20,8 +21,10 @@ from fastmcp.client.transports import StdioTransport
 from mcp.shared.exceptions import MCPError
 from toolwire_mcp_testkit import clean_env, eventually, write_config
 
+from toolwire import ConfigError
 from toolwire.cli import main
 from toolwire_mcp import ERROR_META_KEY
+from toolwire_mcp.cli import loop_options
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +115,10 @@ async def test_stdio_client_lists_and_calls(tmp_path: Path) -> None:
 
 
 def test_stdio_sigterm_while_idle_exits_cleanly(tmp_path: Path, serve_process: Any) -> None:
-    p = serve_process("serve", env=clean_env(**NO_PLUGINS), stdio=True).wait_ready()
+    p = serve_process(
+        "serve", "--loop", "asyncio", env=clean_env(**NO_PLUGINS), stdio=True
+    ).wait_ready()
+    assert "(loop: asyncio)" in p.stderr  # --loop overrides the default (auto: uvloop)
     p.signal(signal.SIGTERM)  # stdin stays open: the reader must not block the shutdown
     assert p.wait(15) == 0
     assert "kernel is closed" in p.stderr
@@ -123,6 +129,7 @@ async def test_http_serves_and_survives_bad_input(tmp_path: Path, serve_process:
         "serve", "--transport", "http", "--port", "0", env=clean_env(**NO_PLUGINS)
     ).wait_ready()
     assert p.url is not None and p.url.startswith("http://127.0.0.1:")
+    assert "loop: uvloop)" in p.stderr  # [server] loop = "auto" and uvloop is installed
     async with httpx2.AsyncClient(timeout=10) as http:
         garbage = await http.post(p.url, content=b"{not json", headers=ACCEPT)
         assert garbage.status_code == 400
@@ -258,6 +265,26 @@ def test_config_errors_exit_2_naming_the_key(
     assert main(["--config", "up.toml", "serve"]) == 2
     err = capsys.readouterr().err
     assert "plugins.mcp.servers.x" in err and "either `command`" in err
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
+    write_config(tmp_path / "loop.toml", {}, {"server": {"loop": "tokio"}})
+    assert main(["--config", "loop.toml", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "loop.toml" in err and "server.loop" in err and "'uvloop'" in err
+
+
+def test_loop_uvloop_where_it_is_not_installed_names_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "uvloop" else real(name, *a)
+    )
+    assert loop_options("auto") == {}  # auto falls back to asyncio's loop
+    assert loop_options("asyncio") == {}
+    with pytest.raises(ConfigError, match=r"t.toml: server.loop: .*pip install uvloop"):
+        loop_options("uvloop", "t.toml")
+    monkeypatch.undo()
+    assert loop_options("auto") == {"use_uvloop": True} == loop_options("uvloop")
 
 
 def test_serve_is_documented_in_cli_help() -> None:
@@ -269,5 +296,5 @@ def test_serve_is_documented_in_cli_help() -> None:
         check=False,
     )
     assert proc.returncode == 0
-    for flag in ("--transport", "--host", "--port", "--config"):
+    for flag in ("--transport", "--host", "--port", "--config", "--loop"):
         assert flag in proc.stdout

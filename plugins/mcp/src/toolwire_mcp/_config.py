@@ -226,6 +226,11 @@ class ServeConfig(BaseModel):
         ge=1,
         description="largest image file sent for an `img_path` result, in bytes",
     )
+    loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto",
+        description="event loop of `toolwire serve`: auto (uvloop where it is installed, "
+        "else asyncio), asyncio, or uvloop (an error where it is not installed)",
+    )
     fast_path: bool = Field(
         True,
         description="HTTP: answer plain 2026-07-28 `tools/call` requests on toolwire's lean "

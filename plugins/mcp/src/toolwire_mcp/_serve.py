@@ -644,8 +644,13 @@ async def run_server(
             stop = stop_stdio
             if handle_signals:
                 await tg.start(_on_signal, gate, cfg.shutdown_grace_s, stop)
-            info: dict[str, Any] = {"transport": "stdio", "tools": tools, "auth": False}
-            log.info("toolwire serving %d tools over stdio", tools)
+            info: dict[str, Any] = {
+                "transport": "stdio",
+                "tools": tools,
+                "auth": False,
+                "loop": _loop_name(),
+            }
+            log.info("toolwire serving %d tools over stdio (loop: %s)", tools, info["loop"])
             if on_ready is not None:
                 on_ready(info)
             mcp = create_server(
@@ -684,12 +689,26 @@ async def run_server(
                 "tool; set TOOLS_AUTH_TOKEN (or [server] auth_token)",
                 url,
             )
-        info = {"transport": "http", "url": url, "port": port, "tools": tools, "auth": bool(token)}
+        loop = _loop_name()
+        info = {
+            "transport": "http",
+            "url": url,
+            "port": port,
+            "tools": tools,
+            "auth": bool(token),
+            "loop": loop,
+        }
 
         async def announce() -> None:
             await server.ready.wait()
             if server.started:
-                log.info("toolwire serving %d tools at %s (auth: %s)", tools, url, bool(token))
+                log.info(
+                    "toolwire serving %d tools at %s (auth: %s, loop: %s)",
+                    tools,
+                    url,
+                    bool(token),
+                    loop,
+                )
                 if on_ready is not None:
                     on_ready(info)
 
@@ -699,6 +718,12 @@ async def run_server(
         finally:
             sock.close()
         tg.cancel_scope.cancel()
+
+
+def _loop_name() -> str:
+    """``uvloop`` or ``asyncio``: the event loop serving (``[server] loop``)."""
+    loop = asyncio.get_running_loop()
+    return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
 class _StdoutFrames:
