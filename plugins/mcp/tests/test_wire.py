@@ -1,0 +1,398 @@
+"""The direct path's HTTP client (``_wire.Pool``) against real TCP servers that misbehave on cue.
+
+Each test starts an asyncio server on 127.0.0.1 whose handler writes exactly
+the bytes the case needs (a chunked body, a 100 Continue, a connection cut in
+the middle of an answer...), and runs on asyncio's loop and on uvloop, the
+loop ``toolwire serve`` runs on by default.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import ssl
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trustme
+
+from toolwire_mcp._wire import ConnectError, Disconnected, Pool, ProtocolError, WireError
+
+pytestmark = pytest.mark.anyio
+
+BACKENDS = [
+    pytest.param(("asyncio", {}), id="asyncio"),
+    pytest.param(("asyncio", {"use_uvloop": True}), id="uvloop"),
+]
+
+
+@pytest.fixture(params=BACKENDS)
+def anyio_backend(request: pytest.FixtureRequest) -> Any:
+    return request.param
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
+
+
+class Server:
+    """A TCP server whose ``handler`` answers each connection; counts connections and requests."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.closed_by_client = asyncio.Event()
+        self.got_request = asyncio.Event()
+        self.port = 0
+
+    async def read_request(self, reader: asyncio.StreamReader) -> bytes | None:
+        """One request (head and Content-Length body), or None at EOF."""
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError:
+            return None
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        body = await reader.readexactly(length)
+        self.requests.append(head + body)
+        self.got_request.set()
+        return body
+
+    async def until_client_closes(self, reader: asyncio.StreamReader) -> None:
+        """Wait (up to 30 s) for the client to drop the connection."""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            if await asyncio.wait_for(reader.read(), 30) == b"":
+                self.closed_by_client.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            await self.handler(reader, writer, self)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if await reader.read() == b"":
+                self.closed_by_client.set()
+            writer.close()
+
+
+@asynccontextmanager
+async def serving(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncIterator[Server]:
+    srv = Server(handler)
+    server = await asyncio.start_server(srv._serve, "127.0.0.1", 0, ssl=tls)
+    srv.port = server.sockets[0].getsockname()[1]
+    async with server:
+        yield srv
+        server.close()
+
+
+def answer(body: bytes, *headers: str, status: str = "200 OK") -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return f"HTTP/1.1 {status}\r\n{head}content-length: {len(body)}\r\n\r\n".encode() + body
+
+
+async def json_echo(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+    """Keep-alive: each request's body comes back as the JSON answer."""
+    while (body := await s.read_request(r)) is not None:
+        w.write(answer(body, "content-type: application/json"))
+        await w.drain()
+
+
+def pool_for(srv: Server, **kw: Any) -> Pool:
+    return Pool(f"http://127.0.0.1:{srv.port}/mcp?x=1", {"content-type": "application/json"}, **kw)
+
+
+async def post(pool: Pool, body: bytes = b"{}") -> tuple[int, dict[str, str], bytes]:
+    resp = await pool.post(body, Pool.header_block({"mcp-name": "echo"}))
+    try:
+        data = await resp.read()
+    except BaseException:
+        resp.close()
+        raise
+    resp.release()
+    return resp.status, resp.headers, data
+
+
+async def test_requests_share_one_keep_alive_connection() -> None:
+    async with serving(json_echo) as srv:
+        pool = pool_for(srv)
+        for i in range(5):
+            status, headers, data = await post(pool, b'{"n":%d}' % i)
+            assert (status, data) == (200, b'{"n":%d}' % i)
+            assert headers["content-type"] == "application/json"
+        await pool.close()
+    assert srv.connections == 1 and len(srv.requests) == 5
+    head = srv.requests[0].split(b"\r\n")
+    assert head[0] == b"POST /mcp?x=1 HTTP/1.1"
+    assert f"host: 127.0.0.1:{srv.port}".encode() in head
+    assert b"mcp-name: echo" in head and b"content-length: 7" in head
+    assert b"content-type: application/json" in head
+
+
+async def test_chunked_gzip_and_a_100_continue_first() -> None:
+    payload = b'{"result": "' + b"x" * 5000 + b'"}'
+    packed = gzip.compress(payload)
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ntransfer-encoding: chunked\r\n\r\n")
+        for i in range(0, len(packed), 100):  # many small chunks, in separate writes
+            part = packed[i : i + 100]
+            w.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await w.drain()
+        w.write(b"0\r\n\r\n")
+        await json_echo(r, w, s)  # and the connection stays usable
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        assert await post(pool) == (
+            200,
+            {"content-encoding": "gzip", "transfer-encoding": "chunked"},
+            payload,
+        )
+        assert (await post(pool, b"[2]"))[2] == b"[2]"
+        await pool.close()
+    assert srv.connections == 1
+
+
+async def test_a_deflate_body_and_repeated_headers() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(zlib.compress(b"[1]"), "content-encoding: deflate", "x-a: 1", "x-a: 2"))
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        _, headers, data = await post(pool)
+        assert data == b"[1]" and headers["x-a"] == "1, 2"
+        await pool.close()
+
+
+async def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_reused() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it")
+        await w.drain()
+        w.close()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        assert (await post(pool))[2] == b"all of it"
+        assert (await post(pool))[2] == b"all of it"
+        await pool.close()
+    assert srv.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("script", "error", "text"),
+    [
+        (b"", Disconnected, "closed the connection before its answer"),
+        (b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nshort", Disconnected, "in the middle of"),
+        (b"SSH-2.0-OpenSSH_9.2\r\n\r\n", ProtocolError, "not a valid HTTP/1.1 response"),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: br\r\ncontent-length: 1\r\n\r\nx",
+            ProtocolError,
+            "'br'",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 4\r\n\r\nnope",
+            ProtocolError,
+            "bad gzip body",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\n" + b"x-big: " + b"a" * 70_000 + b"\r\n\r\n",
+            ProtocolError,
+            "headers exceed",
+        ),
+    ],
+    ids=["closed-before", "closed-mid-body", "not-http", "unknown-coding", "bad-gzip", "huge-head"],
+)
+async def test_broken_answers_raise_typed_errors_and_free_the_slot(
+    script: bytes, error: type[Exception], text: str
+) -> None:
+    calls = 0
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 1:  # the next call, on a new connection, is answered properly
+            await json_echo(r, w, s)
+            return
+        await s.read_request(r)
+        w.write(script)
+        await w.drain()
+        w.close()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, limit=1)
+        with pytest.raises(error, match=text):
+            await post(pool)
+        assert (await post(pool, b"[3]"))[2] == b"[3]"  # limit=1: the slot came back
+        await pool.close()
+
+
+async def test_read_timeout_without_a_byte() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(4):  # a byte every 0.1 s keeps the call alive past read_s...
+            await asyncio.sleep(0.1)
+            w.write(b"1\r\nx\r\n")
+        await s.until_client_closes(r)  # ...then silence
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, read_s=0.3)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        with pytest.raises(TimeoutError, match=r"no answer from the server for 0\.3 s"):
+            await post(pool)
+        assert 0.6 <= loop.time() - start < 3
+        await asyncio.wait_for(srv.closed_by_client.wait(), 5)  # the connection was dropped
+        await pool.close()
+
+
+async def test_connect_errors_say_nothing_was_sent() -> None:
+    async with serving(json_echo) as srv:
+        port = srv.port
+    pool = Pool(f"http://127.0.0.1:{port}/mcp", {})
+    with pytest.raises(ConnectError, match=f"cannot connect to 127.0.0.1:{port}"):
+        await pool.post(b"{}")
+    assert isinstance(ConnectError("x"), WireError)
+    await pool.close()
+
+
+async def test_stale_and_lost_idle_connections_are_not_reused() -> None:
+    async def one_answer(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(b"[1]"))
+        await w.drain()
+        await asyncio.sleep(0.2)
+        w.close()  # the server's keep-alive timeout: it closes the idle connection
+
+    async with serving(one_answer) as srv:
+        pool = pool_for(srv)
+        await post(pool)
+        await asyncio.sleep(0.4)  # the close has arrived while the connection was idle
+        assert (await post(pool))[2] == b"[1]"
+        assert srv.connections == 2
+        await pool.close()
+    async with serving(json_echo) as srv:
+        pool = pool_for(srv, keepalive_s=0.1)
+        await post(pool)
+        await asyncio.sleep(0.2)  # idle longer than keepalive_s: not reused
+        await post(pool)
+        await pool.close()
+    assert srv.connections == 2
+
+
+async def test_at_most_limit_connections_and_every_call_answered() -> None:
+    active = peak = 0
+
+    async def slow_echo(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        nonlocal active, peak
+        while (body := await s.read_request(r)) is not None:
+            active += 1
+            peak = max(peak, active)
+            await asyncio.sleep(0.05)
+            active -= 1
+            w.write(answer(body))
+            await w.drain()
+
+    async with serving(slow_echo) as srv:
+        pool = pool_for(srv, limit=2)
+        got = await asyncio.gather(*(post(pool, b"[%d]" % i) for i in range(7)))
+        assert [g[2] for g in got] == [b"[%d]" % i for i in range(7)]
+        await pool.close()
+    assert peak == 2 and srv.connections == 2
+
+
+async def test_cancelling_drops_the_connection_and_frees_the_slot() -> None:
+    async def never(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        if len(s.requests) == 0:
+            await s.read_request(r)
+            await s.until_client_closes(r)
+            return
+        await json_echo(r, w, s)
+
+    async with serving(never) as srv:
+        pool = pool_for(srv, limit=1)
+        task = asyncio.ensure_future(post(pool))
+        await asyncio.wait_for(srv.got_request.wait(), 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(srv.closed_by_client.wait(), 5)  # the server saw the client go
+        assert (await asyncio.wait_for(post(pool, b"[4]"), 5))[2] == b"[4]"
+        await pool.close()
+
+
+async def test_a_large_streamed_body_arrives_whole_under_back_pressure() -> None:
+    size = 3 * 1024 * 1024
+
+    async def stream(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size)
+        for i in range(size // 65536):
+            w.write(bytes([i % 256]) * 65536)
+            await w.drain()
+
+    async with serving(stream) as srv:
+        pool = pool_for(srv)
+        resp = await pool.post(b"{}")
+        got = bytearray()
+        async for chunk in resp.chunks():
+            got += chunk
+            await asyncio.sleep(0)  # a slow reader: the socket is paused and resumed
+        resp.release()
+        assert len(got) == size
+        assert all(got[i * 65536] == i % 256 for i in range(size // 65536))
+        await pool.close()
+
+
+async def test_close_fails_calls_in_flight_and_refuses_new_ones() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        await asyncio.sleep(30)
+
+    async with serving(silent) as srv:
+        pool = pool_for(srv)
+        task = asyncio.ensure_future(post(pool))
+        await asyncio.wait_for(srv.got_request.wait(), 5)
+        await pool.close()
+        with pytest.raises(Disconnected):
+            await asyncio.wait_for(task, 5)
+        with pytest.raises(WireError, match="closed"):
+            await post(pool)
+        assert pool.closed
+
+
+async def test_header_injection_is_refused() -> None:
+    with pytest.raises(ValueError, match="CR, LF and NUL"):
+        Pool.header_block({"mcp-name": "x\r\nx-evil: 1"})
+    with pytest.raises(ValueError, match="CR, LF and NUL"):
+        Pool("http://127.0.0.1:1/mcp", {"x-token": "a\nb"})
+    with pytest.raises(ValueError, match="not an http"):
+        Pool("ftp://127.0.0.1/mcp", {})
+
+
+async def test_tls_with_the_given_trust_and_a_wrong_name_refused() -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    async with serving(json_echo, tls=server_ctx) as srv:
+        pool = Pool(f"https://127.0.0.1:{srv.port}/mcp", {}, ssl=client_ctx)
+        assert (await post(pool, b"[5]"))[2] == b"[5]"
+        await pool.close()
+        untrusted = Pool(f"https://127.0.0.1:{srv.port}/mcp", {})  # the system's trust store
+        with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+            await post(untrusted)
+        await untrusted.close()
