@@ -2,13 +2,14 @@
 
 A real upstream FastMCP server over HTTP (``upstream_server.py --http PORT``).
 With ``direct_http_calls`` true, calls of a 2026-07-28 upstream go over the
-lean aiohttp caller; false sends them through the FastMCP client. Both must
+lean HTTP caller; false sends them through the FastMCP client. Both must
 give the same kernel results, and the direct path must really be taken
 where it applies (``Upstream.direct_calls`` counts its requests).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -79,6 +80,18 @@ class Progress:
 async def test_results_remote_errors_progress_and_the_call_id(
     upstream: HttpUpstream, direct: bool
 ) -> None:
+    await scenarios(upstream, direct)
+
+
+@pytest.mark.parametrize("anyio_backend", [("asyncio", {"use_uvloop": True})], ids=["uvloop"])
+async def test_the_direct_path_on_uvloop(upstream: HttpUpstream) -> None:
+    """``toolwire serve`` runs on uvloop by default; its transports are not asyncio's classes."""
+    assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    await scenarios(upstream, direct=True)
+
+
+async def scenarios(upstream: HttpUpstream, direct: bool) -> None:
+    """Results, a remote error, a rate limit, progress, log notifications, the call id."""
     async with gateway({"url": upstream.url}, direct=direct) as (k, up):
         r = await k.call("up_forecast", {"city": "Lyon"})
         assert r.content == {"result": "sunny in Lyon"} and not r.is_error  # text only
@@ -288,9 +301,8 @@ async def test_the_http_session_closes_with_the_kernel(upstream: HttpUpstream) -
 
 async def test_one_lost_call_does_not_cut_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
     """A connection lost under one call (a stale keep-alive, say) leaves the others alone."""
-    import aiohttp
-
     from toolwire_mcp._direct import DirectCaller
+    from toolwire_mcp._wire import Disconnected
 
     server = HttpUpstream().start()
     try:
@@ -301,7 +313,7 @@ async def test_one_lost_call_does_not_cut_the_others(monkeypatch: pytest.MonkeyP
 
             async def exchange(self: DirectCaller, name: str, *args: Any) -> Any:
                 if name == "forecast":
-                    raise aiohttp.ServerDisconnectedError()
+                    raise Disconnected("the server closed the connection before its answer")
                 return await real(self, name, *args)
 
             monkeypatch.setattr(DirectCaller, "_exchange", exchange)

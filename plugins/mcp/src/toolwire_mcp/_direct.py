@@ -1,10 +1,11 @@
-"""``tools/call`` straight over aiohttp, for Streamable-HTTP upstreams on the 2026-07-28 protocol.
+"""``tools/call`` straight over HTTP, for Streamable-HTTP upstreams on the 2026-07-28 protocol.
 
 On that protocol every request is one self-contained POST (no session), so a
 call needs no client state beyond the negotiated version: the FastMCP client
 still connects, lists the tools and watches the server, and this module sends
-the ``tools/call`` POSTs themselves over one ``aiohttp.ClientSession``, for a
-fraction of the FastMCP client's CPU per call.
+the ``tools/call`` POSTs themselves over one keep-alive connection pool
+(``_wire.Pool``: httptools' parser on asyncio transports), for a fraction of
+the FastMCP client's CPU per call.
 
 It mirrors what the MCP SDK's Streamable-HTTP transport puts on the wire for a
 ``tools/call`` (headers, ``_meta`` envelope, progress token) and how it reads
@@ -17,7 +18,8 @@ paths' failures with the same code:
   stand-ins (404 -> ``METHOD_NOT_FOUND`` "Not Found", else ``INTERNAL_ERROR``);
 - the request timeout (``timeout_s``) -> ``MCPError(REQUEST_TIMEOUT)``;
 - a stream that ends without the response -> ``MCPError(CONNECTION_CLOSED)``;
-- connection failures -> ``aiohttp.ClientError`` / ``OSError`` / ``TimeoutError``;
+- connection failures -> ``_wire.WireError`` (``ConnectError``: nothing was
+  sent) / ``TimeoutError`` (the read timeout: ``_READ_S`` without a byte);
 - a redirect (the SDK follows some) -> ``NotMirrored``: nothing ran, the
   caller sends the call through the FastMCP client instead.
 """
@@ -31,7 +33,6 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-import aiohttp
 import anyio
 import fastmcp
 import httpx2
@@ -45,6 +46,8 @@ from mcp.shared.inbound import (
     encode_header_value,
 )
 from pydantic import ValidationError
+
+from ._wire import Pool, Response
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
 
@@ -94,7 +97,7 @@ def refused(status: int) -> bool:
 
 
 class DirectCaller:
-    """Sends ``tools/call`` to one upstream over one ``aiohttp.ClientSession``.
+    """Sends ``tools/call`` to one upstream over one connection pool (``_wire.Pool``).
 
     Create it inside the event loop; ``close()`` it when the upstream session
     ends.
@@ -138,29 +141,30 @@ class DirectCaller:
         )
         if auth is not None:
             fixed["authorization"] = f"Bearer {auth}"
-        self._name_headers: dict[str, dict[str, str]] = {}
-        # The certificates httpx2 (the FastMCP client's HTTP stack) would trust.
-        ssl = httpx2.create_ssl_context() if url.startswith("https:") else True
+        fixed.setdefault("user-agent", f"toolwire-mcp (fastmcp/{fastmcp.__version__})")
+        self._name_headers: dict[str, bytes] = {}
         # As the MCP transport: a longer request timeout also extends the read timeout.
         read_s = max(_READ_S, timeout_s) if timeout_s is not None else _READ_S
-        self._session = aiohttp.ClientSession(
-            headers=fixed,
-            connector=aiohttp.TCPConnector(ssl=ssl, keepalive_timeout=_KEEPALIVE_S),
-            # connect: a free connection of the pool, then the TCP/TLS handshake
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=_POOL_WAIT_S, sock_connect=_CONNECT_S, sock_read=read_s
-            ),
+        self._pool = Pool(
+            url,
+            fixed,
+            # The certificates httpx2 (the FastMCP client's HTTP stack) would trust.
+            ssl=httpx2.create_ssl_context() if url.startswith("https:") else None,
+            keepalive_s=_KEEPALIVE_S,
+            connect_s=_CONNECT_S,
+            pool_wait_s=_POOL_WAIT_S,
+            read_s=read_s,
         )
 
     @property
     def closed(self) -> bool:
-        """Whether the HTTP session is closed."""
-        return self._session.closed
+        """Whether the HTTP connections are closed."""
+        return self._pool.closed
 
     async def close(self) -> None:
-        """Close the HTTP session (its connections)."""
+        """Close the HTTP connections."""
         with anyio.CancelScope(shield=True):
-            await self._session.close()
+            await self._pool.close()
 
     # ---------------------------------------------------------------- call
     async def call_tool(
@@ -208,18 +212,18 @@ class DirectCaller:
                 ) from None
             raise
 
-    def _headers(self, name: str) -> dict[str, str]:
+    def _headers(self, name: str) -> bytes:
         h = self._name_headers.get(name)
         if h is None:
-            h = self._name_headers[name] = {MCP_NAME_HEADER: encode_header_value(name)}
+            h = Pool.header_block({MCP_NAME_HEADER: encode_header_value(name)})
+            if len(self._name_headers) < 4096:  # the upstream's tools; bounded all the same
+                self._name_headers[name] = h
         return h
 
     async def _exchange(
         self, name: str, body: bytes, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
-        resp = await self._session.post(
-            self._url, data=body, headers=self._headers(name), allow_redirects=False
-        )
+        resp = await self._pool.post(body, self._headers(name))
         try:
             result = await self._answer(resp, name, rid, progress)
         except BaseException:
@@ -229,12 +233,12 @@ class DirectCaller:
         return result
 
     async def _answer(
-        self, resp: aiohttp.ClientResponse, name: str, rid: int, progress: ProgressFn | None
+        self, resp: Response, name: str, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         status = resp.status
-        ctype = resp.headers.get("Content-Type", "").lower()
+        ctype = resp.headers.get("content-type", "").lower()
         if 300 <= status < 400:
-            raise NotMirrored(f"HTTP {status} (redirect to {resp.headers.get('Location')})")
+            raise NotMirrored(f"HTTP {status} (redirect to {resp.headers.get('location')})")
         if status == 202:
             raise MCPError(
                 code=mcp_types.INVALID_REQUEST,
@@ -251,7 +255,7 @@ class DirectCaller:
                 if isinstance(msg, mcp_types.JSONRPCError):
                     raise MCPError.from_error_data(msg.error)
             if refused(status):
-                raise HTTPRefusal(status, resp.headers.get("Retry-After"))
+                raise HTTPRefusal(status, resp.headers.get("retry-after"))
             if status == 404:
                 raise MCPError(code=mcp_types.METHOD_NOT_FOUND, message="Not Found")
             raise MCPError(code=mcp_types.INTERNAL_ERROR, message=SDK_REFUSED_TEXT)
@@ -296,7 +300,7 @@ class DirectCaller:
         return None
 
     async def _events(
-        self, resp: aiohttp.ClientResponse, name: str, rid: int, progress: ProgressFn | None
+        self, resp: Response, name: str, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         """Read SSE frames until the response: notifications on the way, comments ignored."""
         buf = bytearray()
@@ -304,7 +308,7 @@ class DirectCaller:
         data: list[bytes] = []
         size = 0
         event = b""
-        async for chunk in resp.content.iter_any():
+        async for chunk in resp.chunks():
             if first:  # a UTF-8 byte order mark may open the stream
                 chunk, first = chunk.removeprefix(b"\xef\xbb\xbf"), False
             buf += chunk

@@ -6,8 +6,8 @@ exponential backoff) and hands calls to the live client. The FastMCP client
 runs on asyncio, so this side of the plugin needs an asyncio event loop.
 
 ``tools/call`` of a Streamable-HTTP server speaking the 2026-07-28 protocol
-goes through a lean direct caller (``_direct.py``, one aiohttp session per
-upstream session) unless ``direct_http_calls`` is false; both paths' failures
+goes through a lean direct caller (``_direct.py``, one keep-alive connection
+pool per upstream session) unless ``direct_http_calls`` is false; both paths' failures
 are mapped by the same code (``_failure``).
 """
 
@@ -26,7 +26,6 @@ from contextvars import ContextVar
 from time import monotonic
 from typing import Any, Literal
 
-import aiohttp
 import anyio
 import httpx2
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
@@ -59,6 +58,7 @@ from ._direct import (
     ProgressFn,
     refused,
 )
+from ._wire import ConnectError, WireError
 
 __all__ = ["Upstream"]
 
@@ -76,7 +76,7 @@ _LOST: tuple[type[BaseException], ...] = (
     anyio.BrokenResourceError,
     anyio.EndOfStream,
     httpx2.TransportError,
-    aiohttp.ClientError,
+    WireError,
 )
 
 
@@ -777,7 +777,7 @@ class Upstream:
             # The SDK's check of a result against the tool's output schema: the server
             # answered, the answer is wrong. Not a lost connection.
             return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=where)
-        if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc, ConnectError):
             # Nothing was sent: the call did not run. The supervisor checks the server.
             self._lost_client = client
             self._wake.set()
