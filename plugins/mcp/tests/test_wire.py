@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import socket
 import ssl
+import struct
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -163,14 +165,21 @@ async def test_chunked_gzip_and_a_100_continue_first() -> None:
 
 
 async def test_a_deflate_body_and_repeated_headers() -> None:
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)  # "deflate" as some servers send it
+    raw_deflate = raw.compress(b"[2]") + raw.flush()
+
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
         await s.read_request(r)
         w.write(answer(zlib.compress(b"[1]"), "content-encoding: deflate", "x-a: 1", "x-a: 2"))
+        await s.read_request(r)
+        w.write(answer(raw_deflate, "content-encoding: deflate"))
+        await w.drain()
 
     async with serving(handler) as srv:
         pool = pool_for(srv)
         _, headers, data = await post(pool)
         assert data == b"[1]" and headers["x-a"] == "1, 2"
+        assert (await post(pool))[2] == b"[2]"
         await pool.close()
 
 
@@ -210,8 +219,28 @@ async def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_reused
             ProtocolError,
             "headers exceed",
         ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: %d\r\n\r\n%s"
+            % (len(gzip.compress(b"x" * 5000)) - 8, gzip.compress(b"x" * 5000)[:-8]),
+            ProtocolError,
+            "gzip body ends before its compressed stream",
+        ),
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n",
+            ProtocolError,
+            r"switched protocols \(101\)",
+        ),
     ],
-    ids=["closed-before", "closed-mid-body", "not-http", "unknown-coding", "bad-gzip", "huge-head"],
+    ids=[
+        "closed-before",
+        "closed-mid-body",
+        "not-http",
+        "unknown-coding",
+        "bad-gzip",
+        "huge-head",
+        "truncated-gzip",
+        "upgrade",
+    ],
 )
 async def test_broken_answers_raise_typed_errors_and_free_the_slot(
     script: bytes, error: type[Exception], text: str
@@ -396,3 +425,194 @@ async def test_tls_with_the_given_trust_and_a_wrong_name_refused() -> None:
         with pytest.raises(ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
             await post(untrusted)
         await untrusted.close()
+
+
+async def test_a_large_body_read_whole_leaves_the_connection_readable() -> None:
+    size = 1024 * 1024
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(b"x" * size))
+        await w.drain()
+        await json_echo(r, w, s)
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, read_s=2)
+        assert len((await post(pool))[2]) == size
+        assert (await asyncio.wait_for(post(pool, b"[6]"), 5))[2] == b"[6]"
+        await pool.close()
+    assert srv.connections == 1
+
+
+async def test_close_fails_a_read_until_close_body_in_flight() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart")
+        await w.drain()
+        await s.until_client_closes(r)
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        resp = await pool.post(b"{}")
+        await asyncio.sleep(0.1)  # "part" is in
+        await pool.close()
+        with pytest.raises(Disconnected):
+            await resp.read()
+        resp.close()
+
+
+async def test_a_reset_read_until_close_body_is_not_complete() -> None:
+    """A body that ends at EOF ends only at a clean EOF: a reset cuts it."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\npart")
+        await w.drain()
+        await asyncio.sleep(0.2)
+        sock = w.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        w.transport.abort()  # RST: the body is cut, not ended
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        resp = await pool.post(b"{}")
+        with pytest.raises(Disconnected):
+            await resp.read()
+        resp.close()
+        await pool.close()
+
+
+async def test_close_fails_calls_waiting_for_a_slot() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        await s.until_client_closes(r)
+
+    async with serving(silent) as srv:
+        pool = pool_for(srv, limit=1)
+        first = asyncio.ensure_future(post(pool))
+        await asyncio.wait_for(srv.got_request.wait(), 5)
+        second = asyncio.ensure_future(post(pool, b"[2]"))
+        await asyncio.sleep(0.05)  # waiting for the slot
+        await pool.close()
+        with pytest.raises(Disconnected):
+            await first
+        try:
+            with pytest.raises(WireError, match="closed"):
+                await asyncio.wait_for(second, 2)
+        finally:
+            assert len(srv.requests) == 1, srv.requests  # nothing sent after close()
+
+
+async def test_a_connection_being_closed_is_not_reused() -> None:
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        if s.connections > 1:
+            await json_echo(r, w, s)
+            return
+        await s.read_request(r)
+        w.write(answer(b"[1]") + b"JUNK\r\n\r\n")  # bytes after the answer: client aborts
+        await w.drain()
+        await json_echo(r, w, s)
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        resp = await pool.post(b"{}")
+        assert await resp.read() == b"[1]"
+        resp.release()
+        # in the same loop step: the aborted connection (connection_lost still pending)
+        assert (await post(pool, b"[7]"))[2] == b"[7]"
+        await pool.close()
+
+
+async def test_a_slow_reader_is_not_a_silent_server() -> None:
+    size = 2 * 1024 * 1024
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(b"x" * size))
+        await w.drain()
+        await s.until_client_closes(r)
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, read_s=0.3)
+        resp = await pool.post(b"{}")
+        got = 0
+        async for chunk in resp.chunks():
+            got += len(chunk)
+            await asyncio.sleep(0.5)  # slow consumer; socket paused by back-pressure
+        resp.release()
+        assert got == size
+        await pool.close()
+
+
+async def test_a_head_that_never_ends_is_cut_off() -> None:
+    """Header bytes trickling in without end: refused once past the limit, not buffered forever."""
+
+    async def trickle(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\nx-endless: ")
+        for _ in range(400):
+            w.write(b"a" * 1024)
+            await w.drain()
+            await asyncio.sleep(0.001)
+        await s.until_client_closes(r)
+
+    async with serving(trickle) as srv:
+        pool = pool_for(srv)
+        with pytest.raises(ProtocolError, match="headers exceed"):
+            await asyncio.wait_for(post(pool), 10)
+        await pool.close()
+
+
+async def test_close_names_the_client_as_the_one_that_closed() -> None:
+    async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc")
+        await s.until_client_closes(r)
+
+    async with serving(silent) as srv:
+        pool = pool_for(srv)
+        resp = await pool.post(b"{}")
+        await pool.close()
+        with pytest.raises(Disconnected, match="the HTTP client was closed during the call"):
+            await resp.read()
+        resp.close()
+
+
+async def test_an_error_answer_read_whole_keeps_the_connection() -> None:
+    """A 429 or a JSON-RPC error is an answer: the direct caller reuses its connection."""
+    from mcp.shared.exceptions import MCPError
+
+    from toolwire_mcp._direct import DirectCaller, HTTPRefusal
+
+    error = b'{"jsonrpc":"2.0","id":%d,"error":{"code":-32602,"message":"bad"}}'
+    result = b'{"jsonrpc":"2.0","id":%d,"result":{"content":[],"isError":false}}'
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(b"slow down", "retry-after: 2", status="429 Too Many Requests"))
+        await s.read_request(r)
+        w.write(answer(error % 2, "content-type: application/json", status="400 Bad Request"))
+        await s.read_request(r)
+        w.write(answer(result % 3, "content-type: application/json"))
+        await w.drain()
+        await s.until_client_closes(r)
+
+    async with serving(script) as srv:
+        caller = DirectCaller(
+            server="s",
+            url=f"http://127.0.0.1:{srv.port}/mcp",
+            protocol_version="2026-07-28",
+            headers={},
+            auth=None,
+            timeout_s=None,
+            on_list_changed=lambda: None,
+        )
+        with pytest.raises(HTTPRefusal) as refusal:
+            await caller.call_tool("t", {}, meta=None, progress=None)
+        assert (refusal.value.status, refusal.value.retry_after) == (429, "2")
+        with pytest.raises(MCPError, match="bad"):
+            await caller.call_tool("t", {}, meta=None, progress=None)
+        ok = await caller.call_tool("t", {}, meta=None, progress=None)
+        assert not getattr(ok, "is_error", True)
+        await caller.close()
+    assert srv.connections == 1

@@ -91,6 +91,12 @@ class NotMirrored(Exception):
     """An answer the direct path does not handle like the SDK (a redirect); nothing ran."""
 
 
+def _small(resp: Response) -> bool:
+    """Whether the answer declares a body of at most 64 KiB (an error page worth draining)."""
+    length = resp.headers.get("content-length", "")
+    return length.isdigit() and int(length) <= 65536
+
+
 def refused(status: int) -> bool:
     """Whether an HTTP status is mapped by status (auth, rate limit, server error)."""
     return status in (401, 403, 429) or status >= 500
@@ -226,8 +232,11 @@ class DirectCaller:
         resp = await self._pool.post(body, self._headers(name))
         try:
             result = await self._answer(resp, name, rid, progress)
+        except (MCPError, HTTPRefusal, NotMirrored):
+            resp.release()  # an answer (a 429, a JSON-RPC error): kept if it was read to its end
+            raise
         except BaseException:
-            resp.close()  # cancelled or failed: drop the connection, the server sees it go
+            resp.close()  # cancelled or broken: drop the connection, the server sees it go
             raise
         resp.release()
         return result
@@ -254,6 +263,8 @@ class DirectCaller:
                     msg = None
                 if isinstance(msg, mcp_types.JSONRPCError):
                     raise MCPError.from_error_data(msg.error)
+            elif _small(resp):
+                await resp.read()  # read to its end, the connection can serve the next call
             if refused(status):
                 raise HTTPRefusal(status, resp.headers.get("retry-after"))
             if status == 404:

@@ -60,6 +60,11 @@ class ProtocolError(WireError):
     """The server's bytes are not an HTTP/1.1 response this client can read."""
 
 
+def _zlib_header(data: bytes) -> bool:
+    """Whether ``data`` opens with a zlib header (RFC 1950): deflate, and a valid check value."""
+    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+
+
 def _check(value: str, what: str) -> str:
     if any(c in value for c in "\r\n\0"):
         raise ValueError(f"{what} {value!r}: CR, LF and NUL are not allowed in HTTP headers")
@@ -80,6 +85,7 @@ class Response:
         "_decoder",
         "_done",
         "_error",
+        "_raw_deflate_ok",
         "_waiter",
         "headers",
         "status",
@@ -94,6 +100,7 @@ class Response:
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
+        self._raw_deflate_ok = False
 
     # -- fed by the connection
     def _wake(self) -> None:
@@ -103,6 +110,10 @@ class Response:
 
     def _feed(self, data: bytes) -> None:
         if self._decoder is not None:
+            if self._raw_deflate_ok:  # "deflate" is meant zlib-wrapped; some send it raw
+                self._raw_deflate_ok = False
+                if len(data) >= 2 and not _zlib_header(data):
+                    self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
             try:
                 data = self._decoder.decompress(data)
             except zlib.error as exc:
@@ -121,6 +132,10 @@ class Response:
                 return
             if tail:
                 self._chunks.append(tail)
+            if not self._decoder.eof:
+                coding = self.headers.get("content-encoding")
+                self._fail(ProtocolError(f"the {coding} body ends before its compressed stream"))
+                return
         self._done = True
         self._wake()
 
@@ -195,9 +210,11 @@ class _Conn(asyncio.Protocol):
         self._resp: Response | None = None
         self._head: asyncio.Future[Response] | None = None
         self._head_size = 0
+        self._pre_head = 0  # bytes received while the head was incomplete
         self._sized = False  # Content-Length or chunked: the body does not end at EOF
         self._keep_alive = False
         self._paused = False
+        self._aborted = False  # we dropped the connection: an EOF then is no end of a body
         self._last_read = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -212,16 +229,29 @@ class _Conn(asyncio.Protocol):
             self._abort()
             return
         self._last_read = self.loop.time()
+        if self._head is not None:  # the head is not complete yet: bound what httptools buffers
+            self._pre_head += len(data)
+            if self._pre_head > MAX_HEAD + 65536:
+                self._failed(ProtocolError(f"the response headers exceed {MAX_HEAD} bytes"))
+                self._abort()
+                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
             # a callback below raised; it has already recorded the failure
             self._abort()
+        except httptools.HttpParserUpgrade:
+            self._failed(ProtocolError("the server switched protocols (101): not an MCP answer"))
+            self._abort()
         except httptools.HttpParserError as exc:
             self._failed(ProtocolError(f"not a valid HTTP/1.1 response: {exc}"))
             self._abort()
         else:
-            if len(resp._chunks) > 1 and sum(map(len, resp._chunks)) > _HIGH_WATER:
+            if (
+                not resp._done
+                and len(resp._chunks) > 1
+                and sum(map(len, resp._chunks)) > _HIGH_WATER
+            ):
                 self._paused = True
                 assert self.transport is not None
                 self.transport.pause_reading()
@@ -235,7 +265,13 @@ class _Conn(asyncio.Protocol):
         resp = self._resp
         if resp is None:
             return
-        if self._head is None and not self._sized and not resp._done:
+        if (
+            self._head is None
+            and not self._sized
+            and not resp._done
+            and not self._aborted
+            and exc is None
+        ):
             resp._finish()  # a body without Content-Length or chunking ends with the connection
         elif not resp._done:
             where = "before" if self._head is not None else "in the middle of"
@@ -278,6 +314,7 @@ class _Conn(asyncio.Protocol):
         coding = resp.headers.get("content-encoding", "identity").strip().lower()
         if coding in ("gzip", "x-gzip", "deflate"):
             resp._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
+            resp._raw_deflate_ok = coding == "deflate"
         elif coding != "identity":
             self._failed(ProtocolError(f"unsupported Content-Encoding {coding!r}"))
             raise ProtocolError("unsupported content-encoding")
@@ -304,6 +341,7 @@ class _Conn(asyncio.Protocol):
         self._resp = Response(self)
         self._head = self.loop.create_future()
         self._head_size = 0
+        self._pre_head = 0
         self._sized = False
         self._last_read = self.loop.time()
         self._timer = self.loop.call_at(self._last_read + read_s, self._check_read, read_s)
@@ -313,17 +351,22 @@ class _Conn(asyncio.Protocol):
     def resume(self) -> None:
         if self._paused and self.transport is not None:
             self._paused = False
+            self._last_read = self.loop.time()  # the pause was ours, not the server's silence
             self.transport.resume_reading()
 
     def finished(self, *, reuse: bool) -> None:
         self._stop_timer()
         self._resp = None
         self._head = None
-        if reuse and self._keep_alive and not self.lost:
+        if reuse and self._keep_alive and self.alive:
             self.pool._put(self)
         else:
             self._abort()
             self.pool._forget(self)
+
+    @property
+    def alive(self) -> bool:
+        return not self.lost and self.transport is not None and not self.transport.is_closing()
 
     # -- internals
     def _failed(self, exc: BaseException) -> None:
@@ -334,6 +377,8 @@ class _Conn(asyncio.Protocol):
             self._resp._fail(exc)
 
     def _check_read(self, read_s: float) -> None:
+        if self._paused:
+            self._last_read = self.loop.time()
         idle = self.loop.time() - self._last_read
         if idle < read_s:
             self._timer = self.loop.call_at(self._last_read + read_s, self._check_read, read_s)
@@ -348,6 +393,7 @@ class _Conn(asyncio.Protocol):
             self._timer = None
 
     def _abort(self) -> None:
+        self._aborted = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.abort()
 
@@ -415,10 +461,15 @@ class Pool:
         else:
             await self._limit.acquire()
         try:
+            if self.closed:
+                raise WireError("the HTTP client is closed")
             conn = self._reusable() or await self._connect()
         except BaseException:
             self._limit.release()
             raise
+        if self.closed:  # closed while connecting
+            conn.finished(reuse=False)
+            raise WireError("the HTTP client is closed")
         try:
             return await conn.request(data, self._read_s)
         except BaseException:
@@ -429,7 +480,7 @@ class Pool:
         now = self.loop.time()
         while self._idle:
             conn = self._idle.pop()
-            if not conn.lost and now - conn.idle_since < self._keepalive_s:
+            if conn.alive and now - conn.idle_since < self._keepalive_s:
                 conn.busy = True
                 return conn
             conn._abort()
@@ -480,6 +531,7 @@ class Pool:
         """Close every connection; calls still running fail with ``Disconnected``."""
         self.closed = True
         for conn in list(self._all):
+            conn._failed(Disconnected("the HTTP client was closed during the call"))
             conn._abort()
         self._idle.clear()
         await asyncio.sleep(0)  # let the transports report their loss
