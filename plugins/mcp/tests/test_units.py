@@ -4,13 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+import jsonschema
 import mcp_types
 import pydantic
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from toolwire import ArgsError, ToolResult
 from toolwire_mcp import MCPConfig, ServeConfig, ServerConfig, resolve_auth_token
-from toolwire_mcp._convert import make_validator, remote_error, remote_value, render_text
+from toolwire_mcp._convert import (
+    make_validator,
+    quick_check,
+    remote_error,
+    remote_value,
+    render_text,
+)
 
 
 @pytest.mark.parametrize(
@@ -167,3 +176,132 @@ def test_remote_schemas_are_validated_with_full_json_schema() -> None:
     with pytest.raises(ArgsError, match="does not match"):
         check({"name": "ABC"})  # `pattern` is enforced (the kernel's subset checker skips it)
     assert make_validator({"type": "object", "properties": {"a": {"type": 5}}}) is None
+
+
+# The quick check (jsonschema-rs) may only ever accept what jsonschema accepts.
+_QUICK_SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {
+            "message": {"type": "string", "minLength": 1},
+            "times": {"type": "integer", "minimum": 0, "default": 1},
+            "ratio": {"type": "number", "exclusiveMaximum": 1},
+            "flag": {"type": "boolean"},
+            "pattern": {"type": "string"},  # a property *named* pattern is no regex
+        },
+        "required": ["message"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True},
+            "mode": {"enum": [1, "fast", None]},
+            "one": {"const": 1},
+            "any": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": 2}]},
+            "node": {"$ref": "#/$defs/node"},
+        },
+        "$defs": {
+            "node": {
+                "type": "object",
+                "properties": {"next": {"$ref": "#/$defs/node"}, "v": {"type": "integer"}},
+            }
+        },
+    },
+    {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "properties": {"when": {"type": "string", "format": "date-time"}},
+        "dependencies": {"when": ["zone"]},
+    },
+    {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "number"}},
+]
+
+_KEYS = [
+    "message",
+    "times",
+    "ratio",
+    "flag",
+    "pattern",
+    "tags",
+    "mode",
+    "one",
+    "any",
+    "node",
+    "next",
+    "v",
+    "when",
+    "zone",
+    "x",
+]
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.sampled_from(_KEYS),
+            inner,
+            max_size=5,
+        )
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(index=st.integers(0, len(_QUICK_SCHEMAS) - 1), instance=_json)
+def test_the_quick_check_never_accepts_what_jsonschema_rejects(index: int, instance: Any) -> None:
+    schema = _QUICK_SCHEMAS[index]
+    quick = quick_check(schema)
+    assert quick is not None
+    if quick(instance):
+        jsonschema.validators.validator_for(schema)(schema).validate(instance)
+
+
+def test_the_quick_check_takes_valid_arguments_and_leaves_the_rest_to_jsonschema() -> None:
+    schema = _QUICK_SCHEMAS[0]
+    quick = quick_check(schema)
+    assert quick is not None
+    assert quick({"message": "hi", "times": 2, "pattern": "^a"})
+    assert quick({"message": "hi", "times": 2.0})  # 2.0 is an integer, as in jsonschema
+    assert not quick({"message": "hi", "times": True})
+    assert not quick({"message": ""})
+    assert not quick({"message": "hi", "extra": 1})
+    assert not quick({"message": object()})  # not JSON: jsonschema judges
+    # formats are annotations, as in jsonschema without a format checker
+    assert quick_check(_QUICK_SCHEMAS[2])({"when": "not a date", "zone": "Z"})
+    # the same errors as before for what it does not take
+    check = make_validator(schema)
+    with pytest.raises(ArgsError) as exc:
+        check({"times": "2"})
+    assert dict(exc.value.problems) == {
+        "message": "field required",
+        "times": "expected integer, got str '2'",
+    }
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}},
+        {"type": "object", "patternProperties": {"^x": {"type": "string"}}},
+        {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 0.1}}},
+        {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}},
+        {"$schema": "http://json-schema.org/draft-03/schema#", "type": "object"},
+        {"type": "object", "properties": {"a": {"allOf": [{"pattern": "^x"}]}}},
+    ],
+)
+def test_schemas_the_quick_check_might_read_differently_get_none(schema: dict[str, Any]) -> None:
+    """Regex dialects, float division, remote references, old drafts: jsonschema alone."""
+    assert quick_check(schema) is None
+
+
+def test_multiple_of_is_left_to_jsonschema() -> None:
+    # jsonschema rejects 0.3 as a multiple of 0.1 (float division): the verdict stands
+    check = make_validator({"type": "object", "properties": {"n": {"multipleOf": 0.1}}})
+    with pytest.raises(ArgsError, match="multiple"):
+        check({"n": 0.3})

@@ -1,6 +1,7 @@
 """Conversions between kernel results and MCP results, and remote schema validation.
 
-Imports only ``mcp_types`` and ``jsonschema`` (not the FastMCP server or client).
+Imports only ``mcp_types``, ``jsonschema`` and ``jsonschema_rs`` (not the FastMCP
+server or client).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
+import jsonschema_rs
 import mcp_types
 
 from toolwire import ArgsError, ErrorKind, ToolResult
@@ -25,6 +27,7 @@ __all__ = [
     "RESULT_META_KEY",
     "content_blocks",
     "make_validator",
+    "quick_check",
     "remote_error",
     "remote_value",
     "render_text",
@@ -225,12 +228,82 @@ def _problems(err: jsonschema.exceptions.ValidationError) -> list[tuple[str, str
     return [(base, err.message[:300])]
 
 
+#: Keywords whose meaning the two validators may apply differently (regular expression
+#: dialects, float division): a schema using any of them is checked by ``jsonschema`` alone.
+_NOT_QUICK = frozenset({"pattern", "patternProperties", "multipleOf"})
+
+
+#: Keywords whose value maps names to subschemas, and keywords whose value is a
+#: subschema or a list of them (the others hold instances or plain values).
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+_SUBSCHEMAS = frozenset(
+    {
+        "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf", "oneOf",
+        "not", "if", "then", "else", "additionalProperties", "propertyNames",
+        "unevaluatedItems", "unevaluatedProperties",
+    }
+)  # fmt: skip
+
+
+def _uses(schema: Any, keys: frozenset[str]) -> bool:
+    """Whether any of the keywords ``keys`` appears in ``schema`` or its subschemas."""
+    if isinstance(schema, list):
+        return any(_uses(v, keys) for v in schema)
+    if not isinstance(schema, Mapping):
+        return False
+    for k, v in schema.items():
+        if k in keys:
+            return True
+        if k in _SCHEMA_MAPS or k == "dependencies":
+            if isinstance(v, Mapping) and any(_uses(sub, keys) for sub in v.values()):
+                return True
+        elif k in _SUBSCHEMAS and _uses(v, keys):
+            return True
+    return False
+
+
+def _no_retrieval(uri: str) -> Any:
+    raise LookupError(f"{uri} is not fetched")  # as jsonschema: no remote $ref is retrieved
+
+
+def quick_check(schema: Mapping[str, Any]) -> Any:
+    """A fast acceptance test for ``schema`` (jsonschema-rs), or None where there is none.
+
+    The returned ``ok(instance)`` is True only when jsonschema-rs finds the
+    instance valid. Only a True is taken as a verdict: on False, the caller
+    asks ``jsonschema``, whose answer (and error messages) stand. So the check
+    never rejects what ``jsonschema`` accepts; it saves the 10-15 us that
+    ``jsonschema`` spends on a valid instance of a small schema (callgrind:
+    about a tenth of a gateway call). Formats are annotations here, as in
+    ``jsonschema`` without a format checker; no remote ``$ref`` is fetched
+    (such a schema gets no quick check); a schema using ``pattern``,
+    ``patternProperties`` or ``multipleOf`` gets none either.
+    """
+    if _uses(schema, _NOT_QUICK):
+        return None
+    try:
+        checker = jsonschema_rs.validator_for(
+            dict(schema), validate_formats=False, retriever=_no_retrieval
+        )
+    except Exception:  # a draft or construct jsonschema-rs does not take
+        return None
+
+    def ok(instance: Any) -> bool:
+        try:
+            return bool(checker.is_valid(instance))
+        except Exception:  # a value it cannot convert: let jsonschema judge
+            return False
+
+    return ok
+
+
 def make_validator(schema: Mapping[str, Any]) -> Any:
     """A kernel ``validator`` for a remote tool: full JSON Schema via ``jsonschema``.
 
     Returns None when the schema itself is invalid (the kernel's subset checker
     is used instead and the remote side still validates). The validator raises
-    ``ArgsError`` naming every bad field.
+    ``ArgsError`` naming every bad field. Valid arguments are recognised by
+    ``quick_check`` first where it applies.
     """
     try:
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
@@ -238,9 +311,12 @@ def make_validator(schema: Mapping[str, Any]) -> Any:
         checker = cls(schema)
     except jsonschema.exceptions.SchemaError:
         return None
+    quick = quick_check(schema)
 
     def validate(args: Mapping[str, Any]) -> dict[str, Any]:
         data = dict(args)
+        if quick is not None and quick(data):
+            return data
         errors = sorted(checker.iter_errors(data), key=lambda e: _field(e.absolute_path))
         if errors:
             problems: list[tuple[str, str]] = []

@@ -48,7 +48,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
 
 from ._config import MCPConfig, ServerConfig
-from ._convert import CALL_ID_META_KEY, make_validator, remote_error, remote_value
+from ._convert import CALL_ID_META_KEY, make_validator, quick_check, remote_error, remote_value
 from ._direct import (
     CLIENT_INFO,
     SDK_REFUSED_TEXT,
@@ -197,7 +197,7 @@ class Upstream:
         #: remote tools whose schema asks for ``Mcp-Param-*`` headers (FastMCP client only)
         self._param_header_tools: frozenset[str] = frozenset()
         self._output_schemas: dict[str, dict[str, Any]] = {}
-        self._output_checkers: dict[str, Any] = {}
+        self._output_checkers: dict[str, tuple[Any, Any]] = {}
         #: ``tools/call`` requests sent over the direct HTTP path (tests check it is used)
         self.direct_calls = 0
         self._stderr = _StderrTap(name) if cfg.kind == "stdio" else None
@@ -542,13 +542,16 @@ class Upstream:
             raise RuntimeError(
                 f"Tool {remote_tool} has an output schema but did not return structured content"
             )
-        checker = self._output_checkers.get(remote_tool)
-        if checker is None:
+        checkers = self._output_checkers.get(remote_tool)
+        if checkers is None:
             try:
                 cls = jsonschema.validators.validator_for(schema)
-                checker = self._output_checkers[remote_tool] = cls(schema)
+                checkers = self._output_checkers[remote_tool] = (cls(schema), quick_check(schema))
             except Exception as exc:
                 raise RuntimeError(f"Invalid schema for tool {remote_tool}: {exc}") from exc
+        checker, quick = checkers
+        if quick is not None and quick(result.structured_content):
+            return
         try:
             error = jsonschema.exceptions.best_match(checker.iter_errors(result.structured_content))
         except Exception as exc:  # an unresolvable $ref, say
