@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Final
@@ -37,6 +36,7 @@ import anyio
 import fastmcp
 import httpx2
 import mcp_types
+import pydantic_core
 from mcp.shared.dispatcher import ProgressFnT as ProgressFn
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import (
@@ -200,11 +200,9 @@ class DirectCaller:
                 request_state=request_state,
                 _meta=envelope,
             ).model_dump(by_alias=True, mode="json", exclude_none=True)
-        body = json.dumps(
-            {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params},
-            separators=(",", ":"),
-            ensure_ascii=False,
-        ).encode()
+        body = pydantic_core.to_json(  # compact UTF-8 JSON, as json.dumps with separators
+            {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
+        )
         if self._timeout_s is None:
             return await self._exchange(name, body, rid, progress)
         deadline = asyncio.timeout(self._timeout_s)
@@ -273,7 +271,7 @@ class DirectCaller:
         if ctype.startswith("application/json"):
             raw = await resp.read()
             try:
-                msg = json.loads(raw)
+                msg = pydantic_core.from_json(raw)
             except ValueError as exc:
                 raise MCPError(
                     code=mcp_types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
@@ -363,7 +361,7 @@ class DirectCaller:
         self, data: bytes, name: str, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
         try:
-            msg = json.loads(data)
+            msg = pydantic_core.from_json(data)
         except ValueError as exc:
             raise MCPError(
                 code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE message: {exc}"

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -318,8 +317,8 @@ class FastCallPath:
 
     def _parse(self, body: bytes, scope: Scope) -> _Call | None:
         """The call a body asks for, or None when FastMCP should answer it."""
-        try:
-            req = json.loads(body)
+        try:  # anything it does not read (not UTF-8, nested too deep, ...) goes to FastMCP
+            req = pydantic_core.from_json(body)
         except (ValueError, RecursionError):
             return None
         if not isinstance(req, dict) or req.keys() - _ENVELOPE_KEYS:

@@ -51,6 +51,7 @@ from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
 from ._convert import content_blocks, result_meta
 from ._fastpath import install_fast_path
+from ._guard import remember_guard_verdicts
 from ._images import ImageFiles
 
 __all__ = [
@@ -595,6 +596,7 @@ def create_http_app(
         allowed_origins=cfg.allowed_origins or None,
     )
     app.router.routes.extend(extra_routes)
+    remember_guard_verdicts(app)
     fast = None
     if cfg.fast_path:
         stamp = mcp._mcp_server.server_info_stamp
