@@ -6,7 +6,6 @@ server or client).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +15,7 @@ import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
 import jsonschema_rs
 import mcp_types
+import pydantic_core
 
 from toolwire import ArgsError, ErrorKind, ToolResult
 
@@ -55,7 +55,7 @@ def render_text(result: ToolResult) -> str:
         only = content.get("result")
         if type(only) is str:
             return only
-    return json.dumps(content, ensure_ascii=False, separators=(",", ":"))
+    return pydantic_core.to_json(content).decode()  # compact, UTF-8 as is
 
 
 _BLOCKS: Any = None  # TypeAdapter(list[ContentBlock]), built on first use
