@@ -10,22 +10,27 @@ where it applies (``Upstream.direct_calls`` counts its requests).
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
+import mcp_types
 import pytest
 from toolwire_mcp_testkit import (
     HttpUpstream,
+    Server,
     call_until_back,
     clean_env,
     eventually,
+    serving,
     upstream_entry,
 )
 
 from toolwire import Kernel, ToolResult
 from toolwire_mcp import MCPConfig, MCPPlugin
+from toolwire_mcp._direct import DirectCaller
 from toolwire_mcp._upstream import Upstream
 
 pytestmark = pytest.mark.anyio
@@ -289,6 +294,74 @@ async def test_bearer_auth(guarded: HttpUpstream, direct: bool) -> None:
         r = await k.call("up_forecast", {"city": "Oslo"})
         assert r.error is not None and r.error.kind == "auth", r.error
         assert "HTTP 401" in r.error.message and "[plugins.mcp.servers.up]" in r.error.message
+
+
+def _sse_answer(end_after_s: float) -> Any:
+    """A scripted upstream: each tools/call is answered as an event stream (a progress
+    notification, then the response) whose end comes ``end_after_s`` after the response."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, srv: Server) -> None:
+        while (body := await srv.read_request(r)) is not None:
+            rid = json.loads(body)["id"]
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+            w.write(b"transfer-encoding: chunked\r\n\r\n")
+            for msg in (
+                {"jsonrpc": "2.0", "method": "notifications/progress",
+                 "params": {"progressToken": rid, "progress": 1, "total": 1}},
+                {"jsonrpc": "2.0", "id": rid, "result": {"content": [], "structuredContent":
+                 {"n": rid}, "isError": False}},
+            ):  # fmt: skip
+                frame = b"event: message\r\ndata: " + json.dumps(msg).encode() + b"\r\n\r\n"
+                w.write(b"%x\r\n%s\r\n" % (len(frame), frame))
+                await w.drain()
+            await asyncio.sleep(end_after_s)
+            w.write(b"0\r\n\r\n")
+            await w.drain()
+
+    return handler
+
+
+def _caller(srv: Server) -> DirectCaller:
+    return DirectCaller(
+        server="up",
+        url=f"http://127.0.0.1:{srv.port}/mcp",
+        protocol_version="2026-07-28",
+        headers={},
+        auth=None,
+        timeout_s=None,
+        on_list_changed=lambda: None,
+    )
+
+
+async def test_an_event_stream_answer_keeps_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The response of an event stream is returned at once; the stream's end, coming a little
+    later, is read in the background and the connection serves the next call."""
+    async with serving(_sse_answer(end_after_s=0.3)) as srv:
+        caller = _caller(srv)
+        try:
+            for i in range(3):
+                progress = Progress()
+                with anyio.fail_after(0.25):  # the answer does not wait for the stream's end
+                    result = await caller.call_tool("t", {}, meta=None, progress=progress)
+                assert isinstance(result, mcp_types.CallToolResult)
+                assert result.structured_content is not None and progress.got == [(1, 1, None)]
+                with anyio.fail_after(5):
+                    await asyncio.gather(*caller._drains)
+                assert (srv.connections, caller._pool.opened) == (1, 1), f"call {i}"
+        finally:
+            await caller.close()
+    # a stream that does not end in time loses its connection, as before
+    monkeypatch.setattr("toolwire_mcp._direct._DRAIN_S", 0.05)
+    async with serving(_sse_answer(end_after_s=1.0)) as srv:
+        caller = _caller(srv)
+        try:
+            for _ in range(2):
+                await caller.call_tool("t", {}, meta=None, progress=None)
+                with anyio.fail_after(5):
+                    await asyncio.gather(*caller._drains)
+            assert caller._pool.opened == 2
+        finally:
+            await caller.close()
 
 
 async def test_the_http_session_closes_with_the_kernel(upstream: HttpUpstream) -> None:

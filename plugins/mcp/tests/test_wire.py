@@ -9,18 +9,16 @@ loop ``toolwire serve`` runs on by default.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gzip
 import socket
 import ssl
 import struct
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import trustme
+from toolwire_mcp_testkit import Server, serving
 
 from toolwire_mcp._wire import ConnectError, Disconnected, Pool, ProtocolError, WireError
 
@@ -35,63 +33,6 @@ BACKENDS = [
 @pytest.fixture(params=BACKENDS)
 def anyio_backend(request: pytest.FixtureRequest) -> Any:
     return request.param
-
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, "Server"], Awaitable[None]]
-
-
-class Server:
-    """A TCP server whose ``handler`` answers each connection; counts connections and requests."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-        self.connections = 0
-        self.requests: list[bytes] = []
-        self.closed_by_client = asyncio.Event()
-        self.got_request = asyncio.Event()
-        self.port = 0
-
-    async def read_request(self, reader: asyncio.StreamReader) -> bytes | None:
-        """One request (head and Content-Length body), or None at EOF."""
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-        except asyncio.IncompleteReadError:
-            return None
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        body = await reader.readexactly(length)
-        self.requests.append(head + body)
-        self.got_request.set()
-        return body
-
-    async def until_client_closes(self, reader: asyncio.StreamReader) -> None:
-        """Wait (up to 30 s) for the client to drop the connection."""
-        with contextlib.suppress(TimeoutError, ConnectionError):
-            if await asyncio.wait_for(reader.read(), 30) == b"":
-                self.closed_by_client.set()
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            await self.handler(reader, writer, self)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            if await reader.read() == b"":
-                self.closed_by_client.set()
-            writer.close()
-
-
-@asynccontextmanager
-async def serving(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncIterator[Server]:
-    srv = Server(handler)
-    server = await asyncio.start_server(srv._serve, "127.0.0.1", 0, ssl=tls)
-    srv.port = server.sockets[0].getsockname()[1]
-    async with server:
-        yield srv
-        server.close()
 
 
 def answer(body: bytes, *headers: str, status: str = "200 OK") -> bytes:

@@ -47,7 +47,7 @@ from mcp.shared.inbound import (
 )
 from pydantic import ValidationError
 
-from ._wire import Pool, Response
+from ._wire import Pool, Response, WireError
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
 
@@ -73,6 +73,10 @@ _MAX_EVENT: Final = 1024 * 1024
 #: Shorter than common server keep-alive timeouts (uvicorn: 5 s), so an idle
 #: connection the server is about to close is not reused.
 _KEEPALIVE_S: Final = 4.0
+#: After the response of an event stream: how long, and how many bytes, to read
+#: to its end so the connection serves the next call (a server ends it at once).
+_DRAIN_S: Final = 2.0
+_DRAIN_BYTES: Final = 64 * 1024
 
 #: The SDK's text for a refused POST without a JSON-RPC error in its body.
 SDK_REFUSED_TEXT: Final = "Server returned an error response"
@@ -149,6 +153,7 @@ class DirectCaller:
             fixed["authorization"] = f"Bearer {auth}"
         fixed.setdefault("user-agent", f"toolwire-mcp (fastmcp/{fastmcp.__version__})")
         self._name_headers: dict[str, bytes] = {}
+        self._drains: set[asyncio.Task[None]] = set()  # answered event streams read to their end
         # As the MCP transport: a longer request timeout also extends the read timeout.
         read_s = max(_READ_S, timeout_s) if timeout_s is not None else _READ_S
         self._pool = Pool(
@@ -169,6 +174,8 @@ class DirectCaller:
 
     async def close(self) -> None:
         """Close the HTTP connections."""
+        for task in list(self._drains):
+            task.cancel()
         with anyio.CancelScope(shield=True):
             await self._pool.close()
 
@@ -236,8 +243,37 @@ class DirectCaller:
         except BaseException:
             resp.close()  # cancelled or broken: drop the connection, the server sees it go
             raise
-        resp.release()
+        if resp.complete:
+            resp.release()
+        else:  # an event stream answered before its end: keep the connection if it ends soon
+            self._drain_later(resp)
         return result
+
+    def _drain_later(self, resp: Response) -> None:
+        task = asyncio.get_running_loop().create_task(self._drain(resp))
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+
+    @staticmethod
+    async def _drain(resp: Response) -> None:
+        """Read the rest of an answered event stream, then give the connection back.
+
+        A server ends the stream of a POST once it has sent the response; what
+        comes before the end (rarely anything) is for a finished request and is
+        dropped. A stream that runs on past ``_DRAIN_S`` or ``_DRAIN_BYTES``
+        loses its connection, as it did before.
+        """
+        size = 0
+        try:
+            async with asyncio.timeout(_DRAIN_S):
+                async for chunk in resp.chunks():
+                    size += len(chunk)
+                    if size > _DRAIN_BYTES:
+                        break
+        except (TimeoutError, WireError) as exc:
+            log.debug("an answered event stream did not end: %s", exc)
+        finally:
+            resp.release()  # reused only when read to its end
 
     async def _answer(
         self, resp: Response, name: str, rid: int, progress: ProgressFn | None

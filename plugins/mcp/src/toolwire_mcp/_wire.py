@@ -157,6 +157,11 @@ class Response:
         finally:
             self._waiter = None
 
+    @property
+    def complete(self) -> bool:
+        """Whether the body was received to its end (it may still be waiting to be read)."""
+        return self._done and self._error is None
+
     async def read(self) -> bytes:
         """The whole body."""
         while not self._done:
@@ -442,6 +447,8 @@ class Pool:
         self._idle: list[_Conn] = []
         self._all: set[_Conn] = set()
         self.closed = False
+        #: Connections opened so far (a measure of reuse).
+        self.opened = 0
 
     @staticmethod
     def header_block(headers: Mapping[str, str]) -> bytes:
@@ -507,6 +514,7 @@ class Pool:
             raise ConnectError(f"cannot connect to {self._host}:{self._port}: closed at once")
         conn.busy = True
         self._all.add(conn)
+        self.opened += 1
         return conn
 
     def _put(self, conn: _Conn) -> None:
