@@ -23,6 +23,7 @@ from toolwire_mcp_testkit import (
     Server,
     call_until_back,
     clean_env,
+    direct_caller,
     eventually,
     serving,
     upstream_entry,
@@ -321,23 +322,11 @@ def _sse_answer(end_after_s: float) -> Any:
     return handler
 
 
-def _caller(srv: Server) -> DirectCaller:
-    return DirectCaller(
-        server="up",
-        url=f"http://127.0.0.1:{srv.port}/mcp",
-        protocol_version="2026-07-28",
-        headers={},
-        auth=None,
-        timeout_s=None,
-        on_list_changed=lambda: None,
-    )
-
-
 async def test_an_event_stream_answer_keeps_its_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     """The response of an event stream is returned at once; the stream's end, coming a little
     later, is read in the background and the connection serves the next call."""
     async with serving(_sse_answer(end_after_s=0.3)) as srv:
-        caller = _caller(srv)
+        caller: DirectCaller = direct_caller(srv)
         try:
             for i in range(3):
                 progress = Progress()
@@ -353,7 +342,7 @@ async def test_an_event_stream_answer_keeps_its_connection(monkeypatch: pytest.M
     # a stream that does not end in time loses its connection, as before
     monkeypatch.setattr("toolwire_mcp._direct._DRAIN_S", 0.05)
     async with serving(_sse_answer(end_after_s=1.0)) as srv:
-        caller = _caller(srv)
+        caller: DirectCaller = direct_caller(srv)
         try:
             for _ in range(2):
                 await caller.call_tool("t", {}, meta=None, progress=None)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import trustme
-from toolwire_mcp_testkit import Server, serving
+from toolwire_mcp_testkit import Server, direct_caller, serving
 
 from toolwire_mcp._wire import ConnectError, Disconnected, Pool, ProtocolError, WireError
 
@@ -523,7 +523,7 @@ async def test_an_error_answer_read_whole_keeps_the_connection() -> None:
     """A 429 or a JSON-RPC error is an answer: the direct caller reuses its connection."""
     from mcp.shared.exceptions import MCPError
 
-    from toolwire_mcp._direct import DirectCaller, HTTPRefusal
+    from toolwire_mcp._direct import HTTPRefusal
 
     error = b'{"jsonrpc":"2.0","id":%d,"error":{"code":-32602,"message":"bad"}}'
     result = b'{"jsonrpc":"2.0","id":%d,"result":{"content":[],"isError":false}}'
@@ -539,15 +539,7 @@ async def test_an_error_answer_read_whole_keeps_the_connection() -> None:
         await s.until_client_closes(r)
 
     async with serving(script) as srv:
-        caller = DirectCaller(
-            server="s",
-            url=f"http://127.0.0.1:{srv.port}/mcp",
-            protocol_version="2026-07-28",
-            headers={},
-            auth=None,
-            timeout_s=None,
-            on_list_changed=lambda: None,
-        )
+        caller = direct_caller(srv, server="s")
         with pytest.raises(HTTPRefusal) as refusal:
             await caller.call_tool("t", {}, meta=None, progress=None)
         assert (refusal.value.status, refusal.value.retry_after) == (429, "2")

@@ -293,3 +293,18 @@ async def serving(handler: Handler, tls: ssl.SSLContext | None = None) -> AsyncI
     async with server:
         yield srv
         server.close()
+
+
+def direct_caller(srv: Server, server: str = "up") -> Any:
+    """A ``DirectCaller`` for a scripted server's ``/mcp`` (protocol 2026-07-28, no timeout)."""
+    from toolwire_mcp._direct import DirectCaller
+
+    return DirectCaller(
+        server=server,
+        url=f"http://127.0.0.1:{srv.port}/mcp",
+        protocol_version="2026-07-28",
+        headers={},
+        auth=None,
+        timeout_s=None,
+        on_list_changed=lambda: None,
+    )
