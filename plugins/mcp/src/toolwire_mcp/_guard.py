@@ -45,8 +45,8 @@ def _key(scope: Scope) -> _Key:
 class RememberingGuard(HostOriginGuardMiddleware):
     """``HostOriginGuardMiddleware`` that skips the checks for combinations it already passed."""
 
-    def __init__(self, app: ASGIApp, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
+    def __init__(self, app: ASGIApp, *args: Any, **kwargs: Any) -> None:
+        super().__init__(app, *args, **kwargs)
         self._next = app
         self.app = self._passed  # where FastMCP's guard sends what it lets through
         self._allowed: set[_Key] = set()
