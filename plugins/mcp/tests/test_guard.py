@@ -97,6 +97,10 @@ async def test_refusals_are_never_remembered_and_the_memory_is_bounded() -> None
         verdict = await _verdict(guard, _scope("http", ("10.0.0.5", 80), host, None))
         assert verdict == ("passed", None)
         assert len(guard._allowed) <= MAX_REMEMBERED
+    long_host = b"h" * 600 + b".example"  # judged every time: not worth the memory
+    verdict = await _verdict(guard, _scope("http", ("10.0.0.5", 80), long_host, None))
+    assert verdict == ("passed", None)
+    assert not any(key[2] == long_host for key in guard._allowed)
     strict = RememberingGuard(_inner, mode="strict")
     bad = _scope("http", ("127.0.0.1", 8000), b"evil.example", None)
     for _ in range(3):

@@ -215,6 +215,9 @@ _QUICK_SCHEMAS: list[dict[str, Any]] = [
         "dependencies": {"when": ["zone"]},
     },
     {"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "number"}},
+    # numeric bounds without a type: jsonschema-rs takes inf for no number at all
+    {"properties": {"n": {"maximum": 10}, "x": {"not": {"type": "number"}}}},
+    {"type": "array", "items": {"exclusiveMinimum": 0}, "maxItems": 3},
 ]
 
 _KEYS = [
@@ -233,15 +236,17 @@ _KEYS = [
     "when",
     "zone",
     "x",
+    "n",
 ]
 _json = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.floats()  # inf and nan too (1e400 parses as inf)
     | st.text(max_size=5),
     lambda inner: (
         st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=3).map(tuple)  # an in-process caller's tuple
         | st.dictionaries(
             st.sampled_from(_KEYS),
             inner,
@@ -272,6 +277,8 @@ def test_the_quick_check_takes_valid_arguments_and_leaves_the_rest_to_jsonschema
     assert not quick({"message": ""})
     assert not quick({"message": "hi", "extra": 1})
     assert not quick({"message": object()})  # not JSON: jsonschema judges
+    assert not quick({"message": "hi", "ratio": float("inf")})
+    assert not quick({"message": "hi", "flag": (True,)})  # a tuple is no array to jsonschema
     # formats are annotations, as in jsonschema without a format checker
     assert quick_check(_QUICK_SCHEMAS[2])({"when": "not a date", "zone": "Z"})
     # the same errors as before for what it does not take
@@ -293,11 +300,40 @@ def test_the_quick_check_takes_valid_arguments_and_leaves_the_rest_to_jsonschema
         {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}},
         {"$schema": "http://json-schema.org/draft-03/schema#", "type": "object"},
         {"type": "object", "properties": {"a": {"allOf": [{"pattern": "^x"}]}}},
+        {  # a $ref may point anywhere in the document: everything is searched
+            "type": "object",
+            "components": {"schemas": {"P": {"type": "number", "multipleOf": 0.01}}},
+            "properties": {"p": {"$ref": "#/components/schemas/P"}},
+        },
+        {  # a $schema jsonschema does not know by that name (it falls back to 2020-12)
+            "$schema": "https://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {"s": {"maxLength": 3}},
+        },
+        {  # jsonschema's 2019-09 counts fewer properties as evaluated than the spec
+            "$schema": "https://json-schema.org/draft/2019-09/schema",
+            "additionalProperties": {},
+            "unevaluatedProperties": False,
+        },
     ],
 )
 def test_schemas_the_quick_check_might_read_differently_get_none(schema: dict[str, Any]) -> None:
-    """Regex dialects, float division, remote references, old drafts: jsonschema alone."""
+    """Regex dialects, float division, remote references, unknown or old drafts: jsonschema
+    alone."""
     assert quick_check(schema) is None
+
+
+def test_the_quick_check_uses_the_draft_jsonschema_uses() -> None:
+    draft7 = {
+        "$schema": "http://json-schema.org/draft-07/schema#",
+        "type": "object",
+        "definitions": {"s": {"type": "string"}},
+        "properties": {"s": {"$ref": "#/definitions/s", "maxLength": 3}},  # maxLength ignored
+    }
+    quick = quick_check(draft7)
+    assert quick is not None and quick({"s": "long enough"})
+    jsonschema.Draft7Validator(draft7).validate({"s": "long enough"})  # as jsonschema says
+    assert quick_check({"$schema": "http://json-schema.org/draft-07/schema", "type": "object"})
 
 
 def test_multiple_of_is_left_to_jsonschema() -> None:

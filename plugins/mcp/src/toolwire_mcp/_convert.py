@@ -6,6 +6,7 @@ server or client).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -231,33 +232,34 @@ def _problems(err: jsonschema.exceptions.ValidationError) -> list[tuple[str, str
 #: Keywords whose meaning the two validators may apply differently (regular expression
 #: dialects, float division): a schema using any of them is checked by ``jsonschema`` alone.
 _NOT_QUICK = frozenset({"pattern", "patternProperties", "multipleOf"})
-
-
-#: Keywords whose value maps names to subschemas, and keywords whose value is a
-#: subschema or a list of them (the others hold instances or plain values).
-_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
-_SUBSCHEMAS = frozenset(
-    {
-        "items", "prefixItems", "additionalItems", "contains", "allOf", "anyOf", "oneOf",
-        "not", "if", "then", "else", "additionalProperties", "propertyNames",
-        "unevaluatedItems", "unevaluatedProperties",
-    }
-)  # fmt: skip
+#: In draft 2019-09, ``jsonschema`` counts fewer properties as evaluated than the spec
+#: (and jsonschema-rs) does.
+_NOT_QUICK_2019 = _NOT_QUICK | {"unevaluatedProperties", "unevaluatedItems"}
+#: Keywords whose value maps names to subschemas (the names are no keywords).
+_NAMED_SCHEMAS = frozenset({"properties", "$defs", "definitions", "dependentSchemas"})
+#: Keywords whose value is an instance, not a schema.
+_INSTANCES = frozenset({"enum", "const", "default", "examples"})
 
 
 def _uses(schema: Any, keys: frozenset[str]) -> bool:
-    """Whether any of the keywords ``keys`` appears in ``schema`` or its subschemas."""
+    """Whether any of the keywords ``keys`` appears anywhere in ``schema``.
+
+    Every mapping is searched, not only the subschemas of known keywords: a
+    ``$ref`` may point anywhere in the document (``#/components/schemas/X``).
+    Names of properties and definitions are not taken for keywords; a name
+    elsewhere may be, which only costs the quick check.
+    """
     if isinstance(schema, list):
         return any(_uses(v, keys) for v in schema)
     if not isinstance(schema, Mapping):
         return False
     for k, v in schema.items():
-        if k in keys:
-            return True
-        if k in _SCHEMA_MAPS or k == "dependencies":
-            if isinstance(v, Mapping) and any(_uses(sub, keys) for sub in v.values()):
+        if k in _INSTANCES:
+            continue
+        if k in _NAMED_SCHEMAS and isinstance(v, Mapping):
+            if any(_uses(sub, keys) for sub in v.values()):
                 return True
-        elif k in _SUBSCHEMAS and _uses(v, keys):
+        elif k in keys or _uses(v, keys):
             return True
     return False
 
@@ -266,8 +268,43 @@ def _no_retrieval(uri: str) -> Any:
     raise LookupError(f"{uri} is not fetched")  # as jsonschema: no remote $ref is retrieved
 
 
-def quick_check(schema: Mapping[str, Any]) -> Any:
+#: The draft ``jsonschema`` picked -> the same draft in jsonschema-rs.
+_RS_DRAFTS: dict[Any, Any] = {
+    jsonschema.Draft4Validator: jsonschema_rs.Draft4Validator,
+    jsonschema.Draft6Validator: jsonschema_rs.Draft6Validator,
+    jsonschema.Draft7Validator: jsonschema_rs.Draft7Validator,
+    jsonschema.Draft201909Validator: jsonschema_rs.Draft201909Validator,
+    jsonschema.Draft202012Validator: jsonschema_rs.Draft202012Validator,
+}
+
+
+def _meta_id(uri: Any) -> str:
+    return uri.rstrip("#") if isinstance(uri, str) else ""
+
+
+def _plain(value: Any) -> bool:
+    """JSON as ``jsonschema`` sees it: dicts with str keys, lists, str, int, bool, None
+    and finite floats (jsonschema-rs takes ``inf`` for no type at all, and tuples for
+    arrays)."""
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
+        return True
+    if t is float:
+        return math.isfinite(value)
+    if t is dict:
+        return all(type(k) is str and _plain(v) for k, v in value.items())
+    if t is list:
+        return all(_plain(v) for v in value)
+    return False
+
+
+def quick_check(schema: Mapping[str, Any], draft: Any = None) -> Any:
     """A fast acceptance test for ``schema`` (jsonschema-rs), or None where there is none.
+
+    ``draft``: the ``jsonschema`` validator class that checks ``schema``
+    (as ``make_validator`` picks it when None); jsonschema-rs is told the same
+    draft, and a ``$schema`` that ``jsonschema`` does not know by that exact
+    name gets no quick check (the two would guess differently).
 
     The returned ``ok(instance)`` is True only when jsonschema-rs finds the
     instance valid. Only a True is taken as a verdict: on False, the caller
@@ -277,21 +314,30 @@ def quick_check(schema: Mapping[str, Any]) -> Any:
     about a tenth of a gateway call). Formats are annotations here, as in
     ``jsonschema`` without a format checker; no remote ``$ref`` is fetched
     (such a schema gets no quick check); a schema using ``pattern``,
-    ``patternProperties`` or ``multipleOf`` gets none either.
+    ``patternProperties`` or ``multipleOf`` anywhere gets none either, nor a
+    2019-09 schema using ``unevaluated*``. An instance that is not plain
+    JSON (a tuple, ``inf``) is left to ``jsonschema``.
     """
-    if _uses(schema, _NOT_QUICK):
+    if draft is None:
+        draft = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    rs_draft = _RS_DRAFTS.get(draft)
+    if rs_draft is None:
+        return None
+    if "$schema" in schema and _meta_id(schema["$schema"]) != _meta_id(
+        draft.META_SCHEMA.get("$id", draft.META_SCHEMA.get("id"))
+    ):
+        return None  # not the draft's own name: jsonschema fell back to its default
+    if _uses(schema, _NOT_QUICK_2019 if draft is jsonschema.Draft201909Validator else _NOT_QUICK):
         return None
     try:
-        checker = jsonschema_rs.validator_for(
-            dict(schema), validate_formats=False, retriever=_no_retrieval
-        )
-    except Exception:  # a draft or construct jsonschema-rs does not take
+        checker = rs_draft(dict(schema), validate_formats=False, retriever=_no_retrieval)
+    except Exception:  # a construct jsonschema-rs does not take
         return None
 
     def ok(instance: Any) -> bool:
         try:
-            return bool(checker.is_valid(instance))
-        except Exception:  # a value it cannot convert: let jsonschema judge
+            return _plain(instance) and bool(checker.is_valid(instance))
+        except Exception:  # let jsonschema judge
             return False
 
     return ok
@@ -311,7 +357,7 @@ def make_validator(schema: Mapping[str, Any]) -> Any:
         checker = cls(schema)
     except jsonschema.exceptions.SchemaError:
         return None
-    quick = quick_check(schema)
+    quick = quick_check(schema, cls)
 
     def validate(args: Mapping[str, Any]) -> dict[str, Any]:
         data = dict(args)

@@ -74,8 +74,9 @@ _MAX_EVENT: Final = 1024 * 1024
 #: connection the server is about to close is not reused.
 _KEEPALIVE_S: Final = 4.0
 #: After the response of an event stream: how long, and how many bytes, to read
-#: to its end so the connection serves the next call (a server ends it at once).
-_DRAIN_S: Final = 2.0
+#: to its end so the connection serves the next call (a server ends it at once;
+#: one that does not holds a pool slot this long).
+_DRAIN_S: Final = 0.5
 _DRAIN_BYTES: Final = 64 * 1024
 
 #: The SDK's text for a refused POST without a JSON-RPC error in its body.
@@ -243,7 +244,7 @@ class DirectCaller:
         except BaseException:
             resp.close()  # cancelled or broken: drop the connection, the server sees it go
             raise
-        if resp.complete:
+        if resp.consumed:
             resp.release()
         else:  # an event stream answered before its end: keep the connection if it ends soon
             self._drain_later(resp)

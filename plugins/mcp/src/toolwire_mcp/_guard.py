@@ -12,7 +12,8 @@ FastMCP's guard judge every combination it has not seen, and remembers the
 combinations it let through, so the same client's next request passes at
 the cost of one header scan. Refusals are never remembered: every refused
 request is judged, and answered, by FastMCP's guard. At most ``MAX_REMEMBERED``
-combinations are kept (the Host header is the client's to choose).
+combinations are kept, none with a Host and Origin of over 512 bytes together
+(the client chooses them, before any auth).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 __all__ = ["MAX_REMEMBERED", "RememberingGuard", "remember_guard_verdicts"]
 
 MAX_REMEMBERED: Final = 256
+#: Longer Host + Origin values are judged every time (a client chooses them, before auth).
+_MAX_KEY_BYTES: Final = 512
 
 _Key = tuple[Any, Any, bytes | None, bytes | None]
 
@@ -59,9 +62,11 @@ class RememberingGuard(HostOriginGuardMiddleware):
 
     async def _passed(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            if len(self._allowed) >= MAX_REMEMBERED:
-                self._allowed.clear()
-            self._allowed.add(_key(scope))
+            key = _key(scope)
+            if len(key[2] or b"") + len(key[3] or b"") <= _MAX_KEY_BYTES:  # memory stays small
+                if len(self._allowed) >= MAX_REMEMBERED:
+                    self._allowed.clear()
+                self._allowed.add(key)
         await self._next(scope, receive, send)
 
 

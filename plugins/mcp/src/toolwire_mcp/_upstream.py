@@ -546,7 +546,8 @@ class Upstream:
         if checkers is None:
             try:
                 cls = jsonschema.validators.validator_for(schema)
-                checkers = self._output_checkers[remote_tool] = (cls(schema), quick_check(schema))
+                checkers = (cls(schema), quick_check(schema, cls))
+                self._output_checkers[remote_tool] = checkers
             except Exception as exc:
                 raise RuntimeError(f"Invalid schema for tool {remote_tool}: {exc}") from exc
         checker, quick = checkers

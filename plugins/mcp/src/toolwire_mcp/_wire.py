@@ -158,9 +158,10 @@ class Response:
             self._waiter = None
 
     @property
-    def complete(self) -> bool:
-        """Whether the body was received to its end (it may still be waiting to be read)."""
-        return self._done and self._error is None
+    def consumed(self) -> bool:
+        """Whether the body was received to its end and read (``release`` then keeps the
+        connection)."""
+        return self._done and self._error is None and not self._chunks
 
     async def read(self) -> bytes:
         """The whole body."""
@@ -192,7 +193,7 @@ class Response:
         """Done with the answer: its connection is reused when the answer was read to its end."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            conn.finished(reuse=self._done and self._error is None and not self._chunks)
+            conn.finished(reuse=self.consumed)
 
     def close(self) -> None:
         """Drop the connection (an unfinished call: the server sees the client go)."""
