@@ -336,6 +336,13 @@ def test_the_quick_check_uses_the_draft_jsonschema_uses() -> None:
     assert quick_check({"$schema": "http://json-schema.org/draft-07/schema", "type": "object"})
 
 
+def test_a_schema_nested_too_deep_to_search_gets_no_quick_check() -> None:
+    deep: dict[str, Any] = {"type": "object"}
+    for _ in range(5000):
+        deep = {"anyOf": [deep]}
+    assert quick_check(deep) is None
+
+
 def test_multiple_of_is_left_to_jsonschema() -> None:
     # jsonschema rejects 0.3 as a multiple of 0.1 (float division): the verdict stands
     check = make_validator({"type": "object", "properties": {"n": {"multipleOf": 0.1}}})

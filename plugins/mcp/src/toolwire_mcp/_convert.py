@@ -327,7 +327,11 @@ def quick_check(schema: Mapping[str, Any], draft: Any = None) -> Any:
         draft.META_SCHEMA.get("$id", draft.META_SCHEMA.get("id"))
     ):
         return None  # not the draft's own name: jsonschema fell back to its default
-    if _uses(schema, _NOT_QUICK_2019 if draft is jsonschema.Draft201909Validator else _NOT_QUICK):
+    keys = _NOT_QUICK_2019 if draft is jsonschema.Draft201909Validator else _NOT_QUICK
+    try:
+        if _uses(schema, keys):
+            return None
+    except RecursionError:  # nested too deep to search: jsonschema alone
         return None
     try:
         checker = rs_draft(dict(schema), validate_formats=False, retriever=_no_retrieval)
