@@ -58,6 +58,13 @@ def sse_json(resp: httpx2.Response) -> dict[str, Any]:
     return dict(json.loads(data[-1]))
 
 
+def nested(depth: int) -> Any:
+    value: Any = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
     frames = [
         INIT,
@@ -68,6 +75,14 @@ def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
         rpc(3, "tools/call", {"name": "add", "arguments": {"a": 2, "b": 40}}),
         rpc(4, "tools/call", {"name": "add", "arguments": {"a": "x"}}),
         rpc(5, "no/such/method"),
+        # Lines json.loads reads but the SDK's parser does not, or would take for a
+        # notification: each gets an error reply (the SDK would drop them silently).
+        "[" * 3000 + "]" * 3000,  # json.loads: RecursionError (it crashed the server)
+        {"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": None, "method": "tools/list"},
+        rpc(6, "tools/call", {"name": "echo", "arguments": {"message": "\ud800"}}),
+        rpc(7, "tools/call", {"name": "echo", "arguments": {"message": nested(300)}}),
+        rpc(8, "tools/call", {"name": "add", "arguments": {"a": 1, "b": 1}}),
     ]
     payload = "".join((f if isinstance(f, str) else json.dumps(f)) + "\n" for f in frames)
     proc = subprocess.run(
@@ -92,10 +107,15 @@ def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
     parse_errors = [m for m in out if "error" in m and m["error"]["code"] == -32700]
     assert parse_errors and parse_errors[0]["id"] is None, out  # and serving went on
     assert by_id[9]["error"]["code"] == -32600  # JSON, but not a JSON-RPC message
+    assert len(parse_errors) == 4, out  # not JSON, too deep (twice), a lone surrogate
+    invalid = [m for m in out if "error" in m and m["error"]["code"] == -32600]
+    assert [m["id"] for m in invalid].count(None) == 2, out  # ids 1.5 and null
+    assert 6 not in by_id and 7 not in by_id  # answered as parse errors (id null)
+    assert by_id[8]["result"]["structuredContent"] == {"result": 2.0}  # still serving
     err_lines = [line for line in proc.stderr.decode().splitlines() if line.strip()]
     logs = [json.loads(line) for line in err_lines]  # stderr: JSON lines only
     assert any("serving" in str(x.get("msg", "")) for x in logs)
-    assert sum(1 for x in logs if x.get("tool") == "add") == 2  # the audit plugin saw both calls
+    assert sum(1 for x in logs if x.get("tool") == "add") == 3  # the audit plugin saw every call
     assert (tmp_path / ".toolwire" / "state.db").exists()  # embedded defaults
 
 

@@ -24,6 +24,7 @@ from typing import Any, cast
 import anyio
 import anyio.abc
 import mcp_types
+import pydantic_core
 import uvicorn
 from fastmcp import FastMCP
 from fastmcp.server.auth import AccessToken, TokenVerifier
@@ -804,21 +805,30 @@ class _StdinFrames:
 
 
 def _frame_problem(text: str) -> tuple[int, str, str | int | None] | None:
-    """(code, message, id) of the JSON-RPC error a malformed line gets, or None when it is fine."""
+    """(code, message, id) of the JSON-RPC error a malformed line gets, or None when it is fine.
+
+    The line is read as the MCP SDK reads it (pydantic's JSON parser, whose
+    nesting limit and rejection of lone surrogates differ from ``json``'s), so
+    every line the SDK would drop without a word gets an answer here instead.
+    """
     try:
-        data = json.loads(text)
-    except ValueError as exc:
+        data = pydantic_core.from_json(text)
+    except (ValueError, RecursionError) as exc:
         return -32700, f"Parse error: {exc}", None
+    rid = data.get("id") if isinstance(data, dict) else None
+    valid_id = isinstance(rid, (str, int)) and not isinstance(rid, bool)
+    if isinstance(data, dict) and "method" in data and "id" in data and not valid_id:
+        # Not a notification (those carry no id): a request whose id is no string or
+        # integer, which the SDK would take for a notification and never answer.
+        return -32600, "Invalid Request: the id must be a string or an integer", None
     try:
-        mcp_types.jsonrpc_message_adapter.validate_python(data, by_name=False)
-    except ValueError:
-        rid = data.get("id") if isinstance(data, dict) else None
-        rid = rid if isinstance(rid, (str, int)) and not isinstance(rid, bool) else None
+        mcp_types.jsonrpc_message_adapter.validate_json(text, by_name=False)
+    except (ValueError, RecursionError):
         return (
             -32600,
             'Invalid Request: expected a JSON-RPC 2.0 message ({"jsonrpc": "2.0", "method": ..., '
             '"id": ...} or a response)',
-            rid,
+            rid if valid_id else None,
         )
     return None
 
