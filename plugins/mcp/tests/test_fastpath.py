@@ -94,7 +94,13 @@ async def slow(seconds: float, label: str = "") -> str:
     return "slept"
 
 
-TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow]
+@tool
+def scale(x: float, by: float = 10.0) -> float:
+    """x times by (1e308 times 10 is infinity, which JSON cannot carry)."""
+    return x * by
+
+
+TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow, scale]
 
 
 @dataclass
@@ -229,6 +235,8 @@ LEAN_CASES = {
     "non_json_types": envelope("stamped"),
     "image_content": envelope("picture"),
     "not_quite_image_content": envelope("picture", {"broken": True}),
+    "finite_number": envelope("scale", {"x": 1.5}),
+    "non_finite_number": envelope("scale", {"x": 1e308}),
 }
 
 
@@ -265,8 +273,16 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
         assert result["content"] == [{"type": "image", "data": PIXEL, "mimeType": "image/png"}]
     if case == "not_quite_image_content":
         assert [b["type"] for b in result["content"]] == ["text"]
-    if case in ("tool_error", "unknown_tool", "invalid_args", "bad_call_id"):
+    if case in ("tool_error", "unknown_tool", "invalid_args", "bad_call_id", "non_finite_number"):
         assert result["isError"] is True and "structuredContent" not in result
+    if case == "finite_number":
+        assert result["structuredContent"] == {"result": 15.0}
+    if case == "non_finite_number":  # the kernel's "Infinity" does not match {"type": "number"}
+        error = result["_meta"]["io.toolwire/error"]
+        assert error["kind"] == "tool_error"
+        assert "does not match its output schema" in error["message"]
+        assert "'Infinity' is not of type 'number' (at result)" in error["message"]
+        assert "JSON has no such number" in error["message"]
 
 
 _CALL = envelope("greet", {"name": "x"})

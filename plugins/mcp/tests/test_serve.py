@@ -165,6 +165,22 @@ async def test_error_results_carry_the_kind(client: Client[Any]) -> None:
     assert info["kind"] == "rate_limit" and info["retry_after_s"] == 2.5
 
 
+async def test_a_result_that_breaks_its_output_schema_is_an_error_the_client_can_read(
+    client: Client[Any],
+) -> None:
+    # 1e308 + 1e308 is infinity: the kernel sends it as "Infinity", which the listed
+    # schema ({"result": {"type": "number"}}) rejects; the FastMCP client used to raise
+    # ("Invalid structured content") instead of returning the result.
+    r = await client.call_tool_mcp("add", {"a": 1e308, "b": 1e308})
+    assert r.is_error and r.structured_content is None and r.meta is not None
+    info = r.meta[ERROR_META_KEY]
+    assert info["kind"] == "tool_error" and info["source"] == "mcp"
+    assert "'Infinity' is not of type 'number'" in info["message"]
+    assert r.meta[RESULT_META_KEY]["served_by"] == "add"  # the call's own record stays
+    ok = await client.call_tool_mcp("add", {"a": 1e308, "b": 0})
+    assert not ok.is_error and ok.structured_content == {"result": 1e308}
+
+
 async def test_plugins_apply_to_mcp_callers(client: Client[Any]) -> None:
     r = await client.call_tool_mcp("wipe", {"confirm": True})
     assert r.is_error and r.meta is not None

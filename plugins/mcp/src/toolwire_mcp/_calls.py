@@ -9,12 +9,16 @@ either path. Imports no FastMCP.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 import anyio
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed
+import jsonschema.exceptions  # type: ignore[import-untyped]
+import jsonschema.validators  # type: ignore[import-untyped]
 
-from toolwire import ErrorKind, Kernel, ToolResult
+from toolwire import ErrorInfo, ErrorKind, Kernel, Tool, ToolResult
 
+from ._convert import quick_check
 from ._images import ImageFiles
 from ._keys import CALL_ID_META_KEY
 
@@ -24,6 +28,8 @@ __all__ = ["ProgressSender", "ServeGate", "call_id_from_meta", "run_call"]
 ProgressSender = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _DRAINING = "toolwire is shutting down and accepts no new calls; retry on another instance"
+#: What the kernel makes of numbers JSON cannot carry (``toolwire._types._finite``).
+_NON_FINITE: Final = frozenset({"Infinity", "-Infinity", "NaN"})
 
 
 class ServeGate:
@@ -38,6 +44,8 @@ class ServeGate:
         self.inflight = 0
         self.draining = False
         self._idle: anyio.Event | None = None
+        #: tool name -> (the tool, its output schema's checker, quick check); None: no check
+        self._outputs: dict[str, tuple[Tool, Any, Any]] = {}
 
     def enter(self) -> None:
         """A call starts."""
@@ -48,6 +56,40 @@ class ServeGate:
         self.inflight -= 1
         if self.inflight == 0 and self._idle is not None:
             self._idle.set()
+
+    def output_problem(self, tool: Tool, content: Mapping[str, Any]) -> str | None:
+        """Why ``content`` does not match the output schema ``tool`` is listed with; None when
+        it does (or there is no schema, or the schema itself is invalid).
+
+        MCP clients check structured content against the listed schema and reject a
+        mismatch on their side, so a result that would not pass goes out as an error
+        that says why instead.
+        """
+        schema = tool.output_schema
+        if schema is None:
+            return None
+        cached = self._outputs.get(tool.name)
+        if cached is None or cached[0] is not tool:
+            try:
+                cls = jsonschema.validators.validator_for(
+                    schema, default=jsonschema.Draft202012Validator
+                )
+                cls.check_schema(schema)
+                cached = (tool, cls(schema), quick_check(schema, cls))
+            except jsonschema.exceptions.SchemaError:
+                cached = (tool, None, None)
+            self._outputs[tool.name] = cached
+        _, checker, quick = cached
+        if checker is None or (quick is not None and quick(content)):
+            return None
+        error = jsonschema.exceptions.best_match(checker.iter_errors(content))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path)
+        problem = f"{error.message} (at {where or 'the top level'})"
+        if error.instance in _NON_FINITE:
+            problem += "; JSON has no such number, so the kernel sent it as a string"
+        return problem
 
     async def drain(self, grace_s: float) -> int:
         """Refuse new calls and wait up to ``grace_s`` for in-flight ones; returns those left."""
@@ -98,7 +140,7 @@ async def run_call(
         metadata["mcp_request_id"] = request_id
     gate.enter()
     try:
-        return await kernel.call(
+        result = await kernel.call(
             name,
             arguments,
             call_id=call_id,
@@ -109,3 +151,16 @@ async def run_call(
         )
     finally:
         gate.leave()
+    if not result.is_error:
+        tool = kernel.get_tool(name)  # the schema the client was shown (a fallback's may differ)
+        if tool is not None and tool.output_schema is not None:
+            problem = gate.output_problem(tool, result.content)
+            if problem is not None:
+                info = ErrorInfo(
+                    ErrorKind.TOOL_ERROR,
+                    f"tool {name!r} returned a result that does not match its output schema: "
+                    f"{problem}",
+                    source="mcp",
+                )
+                return ToolResult.from_error(info, meta=result.meta)
+    return result
