@@ -100,7 +100,13 @@ def scale(x: float, by: float = 10.0) -> float:
     return x * by
 
 
-TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow, scale]
+@tool
+def mangled() -> dict[str, Any]:
+    """A result holding a lone surrogate (as from bytes decoded with "surrogateescape")."""
+    return {"text": b"caf\xe9".decode("utf-8", "surrogateescape")}
+
+
+TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow, scale, mangled]
 
 
 @dataclass
@@ -237,6 +243,7 @@ LEAN_CASES = {
     "not_quite_image_content": envelope("picture", {"broken": True}),
     "finite_number": envelope("scale", {"x": 1.5}),
     "non_finite_number": envelope("scale", {"x": 1e308}),
+    "lone_surrogate_result": envelope("mangled"),
 }
 
 
@@ -275,6 +282,8 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
         assert [b["type"] for b in result["content"]] == ["text"]
     if case in ("tool_error", "unknown_tool", "invalid_args", "bad_call_id", "non_finite_number"):
         assert result["isError"] is True and "structuredContent" not in result
+    if case == "lone_surrogate_result":
+        assert result["structuredContent"] == {"text": "caf\ufffd"}
     if case == "finite_number":
         assert result["structuredContent"] == {"result": 15.0}
     if case == "non_finite_number":  # the kernel's "Infinity" does not match {"type": "number"}
@@ -283,6 +292,23 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
         assert "does not match its output schema" in error["message"]
         assert "'Infinity' is not of type 'number' (at result)" in error["message"]
         assert "JSON has no such number" in error["message"]
+
+
+async def test_a_lone_surrogate_in_a_result_becomes_a_replacement_character() -> None:
+    # json.loads reads "\ud800" into a Python string; UTF-8 cannot carry it, so the
+    # answer failed to encode and the client got a masked "Error calling tool".
+    # pydantic's parser refuses such a body, so FastMCP reads it on both servers.
+    structured = envelope("profile", {"name": "a\ud800b"})
+    text = envelope("greet", {"name": "a\ud800b"})
+    async with both() as (fast, slow):
+        for body in (structured, text):
+            expected = await post(slow.url, body)
+            assert await post(fast.url, body) == expected
+            status, _, answer = expected
+            result = answer["result"]
+            assert status == 200 and result["isError"] is False, answer
+            assert "a\ufffdb" in result["content"][0]["text"]
+        assert result["structuredContent"] == {"result": "hello a\ufffdb"}
 
 
 _CALL = envelope("greet", {"name": "x"})

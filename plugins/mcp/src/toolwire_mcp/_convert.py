@@ -33,6 +33,7 @@ __all__ = [
     "remote_value",
     "render_text",
     "result_meta",
+    "utf8_safe",
     "wire_blocks",
 ]
 
@@ -45,8 +46,15 @@ def render_text(result: ToolResult) -> str:
     """The text rendering of a kernel result.
 
     Errors read ``<kind>: <message>``; a bare ``{"result": "<text>"}`` is the
-    text itself; anything else is the JSON of ``content``.
+    text itself; anything else is the JSON of ``content``. Lone surrogates,
+    which UTF-8 cannot carry (a tool echoing a ``"\\ud800"`` escape), become
+    U+FFFD.
     """
+    text = _render(result)
+    return text if text.isascii() else utf8_text(text)
+
+
+def _render(result: ToolResult) -> str:
     if result.is_error:
         err = result.error
         if err is not None:
@@ -56,7 +64,36 @@ def render_text(result: ToolResult) -> str:
         only = content.get("result")
         if type(only) is str:
             return only
-    return pydantic_core.to_json(content).decode()  # compact, UTF-8 as is
+    try:
+        return pydantic_core.to_json(content).decode()  # compact, UTF-8 as is
+    except pydantic_core.PydanticSerializationError:  # a lone surrogate somewhere
+        return pydantic_core.to_json(utf8_safe(content)).decode()
+
+
+def utf8_text(text: str) -> str:
+    """``text``, with each lone surrogate replaced by U+FFFD when it has any."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def utf8_safe(value: Any) -> Any:
+    """A JSON value with each lone surrogate in its strings (keys too) replaced by U+FFFD.
+
+    Python strings may hold them (``json`` reads ``"\\ud800"``); UTF-8, and so
+    the JSON an MCP answer is sent as, cannot. For the rare answer that fails
+    to encode, not the hot path.
+    """
+    t = type(value)
+    if t is str:
+        return utf8_text(value)
+    if t is dict:
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [utf8_safe(v) for v in value]
+    return value
 
 
 _BLOCKS: Any = None  # TypeAdapter(list[ContentBlock]), built on first use

@@ -62,7 +62,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from toolwire import Kernel, Tool, ToolResult
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
-from ._convert import content_blocks, render_text, result_meta, wire_blocks
+from ._convert import content_blocks, render_text, result_meta, utf8_safe, wire_blocks
 
 __all__ = ["FastCallPath", "install_fast_path", "wire_result"]
 
@@ -117,8 +117,15 @@ def wire_result(
     return out
 
 
+def _json(message: Mapping[str, Any]) -> bytes:
+    try:
+        return pydantic_core.to_json(message)
+    except pydantic_core.PydanticSerializationError:  # a lone surrogate, which UTF-8 cannot carry
+        return pydantic_core.to_json(utf8_safe(message))
+
+
 def _sse(message: Mapping[str, Any]) -> bytes:
-    return b"event: message\r\ndata: " + pydantic_core.to_json(message) + b"\r\n\r\n"
+    return b"event: message\r\ndata: " + _json(message) + b"\r\n\r\n"
 
 
 class _Reply:
@@ -170,7 +177,7 @@ class _Reply:
                 {"type": "http.response.body", "body": _sse(message), "more_body": False}
             )
             return
-        body = pydantic_core.to_json(message)
+        body = _json(message)
         await self._send(
             {
                 "type": "http.response.start",

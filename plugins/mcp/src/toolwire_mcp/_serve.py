@@ -50,7 +50,7 @@ from toolwire import ConfigError, Kernel, Tool, ToolResult
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
-from ._convert import content_blocks, result_meta
+from ._convert import content_blocks, result_meta, utf8_safe
 from ._fastpath import install_fast_path
 from ._guard import remember_guard_verdicts
 from ._images import ImageFiles
@@ -229,10 +229,16 @@ def to_mcp_result(
     # An error result carries no structured content: clients validate structured
     # content against the tool's output schema even for errors (the TypeScript SDK
     # does). The kind travels in ``_meta`` and leads the text.
+    structured = None if result.is_error else result.content
+    meta = result_meta(result)
+    try:  # the SDK serializes these later, out of our reach: a failure then is a masked error
+        pydantic_core.to_json((structured, meta))
+    except pydantic_core.PydanticSerializationError:  # a lone surrogate, which UTF-8 cannot carry
+        structured, meta = utf8_safe(structured), utf8_safe(meta)
     return MCPToolResult.model_construct(
         content=blocks if blocks is not None else content_blocks(result),
-        structured_content=None if result.is_error else result.content,
-        meta=result_meta(result),
+        structured_content=structured,
+        meta=meta,
         is_error=result.is_error,
     )
 
