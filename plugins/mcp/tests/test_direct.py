@@ -410,3 +410,69 @@ async def test_a_result_breaking_its_output_schema_is_a_tool_error() -> None:
     )
     assert not _schema_violation(RuntimeError("Connection closed"))
     assert not _schema_violation(ValueError("Invalid structured content returned by tool x"))
+
+
+#: tools/call answers that are JSON-RPC but carry no valid MCP result, keyed by the ``city``
+#: argument that asks the rewriting proxy below for them.
+BAD_ANSWERS: dict[str, dict[str, Any]] = {
+    "content-not-a-list": {"result": {"resultType": "complete", "content": "nope"}},
+    "bogus-block": {"result": {"resultType": "complete", "content": [{"type": "bogus"}]}},
+    "null-result": {"result": None},
+    "malformed-error": {"error": {"code": "x", "message": 5}},
+}
+
+
+def _rewriting_proxy(target: str) -> Any:
+    """A scripted front for a real upstream: passes everything on, except tools/call of a
+    ``city`` in ``BAD_ANSWERS``, answered with that body instead."""
+    import httpx
+
+    async def handler(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter, srv: Server
+    ) -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            while (body := await srv.read_request(reader)) is not None:
+                head = srv.requests[-1][: len(srv.requests[-1]) - len(body)]
+                lines = head.decode("latin-1").split("\r\n")
+                method = lines[0].split(" ")[0]
+                headers = [tuple(x.split(": ", 1)) for x in lines[1:] if ": " in x]
+                msg = json.loads(body) if body else {}
+                city = (msg.get("params") or {}).get("arguments", {}).get("city")
+                if msg.get("method") == "tools/call" and city in BAD_ANSWERS:
+                    status, ctype = 200, "application/json"
+                    data = json.dumps({"jsonrpc": "2.0", "id": msg["id"], **BAD_ANSWERS[city]})
+                    out = data.encode()
+                else:
+                    skip = {"host", "content-length", "connection", "transfer-encoding"}
+                    fwd = [(k, v) for k, v in headers if k.lower() not in skip]
+                    r = await client.request(method, target, content=body, headers=fwd)
+                    status, ctype, out = r.status_code, r.headers.get("content-type", ""), r.content
+                writer.write(
+                    f"HTTP/1.1 {status} X\r\ncontent-type: {ctype}\r\n"
+                    f"content-length: {len(out)}\r\n\r\n".encode()
+                    + out
+                )
+                await writer.drain()
+
+    return handler
+
+
+@PATHS
+async def test_an_invalid_result_is_a_tool_error_naming_the_server(
+    upstream: HttpUpstream, direct: bool
+) -> None:
+    """Before: a ``tool_error: ValidationError ...`` with no server in it or in its details
+    (and on the direct path, a null result or a malformed error object likewise)."""
+    async with (
+        serving(_rewriting_proxy(upstream.url)) as srv,
+        gateway({"url": f"http://127.0.0.1:{srv.port}/mcp"}, direct=direct) as (k, up),
+    ):
+        for city in BAD_ANSWERS:
+            r = await k.call("up_forecast", {"city": city})
+            assert r.error is not None and r.error.kind == "tool_error", (city, r.error)
+            assert r.error.message.startswith("MCP server 'up', tool 'forecast': "), r.error
+            assert r.error.details["server"] == "up", (city, r.error.details)
+            assert r.error.details["remote_tool"] == "forecast"
+        r = await k.call("up_forecast", {"city": "Oslo"})  # and the next call is served
+        assert r.content == {"result": "sunny in Oslo"}
+        assert up.direct_calls == (len(BAD_ANSWERS) + 1 if direct else 0)

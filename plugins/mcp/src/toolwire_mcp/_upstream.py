@@ -44,6 +44,7 @@ from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
 
@@ -149,6 +150,17 @@ def _object_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
     if schema.get("type") == "object" or ("type" not in schema and "properties" in schema):
         return schema
     return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """The first of a pydantic error's problems, on one line ("resultType: Field required")."""
+    errors = exc.errors(include_url=False)
+    if not errors:
+        return str(exc)
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where or 'result'}: {first.get('msg', '')}{more}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -781,6 +793,15 @@ class Upstream:
             # The SDK's check of a result against the tool's output schema: the server
             # answered, the answer is wrong. Not a lost connection.
             return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=where)
+        if isinstance(exc, ValidationError):
+            # The answer is JSON-RPC, but its result is no valid MCP result (content
+            # that is not a list, a block of no known type, no resultType on a
+            # 2026-07-28 answer, a null result, a malformed error object).
+            return ToolError(
+                f"{prefix}: the server's answer is not a valid MCP result: {_first_problem(exc)}",
+                kind=ErrorKind.TOOL_ERROR,
+                details={**where, "invalid_answer": True},
+            )
         if isinstance(exc, ConnectError):
             # Nothing was sent: the call did not run. The supervisor checks the server.
             self._lost_client = client
