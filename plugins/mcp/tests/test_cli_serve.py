@@ -19,7 +19,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
 from mcp.shared.exceptions import MCPError
-from toolwire_mcp_testkit import clean_env, eventually, write_config
+from toolwire_mcp_testkit import clean_env, eventually, wait_until, write_config
 
 from toolwire import ConfigError
 from toolwire.cli import main
@@ -252,6 +252,98 @@ async def test_env_token_and_graceful_shutdown_with_a_call_in_flight(
     assert "shutting down" in late.meta[ERROR_META_KEY]["message"]
     assert p.wait(20) == 0
     assert "kernel is closed" in p.stderr
+
+
+NAPPING = (
+    "import anyio, pathlib\n"
+    "from toolwire import tool\n\n"
+    "@tool\n"
+    "async def nap(seconds: float) -> str:\n"
+    '    """Sleeps, then answers."""\n'
+    "    with pathlib.Path('started').open('a') as f:\n"
+    "        f.write('x')\n"
+    "    await anyio.sleep(seconds)\n"
+    "    return 'rested'\n"
+)
+
+
+def _started(tmp_path: Path, n: int) -> Any:
+    return lambda: (tmp_path / "started").exists() and len((tmp_path / "started").read_text()) >= n
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["lean-path", "fastmcp-path"])
+async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
+    tmp_path: Path, serve_process: Any, fast_path: bool
+) -> None:
+    """Before: the call was cut by uvicorn and its client got a bare HTTP 500."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": ["audit"]},
+        {
+            "tools": {"modules": ["napping"]},
+            "server": {"shutdown_grace_s": 1.0, "fast_path": fast_path},
+        },
+    )
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    results: dict[str, Any] = {}
+    async with Client(p.url, timeout=30) as c:
+
+        async def call(key: str, seconds: float) -> None:
+            results[key] = await c.call_tool_mcp("nap", {"seconds": seconds})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call, "short", 0.3)
+            tg.start_soon(call, "long", 60)
+            await eventually(_started(tmp_path, 2), 15)
+            p.signal(signal.SIGTERM)
+    assert results["short"].structured_content == {"result": "rested"}  # within the grace
+    cut = results["long"]
+    assert cut.is_error and cut.meta is not None
+    info = cut.meta[ERROR_META_KEY]
+    assert info["kind"] == "cancelled" and "shutdown grace period" in info["message"]
+    assert p.wait(20) == 0
+    assert "1 calls still running after 1.0s: cancelling them" in p.stderr
+    assert "Exception in ASGI application" not in p.stderr
+
+
+def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 0.5}},
+    )
+    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    frames.append(rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 60}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
+    proc.stdin.flush()
+    try:
+        wait_until(_started(tmp_path, 1), 20)
+        proc.send_signal(signal.SIGTERM)  # stdin stays open
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    by_id = {m.get("id"): m for m in map(json.loads, out.decode().splitlines())}
+    cut = by_id[2]["result"]
+    assert cut["isError"] is True, cut
+    assert cut["_meta"][ERROR_META_KEY]["kind"] == "cancelled"
 
 
 def test_config_errors_exit_2_naming_the_key(

@@ -8,6 +8,7 @@ either path. Imports no FastMCP.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -28,6 +29,10 @@ __all__ = ["ProgressSender", "ServeGate", "call_id_from_meta", "run_call"]
 ProgressSender = Callable[[float, float | None, str | None], Awaitable[None]]
 
 _DRAINING = "toolwire is shutting down and accepts no new calls; retry on another instance"
+_CUT = (
+    "toolwire is shutting down: the call was still running when the shutdown grace period "
+    "([server] shutdown_grace_s) ended, so it was cancelled; its outcome is unknown"
+)
 #: What the kernel makes of numbers JSON cannot carry (``toolwire._types._finite``).
 _NON_FINITE: Final = frozenset({"Infinity", "-Infinity", "NaN"})
 
@@ -43,19 +48,50 @@ class ServeGate:
         self.images = images if images is not None else ImageFiles()
         self.inflight = 0
         self.draining = False
+        #: True once ``cancel_all`` ran: a call cancelled from then on is answered ``cancelled``
+        self.cutting = False
         self._idle: anyio.Event | None = None
+        self._scopes: set[anyio.CancelScope] = set()
         #: tool name -> (the tool, its output schema's checker, quick check); None: no check
         self._outputs: dict[str, tuple[Tool, Any, Any]] = {}
 
-    def enter(self) -> None:
-        """A call starts."""
+    def enter(self, scope: anyio.CancelScope | None = None) -> None:
+        """A call starts; ``scope``: what cancels it when the grace period ends."""
         self.inflight += 1
+        if scope is not None:
+            self._scopes.add(scope)
 
-    def leave(self) -> None:
+    def leave(self, scope: anyio.CancelScope | None = None) -> None:
         """A call ended."""
         self.inflight -= 1
+        if scope is not None:
+            self._scopes.discard(scope)
         if self.inflight == 0 and self._idle is not None:
             self._idle.set()
+
+    def cancel_all(self) -> int:
+        """Cancel every call still in flight (the grace period is over); returns how many.
+
+        Each is answered with a ``cancelled`` error result (``cut_result``), so its
+        client learns what happened rather than seeing the connection drop.
+        """
+        self.cutting = True
+        for scope in list(self._scopes):
+            scope.cancel()
+        return len(self._scopes)
+
+    async def settle(self, timeout_s: float) -> int:
+        """Wait up to ``timeout_s`` for the calls in flight to end; returns those left."""
+        if self.inflight:
+            self._idle = anyio.Event()
+            with anyio.move_on_after(timeout_s):
+                await self._idle.wait()
+        return self.inflight
+
+    @staticmethod
+    def cut_result() -> ToolResult:
+        """The answer of a call cancelled because the grace period ended."""
+        return ToolResult.fail(ErrorKind.CANCELLED, _CUT, source="mcp")
 
     def output_problem(self, tool: Tool, content: Mapping[str, Any]) -> str | None:
         """Why ``content`` does not match the output schema ``tool`` is listed with; None when
@@ -131,26 +167,38 @@ async def run_call(
     session_id: str | None = None,
     progress: ProgressSender | None = None,
     extensions: dict[str, Any] | None = None,
+    scope: anyio.CancelScope | None = None,
 ) -> ToolResult:
-    """``kernel.call`` for an MCP caller, counted by ``gate`` (``unavailable`` while draining)."""
+    """``kernel.call`` for an MCP caller, counted by ``gate`` (``unavailable`` while draining).
+
+    ``scope``: the caller's cancel scope around this call, which the gate cancels
+    when the shutdown grace period ends; the caller then answers
+    ``gate.cut_result()``. Without one, the call gets its own and is answered
+    here.
+    """
     if gate.draining:
         return _fail(ErrorKind.UNAVAILABLE, _DRAINING)
     metadata: dict[str, Any] = {"via": "mcp"}
     if request_id is not None:
         metadata["mcp_request_id"] = request_id
-    gate.enter()
+    own = scope is None
+    cancel = anyio.CancelScope() if scope is None else scope
+    gate.enter(cancel)
     try:
-        result = await kernel.call(
-            name,
-            arguments,
-            call_id=call_id,
-            session_id=session_id,
-            metadata=metadata,
-            progress=progress,
-            extensions=extensions,
-        )
+        with cancel if own else contextlib.nullcontext():
+            result = await kernel.call(
+                name,
+                arguments,
+                call_id=call_id,
+                session_id=session_id,
+                metadata=metadata,
+                progress=progress,
+                extensions=extensions,
+            )
     finally:
-        gate.leave()
+        gate.leave(cancel)
+    if own and cancel.cancelled_caught:
+        return gate.cut_result()
     if not result.is_error:
         tool = kernel.get_tool(name)  # the schema the client was shown (a fallback's may differ)
         if tool is not None and tool.output_schema is not None:

@@ -407,7 +407,7 @@ class FastCallPath:
 
                 timer = loop.call_later(_WATCH_AFTER_S, start_watching)
                 try:
-                    outcome = await self._run(call, progress)
+                    outcome = await self._run(call, progress, scope)
                 except Exception:  # as FastMCP answers a tool that raised (details masked)
                     log.exception("tools/call %r failed outside the kernel pipeline", call.name)
                     outcome = self._masked_error(call)
@@ -415,6 +415,8 @@ class FastCallPath:
                     timer.cancel()
                     for task in watcher:
                         task.cancel()
+            if outcome is None and self.gate.cutting:  # cancelled as the grace period ended
+                outcome = self._answer(call, self.gate.cut_result(), None)
             if outcome is not None:  # None: the client went away and the call was cancelled
                 await reply.finish(outcome)
         finally:
@@ -432,7 +434,9 @@ class FastCallPath:
             },
         }
 
-    async def _run(self, call: _Call, progress: ProgressSender | None) -> dict[str, Any]:
+    async def _run(
+        self, call: _Call, progress: ProgressSender | None, scope: anyio.CancelScope
+    ) -> dict[str, Any]:
         call_id = call_id_from_meta(call.meta)
         if isinstance(call_id, ToolResult):
             result = call_id
@@ -446,8 +450,14 @@ class FastCallPath:
                 request_id=call.rid,
                 session_id=call.session_id,
                 progress=progress,
+                scope=scope,
             )
         blocks = await self.gate.images.blocks(result) if self.gate.images.wanted(result) else None
+        return self._answer(call, result, blocks)
+
+    def _answer(
+        self, call: _Call, result: ToolResult, blocks: list[mcp_types.ContentBlock] | None
+    ) -> dict[str, Any]:
         return {
             "jsonrpc": "2.0",
             "id": call.rid,

@@ -882,6 +882,10 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
             os.set_blocking(sys.stdin.fileno(), True)  # the event loop made it non-blocking
 
 
+#: How long calls cancelled at the end of the grace period get to send their answer.
+_CUT_SETTLE_S = 1.0
+
+
 async def _on_signal(
     gate: ServeGate,
     grace_s: float,
@@ -899,5 +903,8 @@ async def _on_signal(
             left = await gate.drain(grace_s)
             if left:
                 log.warning("%d calls still running after %.1fs: cancelling them", left, grace_s)
+                gate.cancel_all()  # each is answered `cancelled`, not cut off
+                await gate.settle(_CUT_SETTLE_S)
+                await anyio.sleep(_CUT_SETTLE_S / 10)  # the answers' last writes
             await stop()
             return
