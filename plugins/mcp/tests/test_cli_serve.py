@@ -346,6 +346,50 @@ def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert cut["_meta"][ERROR_META_KEY]["kind"] == "cancelled"
 
 
+async def test_an_upstream_printing_noise_does_not_flood_the_log(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """A stdio upstream writing non-protocol lines to stdout: the MCP SDK logs a traceback
+    per line. Before, 230,000 plain-text lines in 20 s (the JSON handler was attached only
+    once the upstreams had connected) and the gateway busy logging them."""
+    (tmp_path / "noisy.py").write_text(
+        "import sys, time\n"
+        "for i in range(20000):\n"
+        "    print(f'noise {i}', flush=(i % 1000 == 0))\n"
+        "sys.stdout.flush()\n"
+        "time.sleep(60)\n"
+    )
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": ["mcp"]},
+        {
+            "plugins.mcp": {"connect_timeout_s": 2},
+            "plugins.mcp.servers.noisy": {"command": sys.executable, "args": ["noisy.py"]},
+        },
+    )
+    p = serve_process(
+        "--config",
+        "toolwire.toml",
+        "serve",
+        "--transport",
+        "http",
+        "--port",
+        "0",
+    ).wait_ready(60)
+    await eventually(
+        lambda: "more like this" in p.stderr or p.stderr.count("Failed to parse") >= 5, 30
+    )
+    await anyio.sleep(1.0)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert all(line.startswith("{") for line in lines), [x for x in lines if not x.startswith("{")][
+        :3
+    ]
+    parse_logs = [line for line in lines if "Failed to parse JSONRPC message" in line]
+    assert 1 <= len(parse_logs) <= 5, len(parse_logs)
+    assert len(lines) < 200, len(lines)
+    assert p.stop() == 0
+
+
 def test_config_errors_exit_2_naming_the_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

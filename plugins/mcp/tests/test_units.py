@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jsonschema
@@ -348,3 +349,24 @@ def test_multiple_of_is_left_to_jsonschema() -> None:
     check = make_validator({"type": "object", "properties": {"n": {"multipleOf": 0.1}}})
     with pytest.raises(ArgsError, match="multiple"):
         check({"n": 0.3})
+
+
+def test_repeat_throttle_lets_a_burst_through_then_counts_the_rest() -> None:
+    from toolwire_mcp._serve import RepeatThrottle
+
+    now = [0.0]
+    throttle = RepeatThrottle(burst=3, window_s=60.0, clock=lambda: now[0])
+
+    def record(msg: str) -> logging.LogRecord:
+        return logging.LogRecord("mcp.client.stdio", logging.ERROR, __file__, 1, msg, None, None)
+
+    passed = [throttle.filter(record("Failed to parse")) for _ in range(10)]
+    assert passed == [True] * 3 + [False] * 7
+    assert throttle.filter(record("another message"))  # counted apart
+    now[0] = 61.0
+    first = record("Failed to parse")
+    assert throttle.filter(first)
+    assert first.getMessage() == (
+        "Failed to parse (7 more like this in the last 61s were not logged)"
+    )
+    assert throttle.filter(record("Failed to parse"))  # a new window, a new burst

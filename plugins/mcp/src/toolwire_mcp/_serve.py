@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
@@ -515,8 +516,57 @@ def plugin_http_routes(
 _FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.access", "httpx2")
 
 
+#: Loggers of the MCP SDK that log once per line a peer sends: a stdio upstream printing
+#: non-protocol output to stdout (``yes``, a chatty library) would flood the log with them.
+_PER_LINE_LOGGERS = ("mcp.client.stdio", "mcp.server.stdio")
+
+
+class RepeatThrottle(logging.Filter):
+    """Lets ``burst`` records of one message through per ``window_s``, then drops the rest.
+
+    The first record after a window with drops says how many were dropped.
+    Keyed by the message template, so one chatty peer cannot hide another's
+    different messages.
+    """
+
+    def __init__(
+        self, burst: int = 5, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__()
+        self.burst = burst
+        self.window_s = window_s
+        self._clock = clock
+        self._seen: dict[str, tuple[float, int, int]] = {}  # msg -> (window start, let, dropped)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = self._clock()
+        key = str(record.msg)
+        start, let, dropped = self._seen.get(key, (now, 0, 0))
+        if now - start >= self.window_s:
+            if dropped:
+                record.msg = f"{record.msg} ({dropped} more like this in the last {now - start:.0f}s were not logged)"
+            start, let, dropped = now, 0, 0
+        if let >= self.burst:
+            self._seen[key] = (start, let, dropped + 1)
+            return False
+        self._seen[key] = (start, let + 1, dropped)
+        if len(self._seen) > 256:  # bounded: forget the oldest windows
+            for old in sorted(self._seen, key=lambda k: self._seen[k][0])[:128]:
+                del self._seen[old]
+        return True
+
+
 def route_foreign_logs() -> None:
-    """Send FastMCP / MCP SDK / uvicorn logs through toolwire's JSON-lines handler (stderr)."""
+    """Send FastMCP / MCP SDK / uvicorn logs through toolwire's JSON-lines handler (stderr).
+
+    Also throttles the SDK's per-line parse-failure logs (``RepeatThrottle``).
+    Idempotent; ``toolwire serve`` calls it before the kernel starts, so the
+    upstreams' first connection already logs as JSON lines.
+    """
+    for name in _PER_LINE_LOGGERS:
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, RepeatThrottle) for f in lg.filters):
+            lg.addFilter(RepeatThrottle())
     ours = logging.getLogger("toolwire")
     if not ours.handlers:
         return

@@ -108,9 +108,10 @@ async def _serve(args: argparse.Namespace) -> int:
     serve_log = logging.getLogger("toolwire.serve")
     if serve_log.getEffectiveLevel() > logging.INFO:
         serve_log.setLevel(logging.INFO)  # lifecycle lines (ready, draining) always show
-    kernel = build_cli_kernel(cfg)
+    from ._serve import route_foreign_logs, run_server
 
-    from ._serve import run_server
+    route_foreign_logs()  # before the kernel starts: upstreams connect during its startup
+    kernel = build_cli_kernel(cfg)
 
     async with kernel:
         await run_server(kernel, scfg)
