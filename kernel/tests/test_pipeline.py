@@ -292,7 +292,84 @@ async def test_retry_with_new_args_revalidates() -> None:
         FakeTool("t", script=[ToolError("x")], input_schema=fake.input_schema).tool,
         plugins=(Decider(Retry(args={"n": "bad"})),),
     ).call("t", {"n": 1})
-    assert r.error is not None and r.error.kind == "invalid_args"
+    # The caller's arguments were valid: the call ends with the failure that led to the
+    # retry, not an invalid_args blamed on the caller, and says why it went no further.
+    assert r.error is not None and r.error.kind == "tool_error" and r.error.message == "x"
+    assert "schema rejects the arguments it gave" in r.error.details["gave_up"]
+    assert r.error.details["rejected_args"][0]["field"] == "n"
+
+
+async def test_a_fallback_whose_schema_rejects_the_arguments_keeps_the_real_error() -> None:
+    primary = FakeTool("primary", script=[ToolError("slow down", kind="rate_limit")])
+    other = FakeTool(
+        "other",
+        script=[{"never": "runs"}],
+        input_schema={
+            "type": "object",
+            "properties": {"q": {"type": "string"}},
+            "required": ["q"],
+            "additionalProperties": False,
+        },
+    )
+    k = make_kernel(primary.tool, other.tool, plugins=(Decider(Fallback("other")),))
+    r = await k.call("primary", {"query": "x"})
+    assert r.error is not None and r.error.kind == "rate_limit", r.error
+    assert (
+        "chose fallback to 'other', whose schema rejects the call's arguments"
+        in (r.error.details["gave_up"])
+    )
+    assert other.calls == []
+
+
+@pytest.mark.parametrize(
+    "decision",
+    [Retry(after_s="1s"), Retry(after_s=float("nan")), Retry(args=["x"]), Fallback(tool=3)],  # type: ignore[arg-type]
+    ids=["after_s-str", "after_s-nan", "args-list", "tool-int"],
+)
+async def test_a_malformed_decision_is_an_internal_error_and_after_call_still_runs(
+    decision: Any,
+) -> None:
+    """Before: Retry(after_s="1s") made kernel.call raise ValueError, and after_call never ran
+    (an idempotency claim stayed held for the life of the process)."""
+    seen: list[ToolResult] = []
+
+    class Watcher:
+        name, order = "watcher", 900
+
+        @hookimpl
+        def after_call(self, call: ToolCall, result: ToolResult) -> None:
+            seen.append(result)
+
+    fake = FakeTool("t", script=[ToolError("x")])
+    r = await make_kernel(fake.tool, plugins=(Decider(decision), Watcher())).call("t", {})
+    assert r.error is not None and r.error.kind == "internal", r.error
+    assert r.error.message.startswith("plugin 'decider': on_error returned ")
+    assert seen == [r]
+
+
+async def test_an_exception_escaping_the_pipeline_is_an_internal_error_with_hooks_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[ToolResult] = []
+
+    class Watcher:
+        name, order = "watcher", 900
+
+        @hookimpl
+        def after_call(self, call: ToolCall, result: ToolResult) -> None:
+            seen.append(result)
+
+    fake = FakeTool("t", script=[ToolError("x")])
+    k = make_kernel(fake.tool, plugins=(Decider(Retry(0)), Watcher()))
+
+    async def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("kaboom")
+
+    monkeypatch.setattr(k, "_after_failure", broken)
+    r = await k.call("t", {})
+    assert r.error is not None and r.error.kind == "internal"
+    assert "failed inside toolwire: RuntimeError: kaboom" in r.error.message
+    assert seen == [r]
 
 
 async def test_fallback_runs_other_tool_and_on_error_sees_it() -> None:

@@ -74,6 +74,22 @@ ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
 Mode = Literal["explicit", "semantic", "hybrid"]
 
 
+def _decision_problem(decision: Retry | Fallback) -> str | None:
+    """What is wrong with a Retry / Fallback a plugin returned, or None."""
+    if isinstance(decision, Retry):
+        wait = decision.after_s
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait != wait:
+            return f"Retry(after_s={wait!r}): after_s must be a number of seconds"
+    elif not isinstance(decision.tool, str):
+        return f"Fallback(tool={decision.tool!r}): tool must be a tool's name"
+    if decision.args is not None and not isinstance(decision.args, dict):
+        return (
+            f"{type(decision).__name__}(args={decision.args!r}): args must be a dict of "
+            "arguments or None"
+        )
+    return None
+
+
 class Kernel:
     """The toolwire kernel: register tools and plugins, then ``await kernel.call(...)``.
 
@@ -495,7 +511,16 @@ class Kernel:
         if events:
             await self.events.emit("call_started", call)
         try:
-            result = await self._run(call, ctx)
+            try:
+                result = await self._run(call, ctx)
+            except Exception as exc:  # a bug (kernel or plugin): still an answer, hooks still run
+                log.error("call of tool %r failed inside the kernel", name, exc_info=exc)
+                result = self._fail(
+                    ctx,
+                    ErrorKind.INTERNAL,
+                    f"the call of tool {name!r} failed inside toolwire: "
+                    f"{type(exc).__name__}: {exc} (a bug; the log has the traceback)",
+                )
             meta.duration_ms = (perf_counter() - t0) * 1000.0
             if result.meta is not meta:
                 self._adopt(result, ctx)
@@ -777,6 +802,11 @@ class Kernel:
                 f"plugin {by!r}: on_error returned {type(decision).__name__}, not a Decision",
                 source=by,
             )
+        problem = _decision_problem(decision)
+        if problem is not None:
+            return self._fail(
+                ctx, ErrorKind.INTERNAL, f"plugin {by!r}: on_error returned {problem}", source=by
+            )
         if ctx.attempt >= self.max_attempts:
             err.details["gave_up"] = f"max_attempts ({self.max_attempts}) reached"
             return ToolResult.from_error(err, ctx.meta)
@@ -813,7 +843,16 @@ class Kernel:
         try:
             args = self._validate(next_tool, new_args if new_args is not None else cur_call.args)
         except (pydantic.ValidationError, ArgsError) as exc:
-            return self._invalid_args(ctx, next_tool, exc)
+            # The plugin's choice does not fit: the caller's arguments were valid, so the
+            # call ends with the failure that led here, saying why it went no further.
+            text, problems = describe_validation_error(exc)
+            which = "the arguments it gave" if new_args is not None else "the call's arguments"
+            err.details["gave_up"] = (
+                f"plugin {by!r} chose {type(decision).__name__.lower()} to {next_tool.name!r}, "
+                f"whose schema rejects {which}: {text}"
+            )
+            err.details["rejected_args"] = problems
+            return ToolResult.from_error(err, ctx.meta)
         nxt = ToolCall(
             next_tool.name, args, call.call_id, call.session_id, call.tenant, call.metadata
         )

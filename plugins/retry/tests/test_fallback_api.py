@@ -297,3 +297,35 @@ def test_set_call_fallbacks_validates_and_clears() -> None:
     assert ctx.state["retry"]["fallbacks"] == [FallbackSpec(tool="b")]
     assert RetryPlugin.set_call_fallbacks(ctx, None) is True
     assert "fallbacks" not in ctx.state["retry"]
+
+
+async def test_a_candidate_whose_schema_rejects_the_arguments_is_skipped() -> None:
+    """Before: the chain stopped at such a candidate with an ``invalid_args`` blamed on the
+    caller's (valid) arguments, and the next candidate, which would have served, was never
+    tried."""
+    _a, ta = fake("a", [busy()])
+    picky = FakeTool(
+        "picky",
+        script=[{"never": "runs"}],
+        read_only=True,
+        input_schema={
+            "type": "object",
+            "properties": {"query": {"type": "string"}},
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    )
+    _c, tc = fake("c", [lambda args: {"by": "c", "args": args}])
+    retry = retry_plugin(fallbacks={"a": ["picky", "c"]})
+    async with kernel([ta, picky.tool, tc], retry) as k:
+        res = await k.call("a", {"q": 1})
+    assert served(res) == ["a", "c"] and res.content["by"] == "c", res.error
+    assert picky.calls == []
+    # with nothing else to try, the aggregated error says why the candidate was skipped
+    retry = retry_plugin(fallbacks={"a": ["picky"]})
+    async with kernel([ta, picky.tool], retry) as k:
+        res = await k.call("a", {"q": 1})
+    assert res.error is not None and res.error.kind == "unavailable", res.error
+    why = res.error.details["providers"]["picky"]["reason"]
+    assert why.startswith("skipped: its schema rejects the arguments (")
+    assert "only after an operator fixes it" in res.error.message

@@ -8,7 +8,10 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pydantic
+
 from toolwire import (
+    ArgsError,
     CallContext,
     ErrorInfo,
     Fallback,
@@ -19,7 +22,9 @@ from toolwire import (
     ToolCall,
     ToolError,
     ToolResult,
+    describe_validation_error,
     hookimpl,
+    validate_json_schema,
 )
 from toolwire_ratelimit import Availability, RateLimitPlugin, attempt_detail, with_config_file
 
@@ -34,6 +39,18 @@ _AGGREGATION_KEYS = ("max_provider_attempts", "request_timeout_seconds", "fallba
 _KEY_KINDS = ("rate_limit", "quota", "auth")
 #: Where a tool or a plugin puts this call's fallback candidates (see docs/retry.md).
 CALL_FALLBACKS = "fallbacks"
+
+
+def _unfit(tool: Tool, args: dict[str, Any]) -> str | None:
+    """Why ``tool``'s schema rejects ``args`` (as the kernel would check them), or None."""
+    try:
+        if tool.validator is not None:
+            tool.validator(args)
+        else:
+            validate_json_schema(args, tool.input_schema)
+    except (ArgsError, pydantic.ValidationError) as exc:
+        return describe_validation_error(exc)[0]
+    return None
 
 
 def _iso(t: float) -> str:
@@ -642,11 +659,15 @@ class RetryPlugin:
                 if not av.available:
                     skipped[cprov] = av
                     continue
+            args = {**ctx.call.args, **extra} if extra else dict(ctx.call.args)
+            unfit = _unfit(tool, args)
+            if unfit is not None:  # the kernel would end the call here: try the next one
+                st.setdefault("unfit", {})[cand] = unfit
+                continue
             tried.append(cand)
             self._prepare(ctx, tool)
             detail["decision"] = "fallback"
             detail["to"] = cand
-            args = {**ctx.call.args, **extra} if extra else dict(ctx.call.args)
             return Fallback(cand, args=args, reason=f"fall over to {cand!r}")
         return None
 
@@ -700,6 +721,7 @@ class RetryPlugin:
         names += [(c, self._provider(kernel, rl, c)) for c, _ in st.get("chain", [])]
         failed: dict[str, Any] = st.get("failed", {})
         skipped: dict[str, Availability] = st.get("skipped", {})
+        unfit: dict[str, str] = st.get("unfit", {})
         providers: dict[str, Any] = {}
         parts: list[str] = []
         waits: list[float] = []
@@ -727,6 +749,11 @@ class RetryPlugin:
                     retry_at = now
             elif av is not None:
                 reason, retry_at = f"skipped: {av.reason}", av.retry_at
+            elif tool in unfit:
+                reason, retry_at = (
+                    f"skipped: its schema rejects the arguments ({unfit[tool]})",
+                    None,
+                )
             else:
                 reason, retry_at = "not tried", now
             if retry_at is None:
