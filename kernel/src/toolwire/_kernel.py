@@ -74,6 +74,14 @@ ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
 Mode = Literal["explicit", "semantic", "hybrid"]
 
 
+def _timed_out(seconds: float) -> str:
+    return (
+        f"no answer within {seconds:.3g}s (the attempt's limit: the smallest of "
+        "ctx.attempt_timeout_s, the tool's timeout_s or the kernel's default_timeout_s, "
+        "and the time left before the call's deadline)"
+    )
+
+
 def _decision_problem(decision: Retry | Fallback) -> str | None:
     """What is wrong with a Retry / Fallback a plugin returned, or None."""
     if isinstance(decision, Retry):
@@ -659,7 +667,7 @@ class Kernel:
             except TimeoutError as exc:
                 err = ErrorInfo(
                     ErrorKind.TIMEOUT,
-                    f"tool {cur_tool.name!r} timed out: {exc or 'timeout'}",
+                    f"tool {cur_tool.name!r} timed out: {str(exc) or 'timeout'}",
                     source=cur_tool.source,
                     exception=exc,
                 )
@@ -752,10 +760,17 @@ class Kernel:
             return await tool.executor(args, ctx)
         if _get_running_loop() is not None:
             # asyncio.timeout costs ~6 µs where anyio.fail_after costs ~16 µs.
-            async with asyncio.timeout(seconds):
-                return await tool.executor(args, ctx)
-        with anyio.fail_after(seconds):
+            cm = asyncio.timeout(seconds)
+            try:
+                async with cm:
+                    return await tool.executor(args, ctx)
+            except TimeoutError as exc:
+                if cm.expired():
+                    raise TimeoutError(_timed_out(seconds)) from exc
+                raise
+        with anyio.move_on_after(seconds):
             return await tool.executor(args, ctx)
+        raise TimeoutError(_timed_out(seconds))
 
     async def _after_failure(
         self,
