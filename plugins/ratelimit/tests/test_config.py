@@ -38,6 +38,21 @@ def test_catastrophic_patterns_are_rejected(tmp_path: Path) -> None:
         kernel_from(tmp_path, '[plugins.ratelimit]\ndeny_patterns = ["(a+)+$"]\n')
 
 
+@pytest.mark.parametrize("pattern", ["", ".*", "(too many)?", "^"])
+def test_a_pattern_matching_every_message_is_rejected(tmp_path: Path, pattern: str) -> None:
+    """Before: "" (an unset ${VAR}, say) was accepted and made every 500 a retryable
+    rate_limit, defeating the rule that an unmatched error is terminal."""
+    with pytest.raises(ConfigError) as exc:
+        kernel_from(
+            tmp_path,
+            "[plugins.ratelimit]\n"
+            f'rate_limit_patterns = ["hold your horses", {pattern!r}]\n'.replace("'", '"'),
+        )
+    msg = str(exc.value)
+    assert "plugins.ratelimit.rate_limit_patterns.1" in msg
+    assert "matches every message" in msg
+
+
 def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"providers\.brave\.cooldown_secs: unknown key"):
         kernel_from(tmp_path, "[plugins.ratelimit.providers.brave]\ncooldown_secs = 3\n")

@@ -118,9 +118,16 @@ def nested_repetition(pattern: str) -> str | None:
 
 def _check_regex(value: str) -> str:
     try:
-        re.compile(value, re.IGNORECASE)
+        compiled = re.compile(value, re.IGNORECASE)
     except re.error as exc:
         raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+    if compiled.search("") is not None:
+        # "" (an unset ${VAR}, say), ".*", "x?" ...: such a pattern would make every error
+        # retryable, defeating the rule that an unmatched error is terminal.
+        raise ValueError(
+            f"regular expression {value!r} matches every message (it matches the empty "
+            "string), so every error would count as matched; remove it or make it specific"
+        )
     problem = nested_repetition(value)
     if problem:
         raise ValueError(
