@@ -188,6 +188,20 @@ async def test_unknown_tools_and_invalid_args() -> None:
     assert [r.error_kind for r in p.recent_calls()] == ["not_found", "invalid_args"]
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5, "slow", None])
+async def test_record_execution_refuses_a_time_that_is_no_duration(bad: Any) -> None:
+    """Before: NaN was taken and every later flush of the tool failed (executions recorded
+    after it were lost at restart); infinity raised OverflowError halfway through; -5 was
+    stored as the minimum."""
+    p = ProfilingPlugin(ProfilingConfig(min_samples=1))
+    p.record_execution("search", 100)
+    with pytest.raises(ValueError, match="execution_time_ms must be a finite number"):
+        p.record_execution("search", bad)
+    p.record_execution("search", 300)
+    s = p.get_statistics("search")
+    assert s["count"] == 2 and s["calls"] == 2 and s["min_time_ms"] == pytest.approx(100)
+
+
 async def test_record_execution_estimate_time_and_get_statistics() -> None:
     p = ProfilingPlugin(ProfilingConfig(min_samples=3, default_estimate_ms=250))
     assert p.estimate_time("search") == 250.0

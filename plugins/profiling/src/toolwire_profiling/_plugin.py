@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import sys
 import time
@@ -475,7 +476,17 @@ class ProfilingPlugin:
         (default ``tool_error``). ``tool_args`` feed the similar-call estimates;
         ``session_id`` is kept in the recent call records.
         """
-        ms = float(execution_time_ms)
+        try:
+            ms = float(execution_time_ms)
+        except (TypeError, ValueError):
+            ms = math.nan
+        if not math.isfinite(ms) or ms < 0:
+            # Checked before anything is counted: a NaN poisoned every later flush of the
+            # tool's statistics; infinity raised from the sketch halfway through.
+            raise ValueError(
+                f"record_execution({tool_name!r}, execution_time_ms={execution_time_ms!r}): "
+                "execution_time_ms must be a finite number of milliseconds >= 0"
+            )
         kind = None if success else (error_kind or str(ErrorKind.TOOL_ERROR))
         acc = self._pending.get(tool_name)
         if acc is None:
