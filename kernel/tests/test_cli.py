@@ -77,6 +77,31 @@ def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path
     assert str(bad) in err and "unknown_key: unknown key" in err
 
 
+def test_bad_state_and_log_level_are_one_line_errors_with_exit_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: each of these ended in a Python traceback and exit code 1."""
+    bad = tmp_path / "bs.toml"
+    bad.write_text('state = "bogus://x"\n')
+    for argv in (("config", "check"), ("tools",), ("call", "add", "--args", "{}")):
+        code, out, err = run(capsys, "--config", str(bad), *argv)
+        assert code == 2 and out is None, (argv, err)
+        assert "state: Value error, unknown state store URL 'bogus://x'" in err
+        assert "Traceback" not in err
+    monkeypatch.setenv("TOOLWIRE_STATE", "bogus://x")
+    code, _, err = run(capsys, "tools")
+    assert code == 2 and "environment variable TOOLWIRE_STATE" in err
+    monkeypatch.delenv("TOOLWIRE_STATE")
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    code, _, err = run(capsys, "config", "check")
+    assert code == 2 and "unreachable" in err and "start redis-server" in err
+    monkeypatch.delenv("REDIS_URL")
+    with pytest.raises(SystemExit) as exc:
+        main(["--log-level", "LOUD", "plugins"])
+    assert exc.value.code == 2 and "invalid choice: 'LOUD'" in capsys.readouterr().err
+    assert main(["--log-level", "info", "plugins"]) == 0  # any case
+
+
 def test_plugins_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
     code, out, _ = run(capsys, "plugins")

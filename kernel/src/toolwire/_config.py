@@ -96,6 +96,15 @@ class ToolwireConfig(BaseModel):
             raise ValueError(
                 "expected a URL: 'memory://', 'sqlite:///path/to/state.db' or 'redis://host:6379/0'"
             )
+        if v is not None:
+            from .state import ACCEPTED_SCHEMES, STORE_SCHEMES, redact_url
+
+            scheme = v.strip().split("://", 1)[0].lower()
+            if scheme not in STORE_SCHEMES:
+                raise ValueError(
+                    f"unknown state store URL {redact_url(v)!r}: use one of "
+                    f"{', '.join(ACCEPTED_SCHEMES)}"
+                )
         return v
 
 

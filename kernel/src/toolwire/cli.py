@@ -32,6 +32,7 @@ from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
 from ._terminal import TERMINAL_EXTENSION, Terminal
+from .state import StateStoreError
 
 __all__ = ["CLI_ENTRY_POINT_GROUP", "build_cli_kernel", "load_cli_config", "main"]
 
@@ -152,7 +153,11 @@ def _parser() -> argparse.ArgumentParser:
         help="path to toolwire.toml (default: $TOOLWIRE_CONFIG or ./toolwire.toml)",
     )
     p.add_argument(
-        "--log-level", default="WARNING", help="log level for stderr JSON logs (default WARNING)"
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="log level for stderr JSON logs (default WARNING)",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -204,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         options = getattr(args, "backend_options", None)
         code: int = anyio.run(args.fn, args, backend_options=options(args) if options else None)
-    except KernelError as exc:
+    except (KernelError, StateStoreError) as exc:  # a store error says what to start or fix
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130

@@ -33,10 +33,12 @@ __all__ = [
     "Entry",
     "MemoryStore",
     "RedisStore",
+    "STORE_SCHEMES",
     "SQLiteStore",
     "StateStore",
     "StateStoreError",
     "open_store",
+    "redact_url",
 ]
 
 #: What :func:`open_store` accepts, as shown in its error messages.
@@ -52,6 +54,8 @@ ACCEPTED_SCHEMES = (
 )
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster")
+#: The URL schemes :func:`open_store` knows.
+STORE_SCHEMES = frozenset({"memory", "sqlite", *_REDIS_SCHEMES})
 
 
 def open_store(url: str, *, clock: Callable[[], float] | None = None) -> StateStore:
