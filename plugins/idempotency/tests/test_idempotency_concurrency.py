@@ -304,3 +304,26 @@ async def test_a_running_claim_outlives_a_short_ttl(env: Env) -> None:
             tg.start_soon(call)
     assert len(runs) == 1
     assert sorted(r.meta.replayed for r in got) == [False, True]
+
+
+async def test_the_calls_deadline_bounds_the_wait_for_an_in_flight_duplicate(env: Env) -> None:
+    """Before: a duplicate called with timeout=1.0 waited the full wait_secs (3.7 s here)."""
+    gate = anyio.Event()
+    tool_, runs = counting_tool(gate=gate)
+    plugin = env.plugin(wait_secs=30)
+    async with env.kernel([tool_], [plugin]) as kernel, anyio.create_task_group() as tg:
+
+        async def original() -> None:
+            await kernel.call("send", {}, call_id="long")
+
+        tg.start_soon(original)
+        await wait_until(lambda: runs)
+        start = anyio.current_time()
+        dup = await kernel.call("send", {}, call_id="long", timeout=0.3)
+        waited = anyio.current_time() - start
+        gate.set()
+    assert dup.error is not None and dup.error.kind == "timeout", dup.error
+    assert dup.error.details["reason"] == "deadline" and dup.error.retryable
+    assert "still running elsewhere when this call's deadline came" in dup.error.message
+    assert 0.2 <= waited < 5
+    assert len(runs) == 1

@@ -589,3 +589,77 @@ async def test_a_replayed_image_file_result_is_still_vouched_for(env: Env, tmp_p
     assert replay.meta.extra[IMAGE_FILE_EXTRA] == first.meta.extra[IMAGE_FILE_EXTRA]
     assert IMAGE_FILE_EXTRA not in data.meta.extra
     assert IMAGE_FILE_EXTRA not in data_replay.meta.extra
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"req": "x", "s": "done"},  # no content
+        {"req": "x", "s": "done", "c": [1, 2]},  # content that is not an object
+        {"req": "x", "s": "done", "c": {}, "e": "boom"},
+        {"req": "x", "s": "done", "c": {}, "d": "slow"},
+        {"req": "x", "s": "pending"},  # no lease
+        {"req": "x", "s": "pending", "lease": "soon"},
+        ["not", "a", "record"],
+    ],
+    ids=["no-c", "c-list", "e-str", "d-str", "no-lease", "lease-str", "list"],
+)
+async def test_a_damaged_record_is_a_corrupt_record_error_naming_the_key(
+    env: Env, record: Any
+) -> None:
+    """Before: bare KeyError / ValueError / AttributeError messages, and a stored list
+    replayed as content=[1, 2], breaking "content is always a JSON object"."""
+    tool_, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool_], [plugin]) as kernel:
+        key = plugin.key_for("send", "dmg")
+        first = await kernel.call("send", {}, call_id="dmg")  # learn this call's req hash
+        entry = await kernel.state.get_entry(key)
+        assert entry is not None and not first.is_error
+        if isinstance(record, dict):
+            record = {**record, "req": entry.value["req"]}
+        await kernel.state.set(key, record)
+        r = await kernel.call("send", {}, call_id="dmg")
+    assert r.error is not None and r.error.kind == "internal", r
+    assert r.error.details["reason"] == "corrupt_record" and r.error.details["key"] == key
+    assert key in r.error.message and "not an idempotency record" in r.error.message
+    assert len(runs) == 1  # not run again
+
+
+@pytest.mark.parametrize("env", ["sqlite", "redis"], indirect=True)  # memory holds only ours
+async def test_data_toolwire_did_not_write_is_a_corrupt_record_not_an_outage(env: Env) -> None:
+    """Text that is not JSON under the key, or (Redis) a key of another data type: before,
+    a bare JSONDecodeError inside an 'internal: plugin failed' error, and a WRONGTYPE
+    reported as a retryable 'unavailable' that no retry could ever fix."""
+    tool_, runs = counting_tool()
+    plugin = env.plugin()
+    async with env.kernel([tool_], [plugin]) as kernel:
+        key = plugin.key_for("send", "raw")
+        other = plugin.key_for("send", "typed")
+        if env.name == "sqlite":
+            import sqlite3
+
+            db = sqlite3.connect(env.url[len("sqlite:///") :])
+            db.execute(
+                "INSERT OR REPLACE INTO toolwire_state (key, value, version, owner, expires_at) "
+                "VALUES (?, ?, 1, NULL, NULL)",
+                (key, "{not json"),
+            )
+            db.commit()
+            db.close()
+            cases = [key]
+        else:
+            import redis
+
+            client = redis.Redis.from_url(env.url)
+            client.hset(key, mapping={"v": "{not json", "ver": "1"})
+            client.set(other, "plain")
+            client.close()
+            cases = [key, other]
+        for k, call_id in zip(cases, ("raw", "typed"), strict=False):
+            r = await kernel.call("send", {}, call_id=call_id)
+            assert r.error is not None and r.error.kind == "internal", r.error
+            assert r.error.details["reason"] == "corrupt_record"
+            assert not r.error.retryable
+            assert k in r.error.message, r.error.message
+    assert runs == []

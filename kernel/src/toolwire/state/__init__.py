@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ._base import ANY, Entry, StateStore, StateStoreError
+from ._base import ANY, Entry, StateDataError, StateStore, StateStoreError
 from ._memory import MemoryStore
 from ._redis import RedisStore, redact_url
 from ._sqlite import SQLiteStore
@@ -35,6 +35,7 @@ __all__ = [
     "RedisStore",
     "STORE_SCHEMES",
     "SQLiteStore",
+    "StateDataError",
     "StateStore",
     "StateStoreError",
     "open_store",

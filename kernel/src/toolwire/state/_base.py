@@ -75,6 +75,14 @@ class StateStoreError(Exception):
     """
 
 
+class StateDataError(StateStoreError):
+    """A key holds data toolwire did not write (not JSON; in Redis, another data type).
+
+    Unlike an outage, retrying does not help: the key must be deleted, or the
+    plugin pointed at another key prefix. The message names the key.
+    """
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One stored record, as read at one moment."""
@@ -323,9 +331,20 @@ def _encode(key: str, value: Any) -> str:
         ) from exc
 
 
-def _decode(text: str) -> Any:
-    """The value stored as ``text`` (a fresh object on every call)."""
-    return json.loads(text)
+def _decode(text: str, key: str) -> Any:
+    """The value stored as ``text`` at ``key`` (a fresh object on every call).
+
+    Text that is not JSON (written by something other than toolwire) is a
+    ``StateStoreError`` naming the key, as the stores promise, not a bare
+    ``JSONDecodeError``.
+    """
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise StateDataError(
+            f"state key {key!r} holds a value that is not JSON ({exc}); something other than "
+            "toolwire wrote it. Delete the key (or choose another key prefix)"
+        ) from exc
 
 
 def _is_int_value(value: Any) -> bool:

@@ -94,7 +94,7 @@ class MemoryStore(StateStore):
 
     @staticmethod
     def _entry(key: str, rec: _Record) -> Entry:
-        return Entry(key, _decode(rec.text), rec.version, rec.owner, rec.expires_at)
+        return Entry(key, _decode(rec.text, key), rec.version, rec.owner, rec.expires_at)
 
     def _notify(self, key: str) -> None:
         for event in self._waiters.pop(key, ()):
@@ -248,7 +248,7 @@ class MemoryStore(StateStore):
         if rec is None:
             self._write(key, str(amount), None, None if ttl is None else now + ttl, now)
             return amount
-        current = _decode(rec.text)
+        current = _decode(rec.text, key)
         if not _is_int_value(current):
             raise _not_int_error(key, current)
         new = int(current) + amount

@@ -46,6 +46,7 @@ import anyio
 from ._base import (
     ANY,
     Entry,
+    StateDataError,
     StateStore,
     StateStoreError,
     _changed,
@@ -788,8 +789,12 @@ class RedisStore(StateStore):
             what = "" if key is None else f" on key {key!r}"
             hint = ""
             if "WRONGTYPE" in str(exc):
-                hint = " (the key holds data that is not a toolwire state entry)"
-            elif isinstance(exc, (rx.MovedError, rx.AskError)) and not self.cluster:
+                raise StateDataError(
+                    f"redis state store at {self.safe_url}: command{what} failed: {exc} (the "
+                    "key holds data that is not a toolwire state entry; delete it or choose "
+                    "another key prefix)"
+                ) from exc
+            if isinstance(exc, (rx.MovedError, rx.AskError)) and not self.cluster:
                 hint = " (the server is a Redis Cluster node: use a redis+cluster:// URL)"
             raise StateStoreError(
                 f"redis state store at {self.safe_url}: command{what} failed: {exc}{hint}"
@@ -827,7 +832,7 @@ class RedisStore(StateStore):
         ver, expires, who = reply.split(":", 2)
         return Entry(
             key,
-            _decode(text),
+            _decode(text, key),
             int(ver),
             None if who == "-" else who[1:],
             int(expires) / 1000 if expires else None,
@@ -920,7 +925,7 @@ class RedisStore(StateStore):
             text, _, who = rest.partition("\0")
             return Entry(
                 key,
-                _decode(text),
+                _decode(text, key),
                 int(ver),
                 None if who == "-" else who[1:],
                 int(expires) / 1000 if expires else None,
@@ -981,7 +986,7 @@ class RedisStore(StateStore):
         ttl = _check_ttl(ttl)
         status, text = await self._script("incr", key, [str(amount), _ttl_ms(ttl)])
         if status == "notint":
-            raise _not_int_error(key, _decode(text))
+            raise _not_int_error(key, _decode(text, key))
         if status == "overflow":
             raise StateStoreError(
                 f"cannot incr state key {key!r} by {amount}: the result does not fit in the "
@@ -1046,4 +1051,4 @@ def _from_fields(key: str, fields: list[Any]) -> Entry | None:
     text, ver, owner, expires = fields
     if text is None or ver is None:
         return None
-    return Entry(key, _decode(text), int(ver), owner, int(expires) / 1000 if expires else None)
+    return Entry(key, _decode(text, key), int(ver), owner, int(expires) / 1000 if expires else None)

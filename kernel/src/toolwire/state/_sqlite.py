@@ -287,7 +287,7 @@ class SQLiteStore(StateStore):
             (key, text, version, owner, expires_at),
         )
         self._writes += 1
-        return Entry(key, _decode(text), int(version), owner, expires_at)
+        return Entry(key, _decode(text, key), int(version), owner, expires_at)
 
     def _select(self, conn: sqlite3.Connection, key: str, now: float) -> _Row | None:
         row: _Row | None = conn.execute(_SELECT_ONE, (key, now)).fetchone()
@@ -307,7 +307,7 @@ class SQLiteStore(StateStore):
 
         def op(conn: sqlite3.Connection) -> Entry | None:
             row = self._select(conn, key, self._clock())
-            return None if row is None else Entry(key, _decode(row[0]), *row[1:])
+            return None if row is None else Entry(key, _decode(row[0], key), *row[1:])
 
         return await self._run(op)
 
@@ -327,7 +327,7 @@ class SQLiteStore(StateStore):
             sql += f" AND {_LIVE} ORDER BY key LIMIT ?"
             args += [self._clock(), -1 if limit is None else limit]
             return [
-                Entry(k, _decode(v), ver, o, x)
+                Entry(k, _decode(v, k), ver, o, x)
                 for k, v, ver, o, x in conn.execute(sql, args)
                 if k.startswith(prefix)
             ]
@@ -388,7 +388,7 @@ class SQLiteStore(StateStore):
         text = _encode(key, value)
 
         def found(row: _Row) -> tuple[Entry, bool]:
-            return Entry(key, _decode(row[0]), *row[1:]), False
+            return Entry(key, _decode(row[0], key), *row[1:]), False
 
         def body(conn: sqlite3.Connection) -> tuple[Entry, bool]:
             row = self._select(conn, key, self._clock())
@@ -482,7 +482,7 @@ class SQLiteStore(StateStore):
             if row is None:
                 self._put(conn, key, str(amount), None, self._expiry(ttl))
                 return amount
-            current = _decode(row[0])
+            current = _decode(row[0], key)
             if not _is_int_value(current):
                 raise _not_int_error(key, current)
             new = int(current) + amount

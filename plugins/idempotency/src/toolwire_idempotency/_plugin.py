@@ -43,7 +43,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
-from toolwire.state import Entry, StateStore, StateStoreError
+from toolwire.state import Entry, StateDataError, StateStore, StateStoreError
 
 from ._canonical import UnencodableArgumentError, hashes, record_hash
 from ._config import IdempotencyConfig, apply_env
@@ -57,6 +57,36 @@ log = logging.getLogger("toolwire.idempotency")
 
 STATE_KEY = "idempotency"  # ctx.state[STATE_KEY]: the claim this call holds
 PENDING, DONE, OVERSIZED = "pending", "done", "oversized"
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _record_problem(value: Any) -> str | None:
+    """What makes ``value`` no idempotency record this plugin wrote, or None.
+
+    Checks the fields the replay and wait paths read, so a damaged record is a
+    ``corrupt_record`` naming the key, not a bare ``KeyError`` or ``ValueError``.
+    """
+    if type(value) is not dict:
+        return f"a {type(value).__name__}, not an object"
+    if not isinstance(value.get("req"), str) or not isinstance(value.get("s"), str):
+        return "no 'req' and 's' strings"
+    state = value["s"]
+    if state == PENDING and not _is_number(value.get("lease")):
+        return "a pending record without a numeric 'lease'"
+    if state == DONE:
+        if type(value.get("c")) is not dict:
+            return "a result whose content 'c' is not an object"
+        if value.get("e") is not None and type(value["e"]) is not dict:
+            return "an error 'e' that is not an object"
+        for field in ("d", "end", "at"):
+            if value.get(field) is not None and not _is_number(value[field]):
+                return f"a non-numeric {field!r}"
+    return None
+
+
 _JSON_SEPARATORS = (",", ":")
 
 
@@ -292,7 +322,12 @@ class IdempotencyPlugin:
                 self._hold(ctx, key, owner, pending, now)
                 return None
             value = entry.value
-            if type(value) is dict and value.get("s") == DONE and value.get("req") == req:
+            if (
+                type(value) is dict
+                and value.get("s") == DONE
+                and value.get("req") == req
+                and _record_problem(value) is None
+            ):
                 self.counters.hits += 1  # the replay path, without the general loop below
                 return self._replay(call, value, waited=False)
             return await self._existing(call, ctx, key, req, read_only, pending, owner, entry)
@@ -417,11 +452,12 @@ class IdempotencyPlugin:
                     self._hold(ctx, key, owner, pending, now)
                     return None
             value = entry.value
-            if type(value) is not dict or "req" not in value or "s" not in value:
+            problem = _record_problem(value)
+            if problem is not None:
                 raise CallRejected(
                     ErrorKind.INTERNAL,
-                    f"state key {key!r} holds something that is not an idempotency record; "
-                    f"tool {call.name!r} was not run. Delete the key or change "
+                    f"state key {key!r} holds something that is not an idempotency record "
+                    f"({problem}); tool {call.name!r} was not run. Delete the key or change "
                     "plugins.idempotency.prefix",
                     details={"reason": "corrupt_record", "key": key},
                 )
@@ -495,9 +531,33 @@ class IdempotencyPlugin:
                 raise self._in_flight(call, value, waited=0.0)
             if deadline is None:
                 self.counters.waits += 1
-                deadline = anyio.current_time() + cfg.wait_secs
+                wait_for = cfg.wait_secs
+                left = ctx.time_left()  # the call's own deadline bounds the wait too
+                if left is not None and left < wait_for:
+                    wait_for = max(0.0, left)
+                    cut_by_deadline = True
+                else:
+                    cut_by_deadline = False
+                started = anyio.current_time()
+                deadline = started + wait_for
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
+                if cut_by_deadline:
+                    self.counters.conflicts += 1
+                    self.counters.in_flight += 1
+                    raise CallRejected(
+                        ErrorKind.TIMEOUT,
+                        f"tool {call.name!r} call {call.call_id!r} was still running elsewhere "
+                        f"when this call's deadline came (after waiting "
+                        f"{anyio.current_time() - started:.3g}s); retry later, with more time, "
+                        "to get its result (it is never run twice)",
+                        retryable=True,
+                        details={
+                            "reason": "deadline",
+                            "call_id": call.call_id,
+                            "started_at": value.get("at"),
+                        },
+                    )
                 raise self._in_flight(call, value, waited=cfg.wait_secs)
             # wake on any change of the record, and when its lease would lapse
             timeout = min(remaining, lease - now + 0.01)
@@ -601,6 +661,12 @@ class IdempotencyPlugin:
         self, call: ToolCall, store: StateStore, exc: StateStoreError
     ) -> ToolResult | None:
         self.counters.store_errors += 1
+        if isinstance(exc, StateDataError):  # retrying cannot help: someone must fix the key
+            raise CallRejected(
+                ErrorKind.INTERNAL,
+                f"{exc}; tool {call.name!r} was not run",
+                details={"reason": "corrupt_record", "backend": store.backend},
+            )
         if self.config.on_store_error == "fail_open":
             self.counters.fail_open += 1
             log.warning(
