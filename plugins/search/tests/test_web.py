@@ -418,6 +418,30 @@ async def test_a_5xx_outage_falls_over_after_the_same_backend_retry(mock: respx.
     assert [k for _, k, _ in kinds(res)] == ["unavailable", "unavailable", None]
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        httpx.Response(200, text="<html>maintenance</html>"),
+        httpx.Response(200, json=[{"not": "an object"}]),
+    ],
+    ids=["not-json", "json-list"],
+)
+async def test_a_broken_success_answer_falls_over(
+    mock: respx.MockRouter, answer: httpx.Response
+) -> None:
+    """A 200 that is not JSON, or JSON of the wrong shape, is the provider's fault, not the
+    query's. Before: a final tool_error after one attempt, and exa was never asked."""
+    brave = mock.get(BRAVE_URL).mock(return_value=answer)
+    mock.post(EXA_URL).mock(return_value=ok("exa_search_200.json"))
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1, "EXA_API_KEY": E1})
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        forced = await kernel.call("web_search_brave", {"query": "q"})
+    assert not res.is_error and res.content["served_by"] == "exa", res.error
+    assert brave.call_count >= 1
+    assert forced.error is not None and forced.error.message.startswith("brave")
+
+
 async def test_timeouts_are_classified_and_fall_over(mock: respx.MockRouter) -> None:
     brave = mock.get(BRAVE_URL).mock(side_effect=httpx.ReadTimeout("read timed out"))
     mock.post(EXA_URL).mock(return_value=ok("exa_search_200.json"))

@@ -127,6 +127,16 @@ def _body(response: httpx.Response) -> Any:
     return text
 
 
+def unexpected_answer(backend: str, data: Any) -> ToolError:
+    """The error for a 2xx JSON answer of the wrong shape: the provider's fault (a broken
+    deployment, an API change), so ``unavailable``: retried, then the next backend."""
+    return ToolError(
+        f"{backend}: unexpected answer of type {type(data).__name__} (expected a JSON object)",
+        kind=ErrorKind.UNAVAILABLE,
+        details={"backend": backend},
+    )
+
+
 def http_error(
     backend: str,
     response: httpx.Response,
@@ -227,12 +237,21 @@ class Backend(ABC):
         """Normalize a decoded success answer (``make_result`` for each result)."""
 
     def decode(self, response: httpx.Response, alias: str | None) -> Any:
-        """The decoded body of a 2xx answer (JSON by default)."""
+        """The decoded body of a 2xx answer (JSON by default).
+
+        A success that is not JSON is the provider's fault (a maintenance page, a
+        broken deployment), not the query's: ``unavailable``, which is retried and
+        falls over to the next backend like a 5xx.
+        """
         try:
             return response.json()
         except ValueError:
             raise http_error(
-                self.name, response, alias=alias, summary="(the answer is not JSON)"
+                self.name,
+                response,
+                alias=alias,
+                summary="(the answer is not JSON)",
+                kind=ErrorKind.UNAVAILABLE,
             ) from None
 
     def error_for(self, response: httpx.Response, alias: str | None) -> ToolError:

@@ -10,7 +10,16 @@ import httpx
 from toolwire import ToolError
 from toolwire_ratelimit import reset_hints
 
-from ._backend import Backend, BackendPage, BackendRequest, Exhaustion, as_dict, as_list, http_error
+from ._backend import (
+    Backend,
+    BackendPage,
+    BackendRequest,
+    Exhaustion,
+    as_dict,
+    as_list,
+    http_error,
+    unexpected_answer,
+)
 from ._models import SearchQuery, make_result
 
 __all__ = ["BraveBackend"]
@@ -76,7 +85,7 @@ class BraveBackend(Backend):
     def parse(self, data: Any, q: SearchQuery) -> BackendPage:
         """``web.results`` as SearchResults; the rest of the answer as metadata."""
         if not isinstance(data, dict):
-            raise ToolError(f"brave: unexpected answer of type {type(data).__name__}")
+            raise unexpected_answer("brave", data)
         web = as_dict(data.get("web"))
         raw = as_list(web.get("results"))
         results = []

@@ -16,6 +16,7 @@ from ._backend import (
     KeyExhausted,
     as_list,
     http_error,
+    unexpected_answer,
 )
 from ._models import SearchQuery, make_result
 
@@ -84,7 +85,7 @@ class ExaBackend(Backend):
     def parse(self, data: Any, q: SearchQuery) -> BackendPage:
         """``results`` as SearchResults; ``requestId``, ``costDollars``... as metadata."""
         if not isinstance(data, dict):
-            raise ToolError(f"exa: unexpected answer of type {type(data).__name__}")
+            raise unexpected_answer("exa", data)
         raw = as_list(data.get("results"))
         results = []
         for r in raw:

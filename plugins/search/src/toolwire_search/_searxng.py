@@ -11,7 +11,14 @@ import httpx
 
 from toolwire import ErrorKind, ToolError
 
-from ._backend import Backend, BackendPage, BackendRequest, as_list, http_error
+from ._backend import (
+    Backend,
+    BackendPage,
+    BackendRequest,
+    as_list,
+    http_error,
+    unexpected_answer,
+)
 from ._models import SearchQuery, make_result
 
 __all__ = ["SearxngBackend"]
@@ -118,7 +125,7 @@ class SearxngBackend(Backend):
         """``results`` as SearchResults; answers, suggestions, infoboxes and
         ``unresponsive_engines`` as metadata (and the latter as warnings)."""
         if not isinstance(data, dict):
-            raise ToolError(f"searxng: unexpected answer of type {type(data).__name__}")
+            raise unexpected_answer("searxng", data)
         raw = as_list(data.get("results"))
         results = []
         for r in raw:
