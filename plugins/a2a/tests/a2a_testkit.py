@@ -66,6 +66,7 @@ class ScriptedExecutor(AgentExecutor):
     - ``ask``: needs input ("Which city?"); the answer completes the task.
     - ``login``: needs auth.
     - ``fail``: the task fails with a reason.
+    - ``partial``: an artifact ("chapter 1 written"), then the task fails with a reason.
     - ``wait``: works until ``gate`` is set, then completes.
     - ``stream``: a status message, then an artifact in two appended chunks.
     - anything else: one artifact "Findings on: <text>".
@@ -135,6 +136,9 @@ class ScriptedExecutor(AgentExecutor):
             await up.requires_auth(up.new_agent_message([new_text_part("Sign in first.")]))
         elif text == "fail":
             await up.failed(up.new_agent_message([new_text_part("I cannot do that: no data")]))
+        elif text == "partial":
+            await up.add_artifact([new_text_part("chapter 1 written")], name="draft")
+            await up.failed(up.new_agent_message([new_text_part("ran out of budget")]))
         elif text == "stream":
             await up.update_status(
                 TaskState.TASK_STATE_WORKING,

@@ -131,6 +131,23 @@ async def test_failed_task_state_is_a_tool_error(make_kernel: KernelFactory) -> 
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+async def test_a_failed_task_keeps_its_artifacts_and_gives_the_agents_reason(
+    make_kernel: KernelFactory, streaming: bool
+) -> None:
+    """Before: the artifact's text was passed off as the reason ("failed the task: chapter 1
+    written"), and the real reason and the artifact were dropped."""
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "partial"})
+    assert res.is_error and res.error is not None
+    assert "failed the task: ran out of budget" in res.error.message, res.error.message
+    assert "1 artifact(s)" in res.error.message
+    details = res.error.details
+    assert details["partial_text"] == "chapter 1 written"
+    assert [a.get("name") for a in details["artifacts"]] == ["draft"]
+    assert details["state"] == "failed" and details["task_id"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
 async def test_input_required_is_surfaced_and_context_id_continues(
     make_kernel: KernelFactory, router: Router, streaming: bool
 ) -> None:

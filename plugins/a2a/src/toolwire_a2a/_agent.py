@@ -341,17 +341,29 @@ class AgentHandle:
         """Raise for tasks that ended badly; return the others."""
         state = result["state"]
         if state in ("failed", "rejected") or (state == "canceled" and not cancel_ok):
-            said = result.get("text") or result.get("status_message") or "no reason given"
+            # The reason is the agent's status message; ``text`` holds the artifacts' text
+            # when there are artifacts, which is what the agent produced, not why it stopped.
+            artifacts = result.get("artifacts") or []
+            said = result.get("status_message") or (None if artifacts else result.get("text"))
             verb = {"failed": "failed", "rejected": "rejected", "canceled": "canceled"}[state]
+            details: dict[str, Any] = {
+                "agent": result["agent"],
+                "state": state,
+                "task_id": result.get("task_id"),
+                "context_id": result.get("context_id"),
+            }
+            if artifacts:  # what the agent produced before it stopped is kept
+                details["artifacts"] = artifacts
+                details["partial_text"] = result.get("text")
+            kept = (
+                f" (it produced {len(artifacts)} artifact(s) first: in details)"
+                if artifacts
+                else ""
+            )
             raise ToolError(
-                f"agent {result['agent']!r} {verb} the task: {said}",
+                f"agent {result['agent']!r} {verb} the task: {said or 'no reason given'}{kept}",
                 kind=ErrorKind.TOOL_ERROR,
-                details={
-                    "agent": result["agent"],
-                    "state": state,
-                    "task_id": result.get("task_id"),
-                    "context_id": result.get("context_id"),
-                },
+                details=details,
             )
         return result
 
