@@ -120,6 +120,32 @@ async def test_configured_by_toml_streaming_hands_off_and_shutdown(
         assert res.error.kind == ErrorKind.UNAVAILABLE
 
 
+async def test_without_a_stream_a_blocking_call_cut_by_its_deadline_keeps_the_task_id(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    """Before: with ``streaming = false`` the task id came only with the final answer, so a
+    call cut by its deadline left ``meta.extra["a2a"] == {"agent": ...}`` and the task that
+    kept running could not be found again."""
+    kernel = kernel_from_toml(
+        tmp_path, f'agents = ["{loopback.url}"]\npoll_interval_s = 0.05\nstreaming = false\n'
+    )
+    async with kernel:
+        quick = await kernel.call("agent_loopback_specialist", {"query": "report"}, timeout=10)
+        assert quick.content["state"] == "completed", quick.content  # polled to the end
+        assert quick.content["text"] == "Findings on: report"
+        plain = await kernel.call("agent_loopback_specialist", {"query": "report"})
+        assert plain.content["text"] == "Findings on: report"  # no deadline: one blocking call
+        loopback.agent.executor.hold()
+        cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
+        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
+        running = cut.meta.extra["a2a"]["task_id"]
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 10}
+        )
+        assert done.content["text"] == "Findings on: wait", done.content
+
+
 async def test_nothing_listening_at_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -306,12 +306,18 @@ class AgentHandle:
     ) -> dict[str, Any]:
         nick = str(self.nickname)
         streaming = self.streaming and not hands_off
+        # A blocking call without a stream learns the task id only with the final answer:
+        # cut by its deadline, it would lose the task. With a deadline it is sent to
+        # return at once and the task is polled, so the id is known from the start.
+        poll = not streaming and not hands_off and ctx.time_left() is not None
         client = self._require(streaming)
         request = SendMessageRequest(
             message=self._message(query, context_id, task_id),
-            configuration=SendMessageConfiguration(return_immediately=hands_off),
+            configuration=SendMessageConfiguration(return_immediately=hands_off or poll),
         )
-        call_ctx = ClientCallContext(timeout=self.config.request_timeout_s) if hands_off else None
+        call_ctx = (
+            ClientCallContext(timeout=self.config.request_timeout_s) if hands_off or poll else None
+        )
         agg = StreamAggregator()
         action = "sending the message" + (" (hands-off)" if hands_off else "")
         try:
@@ -331,6 +337,8 @@ class AgentHandle:
         if streaming and agg.task_id and agg.state in RUNNING:
             # The stream ended before the task did (connection dropped): read its state.
             return await self._task_outcome(await self._get(agg.task_id, "reading the task"))
+        if poll and agg.task_id and agg.state in RUNNING:
+            return await self._until_settled(agg.task_id)
         try:
             result = agg.result(nick)
         except ValueError as exc:
@@ -421,6 +429,16 @@ class AgentHandle:
         result = await self._task_outcome(task)
         await self._remember(ctx.kernel, result)
         return result
+
+    async def _until_settled(self, task_id: str) -> dict[str, Any]:
+        """Poll ``task_id`` until it is done or interrupted (the caller's deadline bounds it)."""
+        while True:
+            await anyio.sleep(self.config.poll_interval_s)
+            result = task_result(
+                str(self.nickname), _to_dict(await self._get(task_id, "reading the task"))
+            )
+            if result["done"] or result["interrupted"]:
+                return self._check_outcome(result)
 
     def _fail(self, exc: BaseException, action: str) -> ToolError:
         """The ToolError for ``exc``; remembers whether the agent looked down."""
