@@ -321,6 +321,19 @@ async def test_a_fallback_whose_schema_rejects_the_arguments_keeps_the_real_erro
     assert other.calls == []
 
 
+class Watcher:
+    """Collects the results ``after_call`` sees."""
+
+    name, order = "watcher", 900
+
+    def __init__(self, seen: list[ToolResult]) -> None:
+        self.seen = seen
+
+    @hookimpl
+    def after_call(self, call: ToolCall, result: ToolResult) -> None:
+        self.seen.append(result)
+
+
 @pytest.mark.parametrize(
     "decision",
     [Retry(after_s="1s"), Retry(after_s=float("nan")), Retry(args=["x"]), Fallback(tool=3)],  # type: ignore[arg-type]
@@ -332,16 +345,8 @@ async def test_a_malformed_decision_is_an_internal_error_and_after_call_still_ru
     """Before: Retry(after_s="1s") made kernel.call raise ValueError, and after_call never ran
     (an idempotency claim stayed held for the life of the process)."""
     seen: list[ToolResult] = []
-
-    class Watcher:
-        name, order = "watcher", 900
-
-        @hookimpl
-        def after_call(self, call: ToolCall, result: ToolResult) -> None:
-            seen.append(result)
-
     fake = FakeTool("t", script=[ToolError("x")])
-    r = await make_kernel(fake.tool, plugins=(Decider(decision), Watcher())).call("t", {})
+    r = await make_kernel(fake.tool, plugins=(Decider(decision), Watcher(seen))).call("t", {})
     assert r.error is not None and r.error.kind == "internal", r.error
     assert r.error.message.startswith("plugin 'decider': on_error returned ")
     assert seen == [r]
@@ -351,16 +356,8 @@ async def test_an_exception_escaping_the_pipeline_is_an_internal_error_with_hook
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen: list[ToolResult] = []
-
-    class Watcher:
-        name, order = "watcher", 900
-
-        @hookimpl
-        def after_call(self, call: ToolCall, result: ToolResult) -> None:
-            seen.append(result)
-
     fake = FakeTool("t", script=[ToolError("x")])
-    k = make_kernel(fake.tool, plugins=(Decider(Retry(0)), Watcher()))
+    k = make_kernel(fake.tool, plugins=(Decider(Retry(0)), Watcher(seen)))
 
     async def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("kaboom")

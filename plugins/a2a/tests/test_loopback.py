@@ -61,6 +61,18 @@ def loopback() -> Iterator[LoopbackAgent]:
             agent.stop()
 
 
+async def cut_by_its_deadline_then_found_again(kernel: Kernel, loopback: LoopbackAgent) -> None:
+    """A blocking call cut by its deadline still says which task keeps running, and
+    ``agent_x_task`` finds that task's answer later."""
+    loopback.agent.executor.hold()
+    cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
+    assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
+    running = cut.meta.extra["a2a"]["task_id"]
+    loopback.agent.executor.release()
+    done = await kernel.call("agent_loopback_specialist_task", {"task_id": running, "wait_s": 10})
+    assert done.content["text"] == "Findings on: wait", done.content
+
+
 def kernel_from_toml(tmp_path: Path, body: str) -> Kernel:
     cfg = tmp_path / "toolwire.toml"
     cfg.write_text('enabled_plugins = ["a2a"]\n\n[plugins.a2a]\n' + body)
@@ -103,16 +115,7 @@ async def test_configured_by_toml_streaming_hands_off_and_shutdown(
         assert done.content["state"] == "completed", done.content
         assert done.content["text"] == "Findings on: wait"
 
-        # a blocking call cut by its deadline still tells which task keeps running
-        loopback.agent.executor.hold()
-        cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
-        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
-        running = cut.meta.extra["a2a"]["task_id"]
-        loopback.agent.executor.release()
-        done = await kernel.call(
-            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 10}
-        )
-        assert done.content["text"] == "Findings on: wait", done.content
+        await cut_by_its_deadline_then_found_again(kernel, loopback)
 
         loopback.stop()  # the agent goes away: calls answer unavailable, nothing crashes
         res = await kernel.call("agent_loopback_specialist", {"query": "x"})
@@ -135,15 +138,7 @@ async def test_without_a_stream_a_blocking_call_cut_by_its_deadline_keeps_the_ta
         assert quick.content["text"] == "Findings on: report"
         plain = await kernel.call("agent_loopback_specialist", {"query": "report"})
         assert plain.content["text"] == "Findings on: report"  # no deadline: one blocking call
-        loopback.agent.executor.hold()
-        cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
-        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
-        running = cut.meta.extra["a2a"]["task_id"]
-        loopback.agent.executor.release()
-        done = await kernel.call(
-            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 10}
-        )
-        assert done.content["text"] == "Findings on: wait", done.content
+        await cut_by_its_deadline_then_found_again(kernel, loopback)
 
 
 async def test_nothing_listening_at_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
