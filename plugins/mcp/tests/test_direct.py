@@ -422,7 +422,7 @@ BAD_ANSWERS: dict[str, dict[str, Any]] = {
 }
 
 
-def _rewriting_proxy(target: str) -> Any:
+def _rewriting_proxy(target: str, answers: dict[str, dict[str, Any]] = BAD_ANSWERS) -> Any:
     """A scripted front for a real upstream: passes everything on, except tools/call of a
     ``city`` in ``BAD_ANSWERS``, answered with that body instead."""
     import httpx
@@ -438,9 +438,9 @@ def _rewriting_proxy(target: str) -> Any:
                 headers = [tuple(x.split(": ", 1)) for x in lines[1:] if ": " in x]
                 msg = json.loads(body) if body else {}
                 city = (msg.get("params") or {}).get("arguments", {}).get("city")
-                if msg.get("method") == "tools/call" and city in BAD_ANSWERS:
+                if msg.get("method") == "tools/call" and city in answers:
                     status, ctype = 200, "application/json"
-                    data = json.dumps({"jsonrpc": "2.0", "id": msg["id"], **BAD_ANSWERS[city]})
+                    data = json.dumps({"jsonrpc": "2.0", "id": msg["id"], **answers[city]})
                     out = data.encode()
                 else:
                     skip = {"host", "content-length", "connection", "transfer-encoding"}
@@ -476,3 +476,26 @@ async def test_an_invalid_result_is_a_tool_error_naming_the_server(
         r = await k.call("up_forecast", {"city": "Oslo"})  # and the next call is served
         assert r.content == {"result": "sunny in Oslo"}
         assert up.direct_calls == (len(BAD_ANSWERS) + 1 if direct else 0)
+
+
+async def test_a_result_breaking_its_output_schema_keeps_what_the_server_answered(
+    upstream: HttpUpstream,
+) -> None:
+    """The call may have taken effect upstream: its answer is kept in the error's details
+    (before: only server and remote_tool)."""
+    wrong = {
+        "result": {
+            "resultType": "complete",
+            "content": [{"type": "text", "text": "charged card #4242, order 991"}],
+            "structuredContent": {"result": 991},  # forecast's schema wants a string
+        }
+    }
+    async with (
+        serving(_rewriting_proxy(upstream.url, {"charge": wrong})) as srv,
+        gateway({"url": f"http://127.0.0.1:{srv.port}/mcp"}) as (k, _up),
+    ):
+        r = await k.call("up_forecast", {"city": "charge"})
+    assert r.error is not None and r.error.kind == "tool_error", r.error
+    assert "Invalid structured content returned by tool forecast" in r.error.message
+    assert r.error.details["remote_text"] == "charged card #4242, order 991"
+    assert r.error.details["remote_structured_content"] == {"result": 991}

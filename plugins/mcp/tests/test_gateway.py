@@ -177,3 +177,38 @@ async def test_a_changed_upstream_list_reaches_the_gateways_clients(gateway: Cli
                 assert isinstance(await sub.__anext__(), ToolsListChanged)
                 if await listed():
                     break
+
+
+async def test_a_chain_of_gateways_keeps_replayed_and_the_remote_details(tmp_path: Path) -> None:
+    """A kernel -> gateway B (toolwire serve over stdio, idempotency on) -> the upstream.
+
+    Before: B replayed the repeated call id but A's caller saw ``replayed: false``, and
+    B's error details (``in_flight`` for a lost connection) were dropped on the way.
+    """
+    from toolwire import Kernel
+    from toolwire_mcp import MCPConfig, MCPPlugin
+
+    write_config(
+        tmp_path / "b.toml",
+        {"state": f"sqlite:///{tmp_path / 'b.db'}", "enabled_plugins": ["mcp", "idempotency"]},
+        {
+            "plugins.mcp": {"reconnect_initial_s": 0.1, "reconnect_max_s": 0.5},
+            "plugins.mcp.servers.weather": {"command": sys.executable, "args": [str(UPSTREAM)]},
+        },
+    )
+    b = {
+        "command": sys.executable,
+        "args": ["-m", "toolwire.cli", "serve", "--config", str(tmp_path / "b.toml")],
+        "env": clean_env(),
+        "cwd": str(tmp_path),
+    }
+    plugin = MCPPlugin(MCPConfig.model_validate({"servers": {"b": b}, "connect_timeout_s": 60}))
+    async with Kernel(plugins=[plugin]) as k:
+        first = await k.call("b_weather_forecast", {"city": "Oslo"}, call_id="chain-1")
+        again = await k.call("b_weather_forecast", {"city": "Oslo"}, call_id="chain-1")
+        assert first.content == again.content == {"result": "sunny in Oslo"}
+        assert not first.meta.replayed and again.meta.replayed
+        lost = await k.call("b_weather_crash", {})
+        assert lost.error is not None and lost.error.kind == "unavailable", lost.error
+        assert lost.error.details["in_flight"] is True  # lifted from B's details
+        assert lost.error.details["remote_details"]["server"] == "weather"

@@ -370,3 +370,57 @@ def test_repeat_throttle_lets_a_burst_through_then_counts_the_rest() -> None:
         "Failed to parse (7 more like this in the last 61s were not logged)"
     )
     assert throttle.filter(record("Failed to parse"))  # a new window, a new burst
+
+
+def test_remote_error_trusts_only_known_kinds_and_sane_retry_hints() -> None:
+    from toolwire_mcp._convert import remote_error
+
+    def result(info: dict[str, Any]) -> mcp_types.CallToolResult:
+        return mcp_types.CallToolResult(
+            content=[mcp_types.TextContent(type="text", text="nope")],
+            is_error=True,
+            _meta={"io.toolwire/error": info},
+        )
+
+    kind, _, retry, details = remote_error(
+        result({"kind": "weird_kind", "message": "m", "retry_after_s": -5}),
+        server="s",
+        remote_tool="t",
+    )
+    assert kind == "tool_error" and details["remote_kind"] == "weird_kind"
+    assert retry is None  # a negative hint is no hint
+    kind, _, retry, details = remote_error(
+        result(
+            {
+                "kind": "rate_limit",
+                "message": "m",
+                "retry_after_s": 2,
+                "details": {"status": 429, "server": "deeper"},
+            }
+        ),
+        server="s",
+        remote_tool="t",
+    )
+    assert kind == "rate_limit" and retry == 2.0
+    assert details["status"] == 429 and details["server"] == "s"  # ours stays ours
+    assert details["remote_details"] == {"status": 429, "server": "deeper"}
+
+
+def test_a_long_stderr_line_is_kept_short() -> None:
+    """Before: the last 20 stderr lines were kept whole (a 300 MiB line without a newline took
+    the gateway from 92 to 395 MB)."""
+    import threading
+
+    from toolwire_mcp._upstream import _MAX_STDERR_LINE, _StderrTap
+
+    tap = _StderrTap("noisy")
+    writer = threading.Thread(
+        target=lambda: (tap.writer.write("x" * 1_000_000 + "\nshort line\n"), tap.close())
+    )
+    writer.start()
+    writer.join(30)
+    tap._thread.join(30)
+    assert list(tap.tail)[-1] == "short line"
+    long = list(tap.tail)[-2]
+    assert long.startswith("x" * 100) and len(long) < _MAX_STDERR_LINE + 100
+    assert long.endswith(f"... ({1_000_000 - _MAX_STDERR_LINE} more characters on this line)")

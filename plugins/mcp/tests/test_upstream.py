@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -127,6 +128,20 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kern
     assert r.error.details["in_flight"] is True
     r = await call_until_back(kernel, "up_forecast", {"city": "Oslo"})
     assert r.content == {"result": "sunny in Oslo"}
+
+
+async def test_unknown_names_in_include_or_exclude_are_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: a misspelled name was ignored without a word."""
+    servers = {"up": upstream_entry(include=["forcast", "stats"], exclude=["nope"])}
+    with caplog.at_level(logging.WARNING, logger="toolwire.mcp"):
+        async with Kernel(plugins=[plugin(servers)]) as k:
+            assert {t.name for t in k.list_tools()} == {"up_stats"}
+    warned = [r.getMessage() for r in caplog.records if "has no tool named" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'forcast', 'nope'" in warned[0] and "forecast" in warned[0]
+    assert "[plugins.mcp.servers.up]" in warned[0]
 
 
 async def test_naming_include_exclude_and_many_servers() -> None:

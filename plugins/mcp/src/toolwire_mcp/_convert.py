@@ -212,13 +212,20 @@ def remote_error(
     retry_after: float | None = None
     remote_info: Any = (result.meta or {}).get(ERROR_META_KEY)
     sc = result.structured_content
+    remote_details: Mapping[str, Any] | None = None
+    remote_kind: str | None = None
     if isinstance(remote_info, Mapping) and isinstance(remote_info.get("kind"), str):
-        kind = str(remote_info["kind"])
+        if remote_info["kind"] in _KINDS:
+            kind = str(remote_info["kind"])
+        else:  # a kind this gateway does not know: kept in details, not trusted
+            remote_kind = str(remote_info["kind"])
         if isinstance(remote_info.get("message"), str):
             message = remote_info["message"]
         ra = remote_info.get("retry_after_s")
-        if isinstance(ra, (int, float)) and not isinstance(ra, bool):
+        if isinstance(ra, (int, float)) and not isinstance(ra, bool) and 0 <= ra < math.inf:
             retry_after = float(ra)
+        if isinstance(remote_info.get("details"), Mapping):
+            remote_details = remote_info["details"]
     elif (
         isinstance(sc, Mapping)
         and isinstance(sc.get("error"), Mapping)
@@ -239,6 +246,15 @@ def remote_error(
     }
     if sc is not None:
         details["remote_structured_content"] = sc
+    if remote_kind is not None:
+        details["remote_kind"] = remote_kind
+    if remote_details:
+        # A toolwire upstream's details travel on (a chain of gateways keeps them); the
+        # facts a caller acts on are lifted: the outcome is unknown, the HTTP status.
+        details["remote_details"] = dict(remote_details)
+        for lifted in ("in_flight", "status"):
+            if lifted in remote_details:
+                details.setdefault(lifted, remote_details[lifted])
     return kind, f"MCP server {server!r}, tool {remote_tool!r}: {message}", retry_after, details
 
 

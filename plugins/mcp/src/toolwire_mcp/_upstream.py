@@ -49,7 +49,14 @@ from pydantic import ValidationError
 from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
 
 from ._config import MCPConfig, ServerConfig
-from ._convert import CALL_ID_META_KEY, make_validator, quick_check, remote_error, remote_value
+from ._convert import (
+    CALL_ID_META_KEY,
+    RESULT_META_KEY,
+    make_validator,
+    quick_check,
+    remote_error,
+    remote_value,
+)
 from ._direct import (
     CLIENT_INFO,
     SDK_REFUSED_TEXT,
@@ -120,8 +127,17 @@ class _StderrTap:
     def _pump(self) -> None:
         lg = logging.getLogger(f"toolwire.mcp.stderr.{self.server}")
         with self._reader:
-            for line in self._reader:
-                text = line.rstrip("\n")
+            while line := self._reader.readline(_MAX_STDERR_LINE):
+                if line.endswith("\n"):
+                    text = line[:-1]
+                else:  # longer than the cap: keep its start, count the rest (memory stays small)
+                    rest = 0
+                    while more := self._reader.readline(_MAX_STDERR_LINE):
+                        rest += len(more)
+                        if more.endswith("\n"):
+                            rest -= 1
+                            break
+                    text = f"{line}... ({rest} more characters on this line)" if rest else line
                 self.tail.append(text)
                 lg.info("%s", text)
 
@@ -133,6 +149,10 @@ class _StderrTap:
         """Close our end; the reader stops once the children have exited."""
         with contextlib.suppress(OSError):
             self.writer.close()
+
+
+#: A stdio server's stderr line is kept (logged, quoted in errors) up to this many characters.
+_MAX_STDERR_LINE = 8192
 
 
 class _Notifications(MessageHandler):
@@ -161,6 +181,12 @@ def _first_problem(exc: ValidationError) -> str:
     where = ".".join(str(p) for p in first.get("loc", ()))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return f"{where or 'result'}: {first.get('msg', '')}{more}"
+
+
+def _answer_text(result: mcp_types.CallToolResult) -> str:
+    """The text blocks of an answer, as ``remote_text`` quotes them (bounded)."""
+    text = "\n".join(b.text for b in result.content or [] if isinstance(b, mcp_types.TextContent))
+    return text[:2000]
 
 
 def _describe(exc: BaseException) -> str:
@@ -196,6 +222,7 @@ class Upstream:
         self.next_attempt_at: float | None = None
         self.first_attempt = anyio.Event()
         self._signature: tuple[Any, ...] = ()
+        self._unknown_names: tuple[str, ...] = ()  # include/exclude names last warned about
         self._client: Client[Any] | None = None
         self._stop = anyio.Event()
         self._wake = anyio.Event()
@@ -238,7 +265,7 @@ class Upstream:
                 )
                 for n in self.cfg.include
             ]
-        self._adopt(remote)
+        self._adopt(remote, listed=False)
 
     def start(self) -> None:
         """Start the supervisor task (asyncio)."""
@@ -517,13 +544,30 @@ class Upstream:
             await self._refresh()
 
     # --------------------------------------------------------------- tools
-    def _adopt(self, remote: list[mcp_types.Tool]) -> bool:
-        """Make kernel tools from a remote listing; True when the catalog changes."""
+    def _adopt(self, remote: list[mcp_types.Tool], *, listed: bool = True) -> bool:
+        """Make kernel tools from a remote listing; True when the catalog changes.
+
+        ``listed``: ``remote`` is the server's own listing (not the cache or the
+        include list), so names in include/exclude it lacks are worth a warning.
+        """
         include = set(self.cfg.include) if self.cfg.include is not None else None
         exclude = set(self.cfg.exclude)
         keep = [
             t for t in remote if (include is None or t.name in include) and t.name not in exclude
         ]
+        names = {t.name for t in remote}
+        unknown = sorted(((include or set()) | exclude) - names) if listed else []
+        if unknown and tuple(unknown) != self._unknown_names:
+            log.warning(
+                "MCP server %r has no tool named %s (from include/exclude of "
+                "[plugins.mcp.servers.%s]); it lists: %s",
+                self.name,
+                ", ".join(repr(n) for n in unknown),
+                self.name,
+                ", ".join(sorted(names)) or "no tools",
+            )
+        if listed:
+            self._unknown_names = tuple(unknown)
         signature = tuple((t.model_dump_json(by_alias=True, exclude_none=True)) for t in keep)
         if signature == self._signature:
             return False
@@ -570,9 +614,12 @@ class Upstream:
         except Exception as exc:  # an unresolvable $ref, say
             raise RuntimeError(f"Invalid schema for tool {remote_tool}: {exc}") from exc
         if error is not None:
-            raise RuntimeError(
+            violation = RuntimeError(
                 f"Invalid structured content returned by tool {remote_tool}: {error}"
-            ) from error
+            )
+            violation.add_note("the result is in the exception's `result` attribute")
+            violation.result = result  # type: ignore[attr-defined]  # kept for the caller
+            raise violation from error
 
     def _kernel_tool(self, remote: mcp_types.Tool) -> Tool:
         remote_name = remote.name
@@ -672,6 +719,9 @@ class Upstream:
                 result, server=self.name, remote_tool=remote_tool
             )
             raise ToolError(message, kind=kind, retry_after_s=retry_after, details=details)
+        stamp = (result.meta or {}).get(RESULT_META_KEY)
+        if isinstance(stamp, dict) and stamp.get("replayed") is True:
+            ctx.meta.replayed = True  # a toolwire upstream replayed it: nothing ran now
         return remote_value(result)
 
     async def _call_client(
@@ -791,8 +841,14 @@ class Upstream:
             return ToolError(f"{prefix}: timed out", kind=ErrorKind.TIMEOUT, details=where)
         if _schema_violation(exc):
             # The SDK's check of a result against the tool's output schema: the server
-            # answered, the answer is wrong. Not a lost connection.
-            return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=where)
+            # answered, the answer is wrong. Not a lost connection. What it answered is kept:
+            # the call may have taken effect upstream.
+            details: dict[str, Any] = dict(where)
+            answered = getattr(exc, "result", None)
+            if isinstance(answered, mcp_types.CallToolResult):
+                details["remote_text"] = _answer_text(answered)
+                details["remote_structured_content"] = answered.structured_content
+            return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=details)
         if isinstance(exc, ValidationError):
             # The answer is JSON-RPC, but its result is no valid MCP result (content
             # that is not a list, a block of no known type, no resultType on a
