@@ -63,6 +63,23 @@ async def test_collision_with_a_local_tool_names_both() -> None:
         await k.start()
 
 
+async def test_a_refresh_may_keep_the_holder_of_a_clashing_name_and_apply_the_rest() -> None:
+    alpha, beta = Source("alpha", ["search"]), Source("beta", ["fetch"])
+    async with Kernel(tools=[ping], plugins=[alpha, beta]) as k:
+        beta.tools = ["fetch", "search", "ping", "news"]  # two clashes appear, and a new tool
+        with pytest.raises(ToolCollisionError):
+            await k.refresh_tools()  # the default: all or nothing
+        assert k.get_tool("news") is None
+        await k.refresh_tools(keep_on_collision=True)
+        assert k.get_tool("news") is not None  # the rest applies
+        assert k.get_tool("search").source == "alpha"  # type: ignore[union-attr]  # the holder
+        assert k.get_tool("ping").source == "local"  # type: ignore[union-attr]
+        alpha.tools, beta.tools = ["search"], ["search"]
+        await k.refresh_tools(keep_on_collision=True)
+        assert k.get_tool("search").source == "alpha"  # type: ignore[union-attr]
+        assert k.get_tool("news") is None  # gone from its source: gone from the catalog
+
+
 def test_local_collision_and_namespacing() -> None:
     k = Kernel(tools=[ping])
     with pytest.raises(ToolCollisionError):

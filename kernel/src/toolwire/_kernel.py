@@ -283,10 +283,16 @@ class Kernel:
 
         return unsubscribe
 
-    async def refresh_tools(self) -> list[Tool]:
+    async def refresh_tools(self, *, keep_on_collision: bool = False) -> list[Tool]:
         """Ask every tool source (``discover`` hook, query=None) for its tools.
 
         A failing source raises ``PluginError`` and the previous catalog stays.
+        Two sources claiming one name raise ``ToolCollisionError`` (the catalog
+        stays) — unless ``keep_on_collision``: then the tool that held the name
+        keeps it (a local tool always does; between two new claims, the first
+        source's), the other is left out with a warning naming both, and every
+        other change applies. Plugins refreshing while the kernel serves pass it,
+        so one clash cannot freeze the catalog; at startup a clash stays an error.
         """
         found: dict[str, Tool] = {}
         for impl in self.plugins.compiled["discover"]:
@@ -294,7 +300,24 @@ class Kernel:
             for t in self._check_tools(impl.plugin, res):
                 prev = found.get(t.name) or self._local.get(t.name)
                 if prev is not None:
-                    raise ToolCollisionError(t.name, prev.source, t.source)
+                    if not keep_on_collision:
+                        raise ToolCollisionError(t.name, prev.source, t.source)
+                    held = self._catalog.get(t.name)
+                    keep, drop = (prev, t)
+                    if t.name not in self._local and held is not None and held.source == t.source:
+                        keep, drop = (t, prev)
+                        found[t.name] = t
+                    log.warning(
+                        "tool name %r is claimed by %s and %s: keeping %s's, leaving out "
+                        "%s's until the clash is resolved (rename one: a namespace or "
+                        "name_template, or exclude it)",
+                        t.name,
+                        prev.source,
+                        t.source,
+                        keep.source,
+                        drop.source,
+                    )
+                    continue
                 found[t.name] = t
         old = self._discovered
         self._discovered = found

@@ -120,6 +120,32 @@ async def test_list_changed_re_lists_the_server(protocol: str) -> None:
         assert r.content == {"result": "I am fresh"}
 
 
+async def test_a_clash_appearing_while_serving_does_not_freeze_the_catalog(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: once a refreshed listing clashed with a local tool's name, every refresh
+    failed (only logged), and later changes of any server never reached the catalog."""
+    from toolwire import tool
+
+    @tool(name="up_clash")
+    def local_clash() -> str:
+        """A local tool whose name the upstream will also claim."""
+        return "local"
+
+    async with Kernel(tools=[local_clash], plugins=[plugin({"up": upstream_entry()})]) as k:
+        with caplog.at_level(logging.WARNING, logger="toolwire"):
+            await k.call("up_grow", {"name": "clash"})  # now "up" also lists up_clash
+            await k.call("up_grow", {"name": "fresh"})
+            await eventually(lambda: k.get_tool("up_fresh") is not None)
+        r = await k.call("up_clash", {})
+        assert r.content == {"result": "local"}  # the local tool keeps its name
+        assert any(
+            "tool name 'up_clash' is claimed by local and mcp:up: keeping local's"
+            in rec.getMessage()
+            for rec in caplog.records
+        )
+
+
 async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kernel) -> None:
     r = await kernel.call("up_crash", {})
     assert r.is_error and r.error is not None and r.error.kind == "unavailable"

@@ -193,7 +193,7 @@ class A2APlugin:
         ):
             return False
         try:
-            await kernel.refresh_tools()
+            await kernel.refresh_tools(keep_on_collision=True)
         except Exception as exc:
             log.error("plugin 'a2a': updating the kernel's catalog failed: %s", exc)
             return False

@@ -95,7 +95,7 @@ class MCPPlugin:
             return
         async with lock:
             try:
-                await kernel.refresh_tools()
+                await kernel.refresh_tools(keep_on_collision=True)
             except Exception as exc:
                 log.error("plugin 'mcp': refreshing the catalog failed: %s", exc)
 
