@@ -170,6 +170,37 @@ async def test_unknown_names_in_include_or_exclude_are_warned_about(
     assert "[plugins.mcp.servers.up]" in warned[0]
 
 
+def test_a_name_template_or_namespace_making_names_mcp_refuses_is_a_config_error() -> None:
+    with pytest.raises(ValueError, match=r"makes tool names like 's/t', which MCP does not allow"):
+        MCPConfig.model_validate({"name_template": "{server}/{tool}"})
+    with pytest.raises(ValueError, match=r"namespace 'my ns'"):
+        MCPConfig.model_validate({"servers": {"a": {"command": "x", "namespace": "my ns"}}})
+
+
+async def test_a_remote_tool_whose_name_mcp_refuses_is_left_out_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: it was adopted, and every MCP / OpenAI export of the catalog then raised."""
+    server = tmp_path / "odd_names.py"
+    server.write_text(
+        "from fastmcp import FastMCP\n"
+        "mcp = FastMCP('odd')\n"
+        "@mcp.tool(name='bad name/with space')\n"
+        "def bad() -> str:\n"
+        "    return 'x'\n"
+        "@mcp.tool\n"
+        "def good() -> str:\n"
+        "    return 'ok'\n"
+        "mcp.run(show_banner=False)\n"
+    )
+    entry = {"command": sys.executable, "args": [str(server)], "env": clean_env()}
+    with caplog.at_level(logging.WARNING, logger="toolwire.mcp"):
+        async with Kernel(plugins=[plugin({"odd": entry})]) as k:
+            assert {t.name for t in k.list_tools()} == {"odd_good"}
+            assert [t["name"] for t in k.list_tools(format="mcp")] == ["odd_good"]
+    assert any("'bad name/with space'" in r.getMessage() for r in caplog.records)
+
+
 async def test_naming_include_exclude_and_many_servers() -> None:
     servers = {
         "a": upstream_entry(include=["forecast", "stats"], namespace="weather"),

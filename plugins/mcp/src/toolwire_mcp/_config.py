@@ -28,6 +28,8 @@ AUTH_ENABLED_ENV = "TOOLS_AUTH_ENABLED"
 AUTH_TOKEN_ENV = "TOOLS_AUTH_TOKEN"
 
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+#: What MCP allows as a tool name (the kernel's MCP export checks the same).
+TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
 class ServerConfig(BaseModel):
@@ -74,6 +76,13 @@ class ServerConfig(BaseModel):
     )
     enabled: bool = Field(True, description="false: ignore this entry")
     description: str | None = Field(None, description="free text (ignored)")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str | None) -> str | None:
+        if v is not None and not _SERVER_NAME.match(v):
+            raise ValueError(f"namespace {v!r}: use letters, digits, '_', '-' or '.' (max 64)")
+        return v
 
     @model_validator(mode="after")
     def _check_shape(self) -> ServerConfig:
@@ -170,9 +179,14 @@ class MCPConfig(BaseModel):
         if "{tool}" not in v:
             raise ValueError("must contain {tool}, e.g. '{server}_{tool}'")
         try:
-            v.format(server="s", tool="t")
+            sample = v.format(server="s", tool="t")
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"only {{server}} and {{tool}} may be used: {exc}") from exc
+        if not TOOL_NAME.fullmatch(sample):
+            raise ValueError(
+                f"{v!r} makes tool names like {sample!r}, which MCP does not allow: around "
+                "{server} and {tool} use only letters, digits, '_', '-' or '.'"
+            )
         return v
 
     @model_validator(mode="after")

@@ -48,7 +48,7 @@ from pydantic import ValidationError
 
 from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
 
-from ._config import MCPConfig, ServerConfig
+from ._config import TOOL_NAME, MCPConfig, ServerConfig
 from ._convert import (
     CALL_ID_META_KEY,
     RESULT_META_KEY,
@@ -223,6 +223,7 @@ class Upstream:
         self.first_attempt = anyio.Event()
         self._signature: tuple[Any, ...] = ()
         self._unknown_names: tuple[str, ...] = ()  # include/exclude names last warned about
+        self._unfit_names: tuple[str, ...] = ()  # remote names MCP does not allow, last warned
         self._client: Client[Any] | None = None
         self._stop = anyio.Event()
         self._wake = anyio.Event()
@@ -555,6 +556,23 @@ class Upstream:
         keep = [
             t for t in remote if (include is None or t.name in include) and t.name not in exclude
         ]
+        unfit = [
+            t.name
+            for t in keep
+            if not TOOL_NAME.fullmatch(self.plugin_cfg.tool_name(self.name, t.name))
+        ]
+        if unfit:  # one such name would make every MCP / OpenAI export of the catalog fail
+            keep = [t for t in keep if t.name not in unfit]
+            if listed and tuple(unfit) != self._unfit_names:
+                log.warning(
+                    "MCP server %r lists tools whose names MCP does not allow once named "
+                    "here (letters, digits, '_', '-' or '.', at most 128): %s; they are left "
+                    "out (rename them on the server, or use exclude)",
+                    self.name,
+                    ", ".join(repr(n) for n in unfit),
+                )
+        if listed:
+            self._unfit_names = tuple(unfit)
         names = {t.name for t in remote}
         unknown = sorted(((include or set()) | exclude) - names) if listed else []
         if unknown and tuple(unknown) != self._unknown_names:
