@@ -165,10 +165,21 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
 
 
 def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
-    """``key: msg``, naming the environment variable when the value came from one."""
+    """``key: msg``, naming the environment variable when the value came from one.
+
+    A problem with a table that only environment variables put there (keys are
+    lower-cased: ``TOOLWIRE_PLUGINS__MCP__SERVERS__WEATHER__TIMEOUT`` makes
+    ``servers.weather`` even when the file says ``Weather``) names them too.
+    """
     var = sources.get(key) if sources else None
     if var is not None:
         return f"{key}: {msg} (the value comes from the environment variable {var})"
+    inside = sorted(v for k, v in (sources or {}).items() if k.startswith(key + "."))
+    if inside:
+        return (
+            f"{key}: {msg} (set by the environment variable{'s' if len(inside) > 1 else ''} "
+            f"{', '.join(inside)}; their keys are read lower-case)"
+        )
     return f"{key}: {msg}"
 
 

@@ -402,6 +402,20 @@ def test_config_errors_exit_2_naming_the_key(
     assert main(["serve", "--config", "bad.toml"]) == 2
     err = capsys.readouterr().err
     assert "bad.toml" in err and "server.transport" in err and "server.colour: unknown key" in err
+    # an env override that lands in a table of its own (keys are read lower-case)
+    write_config(
+        tmp_path / "w.toml",
+        {"enabled_plugins": ["mcp"]},
+        {"plugins.mcp.servers.Weather": {"command": "true"}},
+    )
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "mcp")
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__MCP__SERVERS__WEATHER__TIMEOUT", "500")
+    assert main(["--config", "w.toml", "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "plugins.mcp.servers.weather" in err
+    assert "TOOLWIRE_PLUGINS__MCP__SERVERS__WEATHER__TIMEOUT" in err and "lower-case" in err
+    monkeypatch.delenv("TOOLWIRE_PLUGINS__MCP__SERVERS__WEATHER__TIMEOUT")
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
     monkeypatch.setenv("TOOLS_AUTH_ENABLED", "true")
     assert main(["serve", "--transport", "http"]) == 2
     err = capsys.readouterr().err
