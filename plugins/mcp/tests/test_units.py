@@ -424,3 +424,20 @@ def test_a_long_stderr_line_is_kept_short() -> None:
     long = list(tap.tail)[-2]
     assert long.startswith("x" * 100) and len(long) < _MAX_STDERR_LINE + 100
     assert long.endswith(f"... ({1_000_000 - _MAX_STDERR_LINE} more characters on this line)")
+
+
+@pytest.mark.parametrize(
+    ("entry", "stray"),
+    [
+        ({"command": "srv", "headers": {"x": "1"}}, "`headers`"),
+        ({"command": "srv", "auth": "t"}, "`auth`"),
+        ({"url": "http://h/mcp", "env": {"A": "1"}}, "`env`"),
+        ({"url": "http://h/mcp", "args": ["-v"], "cwd": "/tmp"}, "`args`, `cwd`"),
+    ],
+)
+def test_keys_of_the_other_kind_of_server_are_config_errors(
+    entry: dict[str, Any], stray: str
+) -> None:
+    """Before: headers on a stdio entry or env on an HTTP entry were ignored without a word."""
+    with pytest.raises(pydantic.ValidationError, match=f"{stray} do\\(es\\) not apply to"):
+        ServerConfig.model_validate(entry)

@@ -102,6 +102,15 @@ class ServerConfig(BaseModel):
                 raise ValueError("`url` needs transport 'http' or 'sse', not 'stdio'")
             if not self.url.startswith(("http://", "https://")):
                 raise ValueError(f"`url` must start with http:// or https://, got {self.url!r}")
+        # Keys of the other kind of server would be ignored without a word.
+        stray = (
+            [k for k in ("headers", "auth") if getattr(self, k)]
+            if self.command
+            else [k for k in ("args", "env", "cwd") if getattr(self, k)]
+        )
+        if stray:
+            what = "a stdio server (`command`)" if self.command else "an HTTP server (`url`)"
+            raise ValueError(f"{', '.join(f'`{k}`' for k in stray)} do(es) not apply to {what}")
         return self
 
     @property
