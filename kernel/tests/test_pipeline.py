@@ -336,8 +336,14 @@ class Watcher:
 
 @pytest.mark.parametrize(
     "decision",
-    [Retry(after_s="1s"), Retry(after_s=float("nan")), Retry(args=["x"]), Fallback(tool=3)],  # type: ignore[arg-type]
-    ids=["after_s-str", "after_s-nan", "args-list", "tool-int"],
+    [
+        Retry(after_s="1s"),  # type: ignore[arg-type]
+        Retry(after_s=float("nan")),
+        Retry(after_s=float("inf")),  # before: slept forever
+        Retry(args=["x"]),  # type: ignore[arg-type]
+        Fallback(tool=3),  # type: ignore[arg-type]
+    ],
+    ids=["after_s-str", "after_s-nan", "after_s-inf", "args-list", "tool-int"],
 )
 async def test_a_malformed_decision_is_an_internal_error_and_after_call_still_runs(
     decision: Any,
@@ -508,6 +514,39 @@ async def test_cancellation_propagates_and_after_call_sees_cancelled() -> None:
     assert scope.cancelled_caught
     assert returned == []
     assert len(seen) == 1 and seen[0].error is not None and seen[0].error.kind == "cancelled"
+
+
+async def test_a_cancellation_during_after_call_runs_each_hook_once() -> None:
+    """Before: hooks that had already run with the real result ran again with a cancelled
+    one (a plugin releasing a claim released it twice)."""
+    log: list[tuple[str, str]] = []
+
+    class Slow:
+        name, order = "slow", 100  # after_call runs in reverse order: last
+
+        @hookimpl
+        async def after_call(self, result: ToolResult) -> None:
+            log.append(("slow", "ok" if not result.is_error else result.error.kind))  # type: ignore[union-attr]
+            await anyio.sleep(10)
+
+    class Quick:
+        name, order = "quick", 200
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            log.append(("quick", "ok" if not result.is_error else result.error.kind))  # type: ignore[union-attr]
+
+    class Late:
+        name, order = "late", 50  # after slow: never started when the cancel comes
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            log.append(("late", "ok" if not result.is_error else result.error.kind))  # type: ignore[union-attr]
+
+    k = make_kernel(FakeTool("t").tool, plugins=(Slow(), Quick(), Late()))
+    with anyio.move_on_after(0.2):
+        await k.call("t", {})
+    assert log == [("quick", "ok"), ("slow", "ok"), ("late", "cancelled")]
 
 
 # ------------------------------------------------------------------ ordering

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Literal
 
 import anyio
@@ -211,3 +212,59 @@ def test_decorated_function_is_still_callable() -> None:
     import asyncio
 
     assert asyncio.run(add(1, 2)) == 3
+
+
+def test_positional_only_parameters_are_rejected_when_the_tool_is_built() -> None:
+    """Before: the tool registered, and every call failed (tools get keyword arguments)."""
+
+    def f(a: int, /, b: int) -> int:
+        return a + b
+
+    with pytest.raises(TypeError, match="'a' is positional-only"):
+        build_tool(f)
+    with pytest.raises(TypeError, match="'a' is positional-only"):
+        Kernel(tools=[tool(f)])
+
+
+async def test_generator_tools_run_in_their_thread_under_the_timeout() -> None:
+    """Before: a sync generator's body ran on the event loop while its result was normalized,
+    outside the timeout; an async generator tool failed every call."""
+
+    @tool
+    def count(n: int) -> Iterator[int]:
+        """Counts, slowly."""
+        for i in range(n):
+            time.sleep(0.1)
+            yield i
+
+    @tool
+    async def acount(n: int) -> AsyncIterator[int]:
+        """Counts."""
+        for i in range(n):
+            yield i
+
+    @tool(timeout=0.2)
+    def endless() -> Iterator[int]:
+        """Never ends."""
+        while True:
+            time.sleep(0.05)
+            yield 1
+
+    async with Kernel(tools=[count, acount, endless]) as k:
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                await anyio.sleep(0.01)
+                ticks += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            r = await k.call("count", {"n": 5})
+            tg.cancel_scope.cancel()
+        assert r.content == {"result": [0, 1, 2, 3, 4]}
+        assert ticks >= 20  # the loop kept running during the 0.5 s the generator took
+        assert (await k.call("acount", {"n": 3})).content == {"result": [0, 1, 2]}
+        slow = await k.call("endless", {})
+        assert slow.error is not None and slow.error.kind == "timeout"

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 import difflib
 import logging
+import math
 import os
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -86,8 +87,8 @@ def _decision_problem(decision: Retry | Fallback) -> str | None:
     """What is wrong with a Retry / Fallback a plugin returned, or None."""
     if isinstance(decision, Retry):
         wait = decision.after_s
-        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait != wait:
-            return f"Retry(after_s={wait!r}): after_s must be a number of seconds"
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not math.isfinite(wait):
+            return f"Retry(after_s={wait!r}): after_s must be a finite number of seconds"
     elif not isinstance(decision.tool, str):
         return f"Fallback(tool={decision.tool!r}): tool must be a tool's name"
     if decision.args is not None and not isinstance(decision.args, dict):
@@ -541,6 +542,7 @@ class Kernel:
         events = self.events.active
         if events:
             await self.events.emit("call_started", call)
+        entered = [0]  # after_call hooks started: a cancellation runs only the others
         try:
             try:
                 result = await self._run(call, ctx)
@@ -556,23 +558,29 @@ class Kernel:
             if result.meta is not meta:
                 self._adopt(result, ctx)
             if self._after:
-                result = await self._run_after(call, result, ctx)
+                result = await self._run_after(call, result, ctx, entered)
         except anyio.get_cancelled_exc_class():
-            await self._after_cancel(call, ctx, t0)
+            await self._after_cancel(call, ctx, t0, entered[0])
             raise
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
 
-    async def _after_cancel(self, call: ToolCall, ctx: CallContext, t0: float) -> None:
-        """Let plugins release what they hold, then let the cancellation go on."""
-        if not self._after:
+    async def _after_cancel(
+        self, call: ToolCall, ctx: CallContext, t0: float, start: int = 0
+    ) -> None:
+        """Let plugins release what they hold, then let the cancellation go on.
+
+        ``start``: how many ``after_call`` hooks had already started with the real
+        result (the cancellation came during them); each hook runs once per call.
+        """
+        if len(self._after) <= start:
             return
         ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
         info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
         res = ToolResult.from_error(info, ctx.meta)
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-            await self._run_after(call, res, ctx)
+            await self._run_after(call, res, ctx, [start])
 
     def _adopt(self, result: ToolResult, ctx: CallContext) -> None:
         """Give a plugin-made result the call's identity and the facts gathered so far."""
@@ -912,8 +920,12 @@ class Kernel:
                 return res, plugin
         return None, ""
 
-    async def _run_after(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> ToolResult:
-        for invoke, is_async, plugin in self._after:
+    async def _run_after(
+        self, call: ToolCall, result: ToolResult, ctx: CallContext, entered: list[int]
+    ) -> ToolResult:
+        """The ``after_call`` hooks from ``entered[0]`` on; ``entered[0]`` counts those started."""
+        for invoke, is_async, plugin in self._after[entered[0] :]:
+            entered[0] += 1
             try:
                 res = invoke(call, result, ctx)
                 if is_async:

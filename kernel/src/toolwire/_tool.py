@@ -210,6 +210,11 @@ def build_tool(
                 f"tool {tool_name!r}: *args/**kwargs parameters are not supported; "
                 f"declare each argument"
             )
+        if param.kind is param.POSITIONAL_ONLY:
+            raise TypeError(
+                f"tool {tool_name!r}: parameter {pname!r} is positional-only, but tools are "
+                "called with keyword arguments; remove the '/' from the signature"
+            )
         annotation = hints.get(pname, param.annotation)
         if _is_context(annotation):
             ctx_param = pname
@@ -233,7 +238,14 @@ def build_tool(
     output_schema = _output_schema(hints.get("return", inspect.Signature.empty))
     target = fn
     executor: Callable[[dict[str, Any], CallContext], Awaitable[Any]]
-    if inspect.iscoroutinefunction(target):
+    if inspect.isasyncgenfunction(target):
+        # An async generator's items are the result (a list), collected under the
+        # attempt's timeout like any async tool.
+        async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+            extra = {ctx_param: ctx} if ctx_param is not None else {}
+            return [item async for item in target(**args, **extra)]
+
+    elif inspect.iscoroutinefunction(target):
         # A plain function returning the coroutine: no extra coroutine frame per call.
         if ctx_param is None:
             executor = lambda args, ctx: target(**args)  # noqa: E731
@@ -241,11 +253,14 @@ def build_tool(
             cp = ctx_param
             executor = lambda args, ctx: target(**args, **{cp: ctx})  # noqa: E731
     else:
+        generator = inspect.isgeneratorfunction(target)
 
         async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
             call = functools.partial(target, **args)
             if ctx_param is not None:
                 call = functools.partial(call, **{ctx_param: ctx})
+            if generator:  # run the generator's body in the thread too, under the timeout
+                call = functools.partial(_drain, call)
             return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
 
     return Tool(
@@ -314,6 +329,11 @@ def _fast_validator(
         return out
 
     return with_defaults
+
+
+def _drain(make: Callable[[], Any]) -> list[Any]:
+    """The items of the generator ``make()`` returns (run in the tool's worker thread)."""
+    return list(make())
 
 
 def _output_schema(annotation: Any) -> dict[str, Any] | None:
