@@ -832,3 +832,22 @@ async def test_tracing_plugins_logs_each_hook_call(
     assert lines[0].startswith("traced.before_call(t) -> None in ")
     assert lines[1].startswith("traced.on_error(t) -> Recover(spare value) in ")
     assert len(lines) == 2 and not any(line.startswith("quiet.") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"args": [1, 2]}, TypeError, "args must be a mapping"),
+        ({"timeout": "1"}, ValueError, "timeout must be a positive number"),
+        ({"timeout": float("nan")}, ValueError, "timeout must be a positive number"),
+        ({"timeout": 0}, ValueError, "timeout must be a positive number"),
+    ],
+)
+async def test_programming_errors_in_call_say_what_is_wrong(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """Before: 'cannot convert dictionary update sequence element #0', 'unsupported operand',
+    or a timeout error reading 'no answer within nans'."""
+    k = make_kernel(FakeTool("t").tool)
+    with pytest.raises(error, match=match):
+        await k.call("t", **kwargs)

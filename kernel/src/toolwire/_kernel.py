@@ -521,6 +521,20 @@ class Kernel:
         """
         if not self._started:
             await self.start()
+        if args is not None and type(args) is not dict and not isinstance(args, Mapping):
+            raise TypeError(
+                f"kernel.call({name!r}, args=...): args must be a mapping of argument names to "
+                f"values (a dict), not {type(args).__name__}"
+            )
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not timeout > 0  # also refuses NaN
+        ):
+            raise ValueError(
+                f"kernel.call({name!r}, timeout={timeout!r}): timeout must be a positive number "
+                "of seconds, or None"
+            )
         t0 = perf_counter()
         call = ToolCall(
             name,

@@ -246,3 +246,30 @@ def test_toolwire_call_prompts_on_a_real_terminal(tmp_path: Path) -> None:
     result = json.loads(out)
     assert proc.returncode == 0 and result["content"] == {"result": 5}
     assert result["meta"]["approval"]["via"] == "terminal"
+
+
+def test_bad_audit_limits_and_request_statuses_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: --limit -1 dropped the oldest entry, --limit 0 returned them all, and
+    requests(status="all" / "bogus") returned []."""
+    path = config(tmp_path, add="REQUIRED")
+    call(path, {"a": 1, "b": 2}, call_id="run-1", timeout=0.1)  # one request, left pending
+    for bad in ("-1", "0", "x"):
+        with pytest.raises(SystemExit) as exc:
+            main(["--config", str(path), "approvals", "audit", "--limit", bad])
+        assert exc.value.code == 2
+        assert "give a whole number >= 1" in capsys.readouterr().err
+    code, out = cli(capsys, path, "audit", "--limit", "1")
+    assert code == 0 and len(out) == 1
+
+    async def statuses() -> None:
+        async with Kernel.from_config(load_config(path)) as k:
+            approval = k.get_plugin("approval")
+            assert [r.status for r in await approval.requests(status="all")] == ["pending"]
+            with pytest.raises(ValueError, match="status 'bogus': use one of pending"):
+                await approval.requests(status="bogus")
+            with pytest.raises(ValueError, match="limit 0"):
+                await approval.audit_log(limit=0)
+
+    anyio.run(statuses)

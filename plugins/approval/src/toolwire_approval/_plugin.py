@@ -68,6 +68,7 @@ from ._config import ApprovalConfig, Policy
 from ._rules import Resolution, RuleSet
 from ._types import (
     APPROVED,
+    EXPIRED,
     PENDING,
     REJECTED,
     AlreadyDecidedError,
@@ -99,6 +100,10 @@ ApprovalCallback = Callable[
 ]
 
 _CONTENTION_ROUNDS = 32
+
+
+#: The statuses a stored request can have.
+_REQUEST_STATUSES = (PENDING, APPROVED, REJECTED, EXPIRED)
 
 
 @dataclass(slots=True)
@@ -226,7 +231,16 @@ class ApprovalPlugin:
         self, *, status: str | None = None, tool: str | None = None
     ) -> list[ApprovalRequest]:
         """Stored requests, oldest first; ``status`` filters (``pending``, ``approved``,
-        ``rejected``, ``expired``), ``tool`` too."""
+        ``rejected``, ``expired``; None or ``all``: every one), ``tool`` too.
+
+        Another status is a ``ValueError`` naming the accepted ones.
+        """
+        if status == "all":
+            status = None
+        if status is not None and status not in _REQUEST_STATUSES:
+            raise ValueError(
+                f"status {status!r}: use one of {', '.join(_REQUEST_STATUSES)}, 'all' or None"
+            )
         store = self._state()
         now = self._now()
         out = []
@@ -396,6 +410,10 @@ class ApprovalPlugin:
         adds (``reason``, ``args``, ``edited``, ``outcome``...). ``limit``: the
         most recent ones.
         """
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+        ):
+            raise ValueError(f"limit {limit!r}: give a whole number >= 1, or None for every entry")
         prefix = f"{self._prefix}:audit:" + (f"{request_id}:" if request_id else "")
         entries = [e.value for e in await self._state().scan(prefix)]
         entries.sort(key=lambda v: (v["at"], v.get("seq", "")))
