@@ -176,3 +176,25 @@ async def test_catalog_change_listeners_hear_real_changes_only() -> None:
         unsubscribe()
         k.remove_tool("ping")
         assert len(seen) == 4
+
+
+@pytest.mark.parametrize("bad", ["has space", "slash/name", "x" * 129, "naïve", ""])
+def test_a_tool_name_no_export_accepts_is_refused_when_added(bad: str) -> None:
+    """Before: accepted, and later every list_tools(format=...) of the catalog raised."""
+    k = Kernel()
+    with pytest.raises(ValueError, match=r"is not a valid tool name|give a name"):
+        k.add_tool(ping, name=bad)
+    assert k.list_tools() == []
+
+
+async def test_a_source_offering_a_bad_tool_name_is_a_plugin_error() -> None:
+    class Bad:
+        name = "bad"
+
+        @hookimpl
+        def discover(self, query: str | None) -> list[Tool] | None:
+            return [FakeTool("bad name", source="bad").tool] if query is None else None
+
+    k = Kernel(plugins=[Bad()])
+    with pytest.raises(PluginError, match=r"'bad name' .* is not a valid tool name"):
+        await k.start()

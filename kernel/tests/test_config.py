@@ -320,3 +320,18 @@ def test_an_invalid_value_from_the_environment_names_the_variable(tmp_path: Path
     with pytest.raises(ConfigError) as exc:
         load_config(path, env={})
     assert "environment" not in str(exc.value)  # the file's own value: no variable to blame
+
+
+def test_a_bad_plugin_order_from_the_environment_names_the_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: blamed on the file (`a.toml: plugins.audit.order: must be an integer`)."""
+    from toolwire.cli import main
+
+    p = write(tmp_path, 'enabled_plugins = ["audit"]\n')
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__AUDIT__ORDER", "abc")
+    assert main(["--config", str(p), "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "plugins.audit.order: must be an integer" in err
+    assert "environment variable TOOLWIRE_PLUGINS__AUDIT__ORDER" in err

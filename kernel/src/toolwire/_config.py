@@ -370,7 +370,10 @@ def instantiate_plugin(
     section = dict(section)
     order = section.pop("order", None)
     if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
-        raise ConfigError("must be an integer", file=file, key=f"plugins.{name}.order")
+        key = f"plugins.{name}.order"
+        var = (env_sources or {}).get(key)
+        where = f" (the value comes from the environment variable {var})" if var else ""
+        raise ConfigError(f"must be an integer{where}", file=file, key=key)
     cfg = _plugin_config(name, factory, section, file, env_sources)
     try:
         plugin = factory(cfg) if cfg is not None else factory()

@@ -8,6 +8,7 @@ import difflib
 import logging
 import math
 import os
+import re
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from time import perf_counter
@@ -73,6 +74,20 @@ def _catalog_differs(old: Mapping[str, Tool], new: Mapping[str, Tool]) -> bool:
 _get_running_loop = asyncio._get_running_loop
 ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
 Mode = Literal["explicit", "semantic", "hybrid"]
+
+
+#: Tool names every export accepts the widest of: MCP's rule (OpenAI's and Anthropic's are
+#: narrower: at most 64 characters, no '.'; their exports check it).
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+TOOL_NAME_RULE = "1 to 128 ASCII letters, digits, '_', '-' or '.'"
+
+
+def _check_tool_name(name: str, source: str) -> None:
+    if not isinstance(name, str) or _TOOL_NAME.fullmatch(name) is None:
+        raise ValueError(
+            f"tool name {name!r} (from {source}) is not a valid tool name: use {TOOL_NAME_RULE}, "
+            "as MCP requires; one such name would make every export of the catalog fail"
+        )
 
 
 def _timed_out(seconds: float) -> str:
@@ -188,8 +203,11 @@ class Kernel:
         """Add local tools: a function, a ``Tool``, a ``ToolSet`` instance or a module.
 
         Returns the tools added. A name already in the catalog raises
-        ``ToolCollisionError`` naming both sources.
+        ``ToolCollisionError`` naming both sources; a name no tool API accepts
+        (see ``TOOL_NAME_RULE``) or an empty ``name`` is a ``ValueError``.
         """
+        if name is not None and not name:
+            raise ValueError("add_tool(name=''): give a name, or None for the function's own")
         if isinstance(obj, Tool):
             new = [obj]
         elif isinstance(obj, types.ModuleType):
@@ -208,6 +226,7 @@ class Kernel:
             # copies: a Tool the caller passed in keeps its own name
             new = [dataclasses.replace(t, name=f"{namespace}_{t.name}") for t in new]
         for t in new:
+            _check_tool_name(t.name, "local")
             self._check_collision(t, self._local)
         for t in new:
             self._local[t.name] = t
@@ -354,6 +373,11 @@ class Kernel:
             return []
         if not isinstance(res, (list, tuple)) or not all(isinstance(t, Tool) for t in res):
             raise PluginError(plugin, "discover must return a list of Tool objects or None")
+        for t in res:
+            try:
+                _check_tool_name(t.name, plugin)
+            except ValueError as exc:
+                raise PluginError(plugin, str(exc)) from None
         return list(res)
 
     async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
