@@ -245,8 +245,9 @@ async def test_generator_tools_run_in_their_thread_under_the_timeout() -> None:
 
     @tool(timeout=0.2)
     def endless() -> Iterator[int]:
-        """Never ends."""
-        while True:
+        """Takes a second: past its timeout. (Its thread cannot be killed, so it must end by
+        itself, or the test process could not exit.)"""
+        for _ in range(20):
             time.sleep(0.05)
             yield 1
 
