@@ -117,6 +117,58 @@ async def test_query_time_discovery_adds_matching_tools() -> None:
     assert src.calls == [None, "weather", "nothing"]
 
 
+async def test_a_query_clash_adds_nothing_and_names_both_sources() -> None:
+    alpha = Source("alpha", [], by_query={"news": ["news_a", "news_b", "shared"]})
+    beta = Source("beta", [], by_query={"news": ["shared"]})
+    async with Kernel(plugins=[alpha, beta]) as k:
+        with pytest.raises(ToolCollisionError, match=r"'alpha'.*'beta'|'beta'.*'alpha'"):
+            await k.discover("news")
+        assert k.list_tools() == []  # all or nothing: news_a and news_b were not kept
+
+
+async def test_a_failing_source_in_a_query_adds_nothing() -> None:
+    class Down(Source):
+        @hookimpl
+        async def discover(self, query: str | None) -> list[Tool] | None:
+            if query is not None:
+                raise ConnectionError("registry down")
+            return None
+
+    ok = Source("a_ok", [], by_query={"news": ["news_a"]})  # asked first
+    async with Kernel(plugins=[ok, Down("z_down", [])]) as k:
+        with pytest.raises(PluginError, match="plugin 'z_down'"):
+            await k.discover("news")
+        assert k.get_tool("news_a") is None
+
+
+async def test_tools_a_query_found_survive_a_refresh_until_listed_or_unregistered() -> None:
+    reg = Source("reg", ["reg_a"], by_query={"weather": ["reg_weather", "reg_a"]})
+    other = Source("other", ["other_x"])
+    async with Kernel(plugins=[reg, other]) as k:
+        found = await k.discover("weather")
+        assert [t.name for t in found] == ["reg_weather", "reg_a"]
+        assert found[1] is k.get_tool("reg_a")  # already listed: the catalog's own copy
+        await k.refresh_tools()
+        assert k.get_tool("reg_weather") is not None  # a refresh keeps what a query found
+        assert (await k.call("reg_weather", {})).content["tool"] == "reg_weather"
+        other.tools = ["other_x", "reg_weather"]  # now a full listing claims the name
+        await k.refresh_tools()
+        assert k.get_tool("reg_weather").source == "other"  # type: ignore[union-attr]
+        other.tools = ["other_x"]
+        await k.refresh_tools()
+        assert k.get_tool("reg_weather") is None  # the query's tool was replaced, not kept aside
+        await k.discover("weather")
+        k.unregister("reg")
+        await k.refresh_tools()
+        assert sorted(t.name for t in k.list_tools()) == ["other_x"]
+
+
+async def test_discover_wants_a_string() -> None:
+    async with Kernel() as k:
+        with pytest.raises(TypeError, match="takes a string"):
+            await k.discover(None)  # type: ignore[arg-type]
+
+
 async def test_discover_returning_garbage_names_the_plugin() -> None:
     class Bad:
         name = "bad"

@@ -166,6 +166,8 @@ class Kernel:
         self._local: dict[str, Tool] = {}
         self._catalog: dict[str, Tool] = {}
         self._discovered: dict[str, Tool] = {}
+        #: tools a query brought in (``discover(query)``), with the plugin that gave them
+        self._queried: dict[str, tuple[str, Tool]] = {}
         self._locks: dict[object, anyio.Lock] = {}
         self._started = False
         self._start_lock: anyio.Lock | None = None
@@ -253,6 +255,8 @@ class Kernel:
             if prev is not None:
                 raise ToolCollisionError(n, prev.source, t.source)
             cat[n] = t
+        for n, (_, t) in self._queried.items():
+            cat.setdefault(n, t)  # a full listing or a local tool of that name wins
         old, self._catalog = self._catalog, cat
         index = self._index
         if index is not None:  # incremental: ~40 µs per changed tool instead of a rebuild
@@ -339,33 +343,66 @@ class Kernel:
                     )
                     continue
                 found[t.name] = t
-        old = self._discovered
+        old, old_queried = self._discovered, self._queried
         self._discovered = found
+        self._queried = self._queried_kept(found)
         try:
             self._rebuild_catalog()
         except ToolCollisionError:
-            self._discovered = old
+            self._discovered, self._queried = old, old_queried
             raise
         return list(self._catalog.values())
+
+    def _queried_kept(self, found: Mapping[str, Tool]) -> dict[str, tuple[str, Tool]]:
+        """The query-found tools a refresh keeps: not relisted, and their plugin still here."""
+        kept: dict[str, tuple[str, Tool]] = {}
+        for n, (plugin, t) in self._queried.items():
+            if plugin not in self.plugins.plugins:
+                continue
+            listed = found.get(n) or self._local.get(n)
+            if listed is None:
+                kept[n] = (plugin, t)
+            elif listed.source != t.source:
+                log.warning(
+                    "tool name %r, found by a query from %s, is now listed by %s: keeping %s's",
+                    n,
+                    t.source,
+                    listed.source,
+                    listed.source,
+                )
+        return kept
 
     async def discover(self, query: str) -> list[Tool]:
         """Query-time discovery: sources may return tools matching ``query``.
 
-        Returned tools not yet in the catalog are added to it; the matching
-        tools are returned.
+        Every source is asked first; then the returned tools not yet in the
+        catalog are added to it, all or none: a failing source raises
+        ``PluginError`` and a name two sources claim raises
+        ``ToolCollisionError``, and in both cases the catalog is unchanged.
+        Returns the matching tools (the catalog's own copy of those already in
+        it). Tools added this way stay through ``refresh_tools`` until a full
+        listing returns the same name (its tool replaces them) or their plugin
+        is unregistered.
         """
-        out: list[Tool] = []
+        if not isinstance(query, str):
+            raise TypeError(f"discover(query) takes a string, not {type(query).__name__}")
+        new: dict[str, tuple[str, Tool]] = {}
+        out: dict[str, Tool] = {}
         for impl in self.plugins.compiled["discover"]:
             res = await self._call_impl(impl, "discover", self, query)
             for t in self._check_tools(impl.plugin, res):
-                existing = self._catalog.get(t.name)
-                if existing is None:
-                    self._discovered[t.name] = t
-                    self._rebuild_catalog()
-                elif existing.source != t.source:
-                    raise ToolCollisionError(t.name, existing.source, t.source)
-                out.append(self._catalog[t.name])
-        return out
+                added = new.get(t.name)
+                held = added[1] if added is not None else self._catalog.get(t.name)
+                if held is None:
+                    new[t.name] = (impl.plugin, t)
+                    held = t
+                elif held.source != t.source:
+                    raise ToolCollisionError(t.name, held.source, t.source)
+                out.setdefault(t.name, held)
+        if new:
+            self._queried.update(new)
+            self._rebuild_catalog()
+        return list(out.values())
 
     @staticmethod
     def _check_tools(plugin: str, res: Any) -> list[Tool]:
