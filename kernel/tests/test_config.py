@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 from toolwire import ConfigError, Kernel, PluginError, hookimpl, load_config
 from toolwire import _config as config_mod
@@ -208,6 +208,52 @@ async def test_configured_plugin_acts_on_calls(
         r = await k.call("add", {"a": 1, "b": 2})
     assert r.content == {"result": 3.0}
     assert r.meta.extra["demo"] == "salut"
+
+
+class KeyedConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    api_key: SecretStr | None = None
+    mode: SecretStr | None = Field(None, json_schema_extra={"toolwire_not_secret": ["oauth"]})
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+
+
+class KeyedPlugin:
+    Config = KeyedConfig
+
+    def __init__(self, config: KeyedConfig) -> None:
+        self.config = config
+
+
+def test_a_credential_written_in_the_file_is_named_in_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_eps(monkeypatch, keyed=f"{HERE}:KeyedPlugin")
+    p = write(
+        tmp_path,
+        """
+        [plugins.keyed]
+        api_key = "sk-live-123456"
+        mode = "oauth"
+        headers = {X-Token = "tok-abcdef", X-Ref = {"$secretRef" = "REF_TOKEN"}}
+        """,
+    )
+    monkeypatch.setenv("REF_TOKEN", "from-the-env")
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        k = Kernel.from_config(str(p))
+    assert k.plugins.plugins["keyed"].config.api_key.get_secret_value() == "sk-live-123456"
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned  # not the $secretRef, not the mode "oauth"
+    assert "plugins.keyed.api_key holds a credential in plain text" in warned[0]
+    assert "plugins.keyed.headers.X-Token" in warned[1] and "$secretRef" in warned[1]
+    assert "sk-live" not in " ".join(warned)  # the warning never shows the value
+
+    caplog.clear()
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__keyed__api_key", "sk-from-env-1")
+    p.write_text('[plugins.keyed]\nmode = "oauth"\n')
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        k = Kernel.from_config(str(p))
+    assert k.plugins.plugins["keyed"].config.api_key.get_secret_value() == "sk-from-env-1"
+    assert caplog.records == []  # the environment is where a credential belongs
 
 
 def test_enable_and_disable_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -446,6 +446,8 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         plugin, pcfg, order = instantiate_plugin(
             n, factory, cfg.plugins.get(n, {}), file, cfg._env_sources
         )
+        if file is not None:
+            _warn_plain_secrets(n, pcfg, cfg, file)
         dist, version = _dist_of(ep)
         kernel.plugins.register(
             plugin, name=n, order=order, version=version, dist=dist, config=pcfg
@@ -458,6 +460,49 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
                 f"cannot import module {ref.module!r}: {exc}", file=file, key="tools.modules"
             ) from exc
     return kernel
+
+
+#: ``Field(json_schema_extra={NOT_SECRET: [...]})``: values of a secret field that
+#: are settings, not credentials (the MCP plugin's ``auth = "oauth"``).
+NOT_SECRET = "toolwire_not_secret"
+
+
+def plain_secrets(value: Any, key: str, known: set[str]) -> list[str]:
+    """The dotted keys under ``key`` whose ``SecretStr`` value is not a resolved secret."""
+    out: list[str] = []
+    if isinstance(value, pydantic.SecretStr):
+        if value.get_secret_value() and value.get_secret_value() not in known:
+            out.append(key)
+    elif isinstance(value, BaseModel):
+        fields = type(value).model_fields
+        for name, info in fields.items():
+            v = getattr(value, name, None)
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            ok = extra.get(NOT_SECRET) or ()
+            if isinstance(v, pydantic.SecretStr) and v.get_secret_value() in ok:  # type: ignore[operator]
+                continue
+            out += plain_secrets(v, f"{key}.{info.alias or name}", known)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            out += plain_secrets(v, f"{key}.{k}", known)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            out += plain_secrets(v, f"{key}[{i}]", known)
+    return out
+
+
+def _warn_plain_secrets(name: str, pcfg: Any, cfg: ToolwireConfig, file: str) -> None:
+    """A credential written into the config file: say how to keep it out of the file."""
+    env = cfg._env_sources
+    for key in plain_secrets(pcfg, f"plugins.{name}", set(cfg._secrets.values())):
+        if any(key == k or key.startswith((k + ".", k + "[")) for k in env):
+            continue  # from the environment, which is where secrets belong
+        log.warning(
+            '%s: %s holds a credential in plain text; write {"$secretRef" = "NAME"} '
+            "and set NAME in the environment or the secrets file",
+            file,
+            key,
+        )
 
 
 def _import(module: str) -> Any:

@@ -61,7 +61,9 @@ class ServerConfig(BaseModel):
     )
     headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers")
     auth: SecretStr | None = Field(
-        None, description='bearer token sent to the server; write {"$secretRef" = "NAME"}'
+        None,
+        description='bearer token sent to the server; write {"$secretRef" = "NAME"}',
+        json_schema_extra={"toolwire_not_secret": ["oauth"]},  # a mode, not a credential
     )
     # common
     timeout: int | None = Field(
