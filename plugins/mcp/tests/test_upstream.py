@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from toolwire_mcp_testkit import (
     call_until_back,
@@ -154,6 +155,55 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kern
     assert r.error.details["in_flight"] is True
     r = await call_until_back(kernel, "up_forecast", {"city": "Oslo"})
     assert r.content == {"result": "sunny in Oslo"}
+
+
+async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: the re-listing after tools/list_changed had no time limit; a server
+    that never answered it left the session's health watch stuck for good."""
+    mcp = plugin({"up": upstream_entry()}, connect_timeout_s=1.5)
+    async with Kernel(plugins=[mcp]) as k:
+        await call_until_back(k, "up_forecast", {"city": "Oslo"})
+        before = {t.name for t in k.list_tools()}
+        with caplog.at_level(logging.WARNING, logger="toolwire"):
+            r = await k.call("up_stall_listing", {"seconds": 2.5})
+            assert r.content == {"result": "stalling 2.5"}
+            warning = (
+                "tools/list failed (no answer within connect_timeout_s=1.5s); keeping its tools"
+            )
+            await eventually(lambda: any(warning in x.getMessage() for x in caplog.records))
+        assert {t.name for t in k.list_tools()} == before
+        assert mcp.servers()["up"]["status"] == "up"  # the session was not torn down
+        r = await k.call("up_forecast", {"city": "Oslo"})
+        assert r.content == {"result": "sunny in Oslo"}
+
+
+async def test_a_call_while_the_server_is_connecting_says_for_how_long_and_why(
+    tmp_path: Path,
+) -> None:
+    """Before: "MCP server 'x' (...) is connecting", with no hint of what it waits for."""
+    script = tmp_path / "mute.py"
+    script.write_text(
+        "import sys, time\n"
+        "print('loading the model weights', file=sys.stderr, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    entry = {"command": sys.executable, "args": [str(script)], "include": ["forecast"]}
+    mcp = plugin({"mute": entry}, connect_timeout_s=1.0)
+    async with Kernel(plugins=[mcp]) as k:
+        msg = ""
+        for _ in range(200):  # the first attempt failed at startup; catch a later one live
+            r = await k.call("mute_forecast", {"city": "Oslo"})
+            assert r.error is not None and r.error.kind == "unavailable"
+            msg = r.error.message
+            if "is connecting (for" in msg and "previous attempt" in msg:
+                break
+            await anyio.sleep(0.05)
+        assert "is connecting (for " in msg and "of connect_timeout_s=1.0s" in msg, msg
+        assert "no answer to initialize and tools/list yet" in msg
+        assert "server stderr: loading the model weights" in msg
+        assert "the previous attempt failed: no answer within connect_timeout_s=1.0s" in msg
 
 
 async def test_unknown_names_in_include_or_exclude_are_warned_about(

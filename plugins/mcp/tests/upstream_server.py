@@ -6,7 +6,8 @@ Tools: ``forecast`` (text), ``stats`` (structured), ``fail`` (ToolError),
 ``tools/list_changed``), ``seen_meta`` (echoes the request ``_meta``),
 ``hidden`` (for include/exclude tests), ``slow`` (sleeps; ``slow_state`` counts
 how such calls ended), ``envelope`` (the request's ``_meta`` and MCP headers),
-``chatty`` (log notifications), ``ask`` and ``come_back`` (``input_required``
+``chatty`` (log notifications), ``stall_listing`` (announces a tool change,
+then holds every ``tools/list`` answer back for a while), ``ask`` and ``come_back`` (``input_required``
 results: an elicitation, a bare retry request), ``regional`` (an
 ``x-mcp-header`` argument: the client must send ``Mcp-Param-Region``) and
 ``http_401``, ``http_429``, ``http_503`` (over HTTP, a gate in front of the
@@ -21,11 +22,13 @@ import asyncio
 import base64
 import os
 import sys
+import time
 from typing import Annotated, Any
 
 import mcp_types
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
+from fastmcp.server.middleware import Middleware
 from fastmcp.utilities.types import Image
 from mcp_types import ToolAnnotations
 from pydantic import Field
@@ -134,6 +137,28 @@ async def slow(seconds: float) -> str:
         raise
     _SLOW["finished"] += 1
     return f"slept {seconds}"
+
+
+_STALL = {"until": 0.0}
+
+
+class _StallListing(Middleware):
+    async def on_list_tools(self, context: Any, call_next: Any) -> Any:
+        wait = _STALL["until"] - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return await call_next(context)
+
+
+mcp.add_middleware(_StallListing())
+
+
+@mcp.tool
+async def stall_listing(seconds: float, ctx: Context) -> str:
+    """Announces a tool change, then answers ``tools/list`` only after ``seconds``."""
+    _STALL["until"] = time.monotonic() + seconds
+    await ctx.send_notification(mcp_types.ToolListChangedNotification())
+    return f"stalling {seconds}"
 
 
 @mcp.tool

@@ -220,6 +220,7 @@ class Upstream:
         self.down_kind: str = ErrorKind.UNAVAILABLE
         self._http_status: int | None = None
         self.next_attempt_at: float | None = None
+        self._connecting_since = monotonic()
         self.first_attempt = anyio.Event()
         self._signature: tuple[Any, ...] = ()
         self._unknown_names: tuple[str, ...] = ()  # include/exclude names last warned about
@@ -228,6 +229,7 @@ class Upstream:
         self._stop = anyio.Event()
         self._wake = anyio.Event()
         self._want_relist = False
+        self._relist_at = 0.0  # after a failed re-listing: not before this (monotonic)
         self._lost_client: Client[Any] | None = None
         self._session_client: Client[Any] | None = None
         self._session_down = anyio.Event()
@@ -389,6 +391,7 @@ class Upstream:
         """Connect, list, then watch the session until it ends (raises) or the plugin stops."""
         client = self._make_client()
         self.status = "connecting"
+        self._connecting_since = monotonic()
         self._session_client = client
         self._session_down = anyio.Event()
         self._http_status = None
@@ -481,9 +484,36 @@ class Upstream:
             if self._lost_client is client or not client.is_connected():
                 self._client = None  # no new calls on this client from here on
                 raise _ConnectionLost("the connection was lost")
-            if self._want_relist:
+            if self._want_relist and monotonic() >= self._relist_at:
                 self._want_relist = False
+                await self._relist_live(client)
+
+    async def _relist_live(self, client: Client[Any]) -> None:
+        """Re-list a live session after ``tools/list_changed``, bounded by connect_timeout_s.
+
+        A server busy with long calls may answer late, or fail the listing: its tools
+        stay as they were, the session stays up, and the listing is asked again later.
+        """
+        limit = self.plugin_cfg.connect_timeout_s
+        try:
+            with anyio.fail_after(limit):
                 await self._relist(client)
+        except Exception as exc:
+            if self._lost_client is client or not client.is_connected():
+                raise
+            why = (
+                f"no answer within connect_timeout_s={limit}s"
+                if isinstance(exc, TimeoutError)
+                else _describe(exc)
+            )
+            self._want_relist = True
+            self._relist_at = monotonic() + min(limit, 5.0)
+            log.warning(
+                "MCP server %r announced a tool change, but tools/list failed (%s); "
+                "keeping its tools as they were and asking again",
+                self.name,
+                why,
+            )
 
     async def _listen(self, client: Client[Any]) -> None:
         """2026-07-28 sessions: ``subscriptions/listen`` for ``tools/list_changed`` (best effort)."""
@@ -676,6 +706,20 @@ class Upstream:
             wait = max(0.0, self.next_attempt_at - monotonic())
         state = "is connecting" if self.status == "connecting" else "is not connected"
         why = f": {self.last_error}" if self.last_error else ""
+        if self.status == "connecting":
+            limit = self.plugin_cfg.connect_timeout_s
+            took = monotonic() - self._connecting_since
+            state = (
+                f"is connecting (for {took:.1f}s of connect_timeout_s={limit}s: "
+                "no answer to initialize and tools/list yet"
+                if took < limit
+                else f"is not connected (no answer to initialize and tools/list within "
+                f"connect_timeout_s={limit}s; the attempt is being stopped"
+            )
+            if self._stderr is not None and self._stderr.tail:
+                state += f"; server stderr: {self._stderr.recent()}"
+            state += ")"
+            why = f"; the previous attempt failed: {self.last_error}" if self.last_error else ""
         when = f"; next reconnect attempt in {wait:.1f}s" if wait is not None else ""
         return ToolError(
             f"MCP server {self.name!r} ({self.cfg.target()}) {state}{why}{when}",
