@@ -141,7 +141,7 @@ async def test_a_failing_source_in_a_query_adds_nothing() -> None:
         assert k.get_tool("news_a") is None
 
 
-async def test_tools_a_query_found_survive_a_refresh_until_listed_or_unregistered() -> None:
+async def test_tools_a_query_found_survive_a_refresh_until_listed_or_removed() -> None:
     reg = Source("reg", ["reg_a"], by_query={"weather": ["reg_weather", "reg_a"]})
     other = Source("other", ["other_x"])
     async with Kernel(plugins=[reg, other]) as k:
@@ -158,8 +158,7 @@ async def test_tools_a_query_found_survive_a_refresh_until_listed_or_unregistere
         await k.refresh_tools()
         assert k.get_tool("reg_weather") is None  # the query's tool was replaced, not kept aside
         await k.discover("weather")
-        k.unregister("reg")
-        await k.refresh_tools()
+        await k.remove_plugin("reg")  # its listed and its queried tools leave at once
         assert sorted(t.name for t in k.list_tools()) == ["other_x"]
 
 
@@ -250,3 +249,66 @@ async def test_a_source_offering_a_bad_tool_name_is_a_plugin_error() -> None:
     k = Kernel(plugins=[Bad()])
     with pytest.raises(PluginError, match=r"'bad name' .* is not a valid tool name"):
         await k.start()
+
+
+class Lifecycle(Source):
+    def __init__(self, name: str, tools: list[str], *, fail_startup: bool = False) -> None:
+        super().__init__(name, tools)
+        self.fail_startup = fail_startup
+        self.events: list[str] = []
+
+    @hookimpl
+    async def startup(self) -> None:
+        if self.fail_startup:
+            raise ConnectionError("registry down")
+        self.events.append("startup")
+
+    @hookimpl
+    async def shutdown(self) -> None:
+        self.events.append("shutdown")
+
+
+async def test_add_plugin_on_a_running_kernel_starts_it_and_lists_its_tools() -> None:
+    async with Kernel(tools=[ping]) as k:
+        src = Lifecycle("reg", ["reg_a"])
+        with pytest.raises(PluginError, match=r"await kernel.add_plugin\(plugin\)"):
+            k.register(src)  # its startup and discover would not run
+        assert "reg" not in k.plugins.plugins
+        await k.add_plugin(src)
+        assert src.events == ["startup"]
+        assert (await k.call("reg_a", {})).content["tool"] == "reg_a"
+        with pytest.raises(PluginError, match=r"await kernel.remove_plugin\(name\)"):
+            k.unregister("reg")
+        await k.remove_plugin("reg")
+        assert src.events == ["startup", "shutdown"]
+        assert k.get_tool("reg_a") is None
+        r = await k.call("reg_a", {})
+        assert r.error is not None and r.error.kind == "not_found"
+    assert src.events == ["startup", "shutdown"]  # not shut down twice at close
+
+
+async def test_add_plugin_that_fails_leaves_the_kernel_as_it_was() -> None:
+    async with Kernel(tools=[ping], plugins=[Source("alpha", ["search"])]) as k:
+        with pytest.raises(PluginError, match="plugin 'reg': startup failed: ConnectionError"):
+            await k.add_plugin(Lifecycle("reg", ["reg_a"], fail_startup=True))
+        clash = Lifecycle("beta", ["search"])
+        with pytest.raises(ToolCollisionError):
+            await k.add_plugin(clash)
+        assert clash.events == ["startup", "shutdown"]  # started, then shut down again
+        assert set(k.plugins.plugins) == {"alpha"}
+        assert sorted(t.name for t in k.list_tools()) == ["ping", "search"]
+
+
+async def test_hook_only_plugins_may_still_be_registered_on_a_running_kernel() -> None:
+    class Stamp:
+        name = "stamp"
+
+        @hookimpl
+        def after_call(self, result: Any) -> None:
+            result.meta.extra["stamp"] = True
+
+    async with Kernel(tools=[ping]) as k:
+        k.register(Stamp())
+        assert (await k.call("ping", {})).meta.extra["stamp"] is True
+        k.unregister("stamp")
+        assert "stamp" not in (await k.call("ping", {})).meta.extra

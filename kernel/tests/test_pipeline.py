@@ -67,6 +67,13 @@ async def test_unknown_tool_is_not_found_with_close_names() -> None:
     assert r.error.details["close_matches"] == ["add"]
 
 
+async def test_an_empty_catalog_says_so_and_how_to_fill_it() -> None:
+    r = await Kernel().call("add", {})
+    assert r.error is not None and r.error.kind == "not_found"
+    assert "the catalog is empty" in r.error.message
+    assert "[tools] modules" in r.error.message and "kernel.add_tool" in r.error.message
+
+
 async def test_invalid_args_name_the_field_and_the_tool_never_runs() -> None:
     fake = FakeTool(
         "t",
@@ -804,6 +811,72 @@ async def test_check_result_turns_a_result_into_a_failure_or_keeps_it() -> None:
     assert r.meta.plugin_errors[0]["plugin"] == "broken"
     assert r.meta.plugin_errors[0]["hook"] == "check_result"
 
+    class Inline:
+        name = "inline"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.check_result = lambda tool, content: 1 / 0  # not a bound method
+
+    async with Kernel(tools=[ok.tool], plugins=[Inline()]) as k:
+        r = await k.call("ok", {})
+    assert r.content == {"v": 1}
+    assert r.meta.plugin_errors[0]["plugin"] == "inline"  # before: the lambda's repr
+
+
+async def test_a_progress_handler_may_be_sync_and_one_that_fails_never_fails_the_tool(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: a sync handler, or one raising, made the tool fail and its work was lost."""
+    ran: list[int] = []
+
+    @tool
+    async def work(ctx: CallContext) -> dict[str, Any]:
+        """Reports progress twice."""
+        await ctx.report_progress(1, 2, "half")
+        await ctx.report_progress(2, 2)
+        ran.append(1)
+        return {"done": True}
+
+    seen: list[tuple[float, float | None, str | None]] = []
+    async with Kernel(tools=[work]) as k:
+        r = await k.call("work", {}, progress=lambda p, t, m: seen.append((p, t, m)))
+        assert r.content == {"done": True} and seen == [(1, 2, "half"), (2, 2, None)]
+
+        calls = 0
+
+        async def broken(p: float, t: float | None, m: str | None) -> None:
+            nonlocal calls
+            calls += 1
+            raise RuntimeError("UI gone")
+
+        with caplog.at_level("WARNING", logger="toolwire"):
+            r = await k.call("work", {}, progress=broken)
+    assert r.content == {"done": True} and ran == [1, 1]
+    assert calls == 1  # after it failed, this call reports no more progress
+    assert r.meta.plugin_errors == [
+        {"plugin": "caller", "hook": "progress", "error": "RuntimeError: UI gone"}
+    ]
+    assert any("progress handler" in x.getMessage() for x in caplog.records)
+
+
+def test_a_method_named_like_a_hook_without_hookimpl_is_warned_about(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Forgot:
+        name = "forgot"
+
+        def before_call(self, call: ToolCall) -> None:  # no @hookimpl
+            return None
+
+    with caplog.at_level("WARNING", logger="toolwire.plugins"):
+        Kernel(plugins=[Forgot()])
+    assert any(
+        "plugin 'forgot': before_call() is named like a hook but not marked @hookimpl"
+        in x.getMessage()
+        for x in caplog.records
+    )
+
 
 async def test_tracing_plugins_logs_each_hook_call(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
@@ -841,6 +914,8 @@ async def test_tracing_plugins_logs_each_hook_call(
         ({"timeout": "1"}, ValueError, "timeout must be a positive number"),
         ({"timeout": float("nan")}, ValueError, "timeout must be a positive number"),
         ({"timeout": 0}, ValueError, "timeout must be a positive number"),
+        ({"progress": "stdout"}, TypeError, "progress must be a callable"),
+        ({"name": 5}, TypeError, "the tool name must be a str, not 5"),
     ],
 )
 async def test_programming_errors_in_call_say_what_is_wrong(
@@ -849,5 +924,6 @@ async def test_programming_errors_in_call_say_what_is_wrong(
     """Before: 'cannot convert dictionary update sequence element #0', 'unsupported operand',
     or a timeout error reading 'no answer within nans'."""
     k = make_kernel(FakeTool("t").tool)
+    name = kwargs.pop("name", "t")
     with pytest.raises(error, match=match):
-        await k.call("t", **kwargs)
+        await k.call(name, **kwargs)

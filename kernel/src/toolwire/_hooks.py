@@ -42,6 +42,7 @@ _REVERSED = {"after_call", "shutdown"}
 #: Environment switch: trace every hook call of these plugins (``1``/``all``: every plugin).
 TRACE_ENV = "TOOLWIRE_TRACE_PLUGINS"
 _trace_log = logging.getLogger("toolwire.trace")
+_log = logging.getLogger("toolwire.plugins")
 
 
 def trace_setting(raw: str | None) -> frozenset[str] | bool:
@@ -138,6 +139,15 @@ class PluginInfo:
         return sorted(n for n in HOOK_PARAMS if _is_impl(self.plugin, n))
 
 
+def _static(plugin: object, name: str) -> Any:
+    """``plugin.<name>`` without running properties (None when absent)."""
+    try:
+        fn = inspect.getattr_static(plugin, name)
+    except AttributeError:
+        return None
+    return getattr(fn, "__func__", fn)
+
+
 def _is_impl(plugin: object, name: str) -> bool:
     """Whether ``plugin.<name>`` is a hook implementation, without running properties."""
     try:
@@ -220,6 +230,16 @@ class PluginRegistry:
             self.pm.unregister(name=pname)
             raise PluginError(
                 pname, f"unknown hook(s) {unknown}; known hooks: {sorted(HOOK_PARAMS)}"
+            )
+        unmarked = [
+            n for n in HOOK_PARAMS if not _is_impl(plugin, n) and callable(_static(plugin, n))
+        ]
+        if unmarked:
+            _log.warning(
+                "plugin %r: %s named like a hook but not marked @hookimpl, so the kernel "
+                "never calls it; decorate it with @toolwire.hookimpl (or rename it)",
+                pname,
+                ", ".join(f"{n}()" for n in unmarked) + (" is" if len(unmarked) == 1 else " are"),
             )
         info = PluginInfo(pname, plugin, porder, version=version, dist=dist, config=config)
         self.plugins[pname] = info

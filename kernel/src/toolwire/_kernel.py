@@ -72,7 +72,7 @@ def _catalog_differs(old: Mapping[str, Tool], new: Mapping[str, Tool]) -> bool:
 
 
 _get_running_loop = asyncio._get_running_loop
-ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None]]
+ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None] | None]
 Mode = Literal["explicit", "semantic", "hybrid"]
 
 
@@ -184,12 +184,90 @@ class Kernel:
     def register(
         self, plugin: object, *, name: str | None = None, order: int | None = None
     ) -> PluginInfo:
-        """Register a plugin object (see docs/writing-plugins.md)."""
-        return self.plugins.register(plugin, name=name, order=order)
+        """Register a plugin object before the kernel starts (see docs/writing-plugins.md).
+
+        On a running kernel, a plugin with ``startup``, ``shutdown`` or
+        ``discover`` hooks is refused (they would not run as they should):
+        use ``await kernel.add_plugin(plugin)``.
+        """
+        info = self.plugins.register(plugin, name=name, order=order)
+        lifecycle = self._lifecycle_hooks(info)
+        if self._started and lifecycle:
+            self.plugins.unregister(info.name)
+            raise PluginError(
+                info.name,
+                f"the kernel is running and the plugin has {'/'.join(lifecycle)} hooks, which "
+                "register() would not run: use `await kernel.add_plugin(plugin)`",
+            )
+        return info
 
     def unregister(self, name: str) -> None:
-        """Remove a plugin by name."""
+        """Remove a plugin by name (before start, or one without lifecycle hooks).
+
+        On a running kernel, a plugin with ``shutdown`` or ``discover`` hooks
+        is refused: use ``await kernel.remove_plugin(name)``.
+        """
+        info = self.plugins.plugins.get(name)
+        lifecycle = self._lifecycle_hooks(info) if info is not None else []
+        if self._started and lifecycle:
+            raise PluginError(
+                name,
+                f"the kernel is running and the plugin has {'/'.join(lifecycle)} hooks, which "
+                "unregister() would not run: use `await kernel.remove_plugin(name)`",
+            )
         self.plugins.unregister(name)
+
+    @staticmethod
+    def _lifecycle_hooks(info: PluginInfo) -> list[str]:
+        return [h for h in info.hooks() if h in ("startup", "shutdown", "discover")]
+
+    async def add_plugin(
+        self, plugin: object, *, name: str | None = None, order: int | None = None
+    ) -> PluginInfo:
+        """Register a plugin on a running kernel (or before start, like ``register``).
+
+        Runs its ``startup`` hook, then lists the tools of every source
+        (``refresh_tools``). If either fails, the plugin is shut down and
+        removed again and the error raised (``PluginError``,
+        ``ToolCollisionError``); the kernel keeps serving as before.
+        """
+        info = self.plugins.register(plugin, name=name, order=order)
+        if not self._started:
+            return info
+        started = False
+        try:
+            for impl in self.plugins.compiled["startup"]:
+                if impl.plugin == info.name:
+                    await self._call_impl(impl, "startup", self)
+            started = True
+            if "discover" in info.hooks():
+                await self.refresh_tools()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                if started:
+                    await self._shutdown(only={info.name})
+                self.plugins.unregister(info.name)
+            raise
+        return info
+
+    async def remove_plugin(self, name: str) -> None:
+        """Remove a plugin from a running kernel (or before start, like ``unregister``).
+
+        Its ``shutdown`` hook runs (errors logged), and the tools it contributed
+        (listed or found by a query) leave the catalog. Calls already running
+        finish with the hooks they started with.
+        """
+        info = self.plugins.plugins.get(name)
+        if info is None:
+            raise PluginError(name, "not registered")
+        if not self._started:
+            self.plugins.unregister(name)
+            return
+        with anyio.CancelScope(shield=True):
+            await self._shutdown(only={name})
+        self.plugins.unregister(name)
+        if "discover" in info.hooks():
+            await self.refresh_tools(keep_on_collision=True)
 
     def _on_plugins_changed(self) -> None:
         c = self.plugins.compiled
@@ -582,6 +660,13 @@ class Kernel:
         """
         if not self._started:
             await self.start()
+        if type(name) is not str:
+            raise TypeError(f"kernel.call(name=...): the tool name must be a str, not {name!r}")
+        if progress is not None and not callable(progress):
+            raise TypeError(
+                f"kernel.call({name!r}, progress=...): progress must be a callable "
+                f"(progress, total, message), not {type(progress).__name__}"
+            )
         if args is not None and type(args) is not dict and not isinstance(args, Mapping):
             raise TypeError(
                 f"kernel.call({name!r}, args=...): args must be a mapping of argument names to "
@@ -692,6 +777,17 @@ class Kernel:
     def _not_found(self, ctx: CallContext, name: str) -> ToolResult:
         close = difflib.get_close_matches(name, list(self._catalog), n=5, cutoff=0.5)
         hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        if not self._catalog:
+            cfg = self.config
+            where = cfg.path if cfg is not None and cfg.path else "toolwire.toml"
+            return self._fail(
+                ctx,
+                ErrorKind.NOT_FOUND,
+                f"unknown tool {name!r}: the catalog is empty (no local tools and no tool "
+                f"source answered); add tools with kernel.add_tool(...) or `[tools] modules = "
+                f"[...]` in {where}, or configure a tool source (mcp, a2a, search)",
+                close_matches=close,
+            )
         return self._fail(
             ctx,
             ErrorKind.NOT_FOUND,
@@ -726,10 +822,13 @@ class Kernel:
         except (pydantic.ValidationError, ArgsError) as exc:
             return self._invalid_args(ctx, tool, exc)
         for invoke, is_async, plugin in self._before:
+            check = ctx.check_result
             try:
                 res = invoke(call, ctx)
                 if is_async:
                     res = await res
+                if ctx.check_result is not check:
+                    ctx.check_result_by = plugin
             except CallRejected as rej:
                 info = ErrorInfo(
                     rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
@@ -819,7 +918,11 @@ class Kernel:
         try:
             return check(tool, content)
         except Exception as exc:
-            owner = getattr(getattr(check, "__self__", None), "name", None) or repr(check)
+            owner = (
+                ctx.check_result_by
+                or getattr(getattr(check, "__self__", None), "name", None)
+                or repr(check)
+            )
             log.exception("plugin %r: check_result failed for tool %r", owner, tool.name)
             ctx.meta.plugin_errors.append(
                 {"plugin": owner, "hook": "check_result", "error": f"{type(exc).__name__}: {exc}"}

@@ -11,6 +11,8 @@ tools' argument validators.
 from __future__ import annotations
 
 import enum
+import inspect
+import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -23,6 +25,8 @@ from ._image import Image
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
+
+_log = logging.getLogger("toolwire")
 
 __all__ = [
     "Attempt",
@@ -394,7 +398,7 @@ class CallContext:
     started_at: float = 0.0
     state: dict[str, Any] = field(default_factory=dict)
     meta: ResultMeta = field(default_factory=ResultMeta)
-    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    progress: Callable[[float, float | None, str | None], Awaitable[None] | None] | None = None
     #: Per-attempt timeout a plugin chose for this call (e.g. adaptive timeouts from
     #: profiling), set in ``before_call`` or ``on_error``; it wins over the tool's and
     #: the kernel's default timeout and stays bounded by the overall deadline.
@@ -408,6 +412,8 @@ class CallContext:
     #: successful attempt's normalized content; a returned ``ToolError`` turns the
     #: attempt into a failure (``on_error`` sees it; e.g. retry's ``fallback_on_empty``).
     check_result: Callable[[Tool, JSON], ToolError | None] | None = None
+    #: The plugin whose ``before_call`` set ``check_result`` (named when it crashes).
+    check_result_by: str | None = None
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""
@@ -418,9 +424,31 @@ class CallContext:
     async def report_progress(
         self, progress: float, total: float | None = None, message: str | None = None
     ) -> None:
-        """Report progress; forwarded to the caller's progress handler if any."""
-        if self.progress is not None:
-            await self.progress(progress, total, message)
+        """Report progress; forwarded to the caller's progress handler if any.
+
+        The handler may be sync or async. One that raises never fails the tool:
+        the error is logged and noted in ``meta.plugin_errors`` (hook
+        ``progress``), and this call reports no more progress.
+        """
+        handler = self.progress
+        if handler is None:
+            return
+        try:
+            res = handler(progress, total, message)
+            if inspect.isawaitable(res):
+                await res
+        except Exception as exc:
+            self.progress = None
+            _log.warning(
+                "the progress handler of the call of %r raised %s: %s; this call reports no "
+                "more progress",
+                self.call.name,
+                type(exc).__name__,
+                exc,
+            )
+            self.meta.plugin_errors.append(
+                {"plugin": "caller", "hook": "progress", "error": f"{type(exc).__name__}: {exc}"}
+            )
 
 
 # ------------------------------------------------------------ normalization

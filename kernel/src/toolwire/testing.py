@@ -132,7 +132,10 @@ class FakeTool:
 
 
 class RecordingPlugin:
-    """Records every hook call as (plugin name, hook, tool name) in ``log``.
+    """Records each call hook (``before_call``, ``on_error``, ``after_call``) in ``log``.
+
+    Entries are (plugin name, hook, tool name); ``startup``, ``shutdown`` and
+    ``discover`` are not recorded, so it registers on a running kernel too.
 
     Pass ``log`` to share one list between several instances (ordering tests).
     """
