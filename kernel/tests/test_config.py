@@ -256,6 +256,23 @@ def test_a_credential_written_in_the_file_is_named_in_a_warning(
     assert caplog.records == []  # the environment is where a credential belongs
 
 
+class MisnamedPlugin:
+    name = "stamp"  # but its entry point is "stamper"
+
+
+def test_an_entry_point_named_unlike_its_plugin_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_eps(monkeypatch, stamper=f"{HERE}:MisnamedPlugin")
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        k = Kernel.from_config(str(write(tmp_path, "")))
+    assert "stamper" in k.plugins.plugins
+    assert any(
+        "plugin 'stamper'" in r.getMessage() and "calls itself 'stamp'" in r.getMessage()
+        for r in caplog.records
+    )
+
+
 def test_enable_and_disable_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
     k = Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["plain"]\n')))

@@ -449,6 +449,17 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         if file is not None:
             _warn_plain_secrets(n, pcfg, cfg, file)
         dist, version = _dist_of(ep)
+        own_name = getattr(plugin, "name", None)
+        if isinstance(own_name, str) and own_name != n:
+            log.warning(
+                "plugin %r (entry point of %s) calls itself %r: it is registered as %r, so "
+                "lookups by its own name (kernel.get_plugin, TOOLWIRE_TRACE_PLUGINS, "
+                "fallback sources) miss it; give the entry point and `name` the same value",
+                n,
+                dist or "an installed package",
+                own_name,
+                n,
+            )
         kernel.plugins.register(
             plugin, name=n, order=order, version=version, dist=dist, config=pcfg
         )

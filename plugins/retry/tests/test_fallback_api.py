@@ -329,3 +329,28 @@ async def test_a_candidate_whose_schema_rejects_the_arguments_is_skipped() -> No
     why = res.error.details["providers"]["picky"]["reason"]
     assert why.startswith("skipped: its schema rejects the arguments (")
     assert "only after an operator fixes it" in res.error.message
+
+
+async def test_a_chain_cut_by_max_attempts_says_so_and_may_be_retried_now() -> None:
+    """Before: "no provider could serve 'a': ... | c: not tried", with the attempt limit
+    only in details["gave_up"] and retry_after_s None although c could be tried at once."""
+    _a, ta = fake("a", [busy()])
+    _b, tb = fake("b", [busy()])
+    c, tc = fake("c", [{"by": "c"}])
+    retry = retry_plugin(fallbacks={"a": ["b", "c"]})
+    k = Kernel(
+        clock=FakeClock(),
+        tools=[ta, tb, tc],
+        plugins=[RateLimitPlugin(RateLimitConfig()), retry],
+        max_attempts=2,
+    )
+    async with k:
+        res = await k.call("a", {})
+    assert served(res) == ["a", "b"] and c.calls == []
+    err = res.error
+    assert err is not None and err.kind == "unavailable"
+    assert err.message.startswith(
+        "no provider could serve 'a' (gave up: max_attempts (2, the kernel's) reached): "
+    )
+    assert "c: not tried; may be tried again now" in err.message
+    assert err.retryable and err.retry_after_s == 0.0

@@ -58,7 +58,7 @@ async def test_exponential_backoff_with_full_jitter() -> None:
     for n, s in enumerate(clock.sleeps, 1):
         assert 0 <= s <= min(3.0, 1.0 * 2 ** (n - 1))
     assert len(set(clock.sleeps)) == 4  # jittered
-    assert res.error.details["gave_up"] == "max_attempts (5) reached"
+    assert res.error.details["gave_up"] == "max_attempts (5, the retry policy's) reached"
     slept = [d.get("slept_ms") for d in res.meta.extra["attempt_details"]]
     assert slept[:4] == [round(s * 1000, 3) for s in clock.sleeps]
 

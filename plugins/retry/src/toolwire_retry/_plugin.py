@@ -526,9 +526,18 @@ class RetryPlugin:
         time_left = ctx.time_left()
         if time_left is not None:
             left = min(left, time_left)
-        if len(ctx.attempts) >= min(int(pol["max_attempts"]), kernel.max_attempts):
+        own = int(pol["max_attempts"])
+        if len(ctx.attempts) >= min(own, kernel.max_attempts):
+            limit = min(own, kernel.max_attempts)
+            whose = (
+                ""
+                if own == kernel.max_attempts
+                else ", the retry policy's"
+                if own < kernel.max_attempts
+                else ", the kernel's"
+            )
             return await self._exhausted(
-                error, st, ctx, rl, detail, f"max_attempts ({pol['max_attempts']}) reached"
+                error, st, ctx, rl, detail, f"max_attempts ({limit}{whose}) reached"
             )
         if left <= 0:
             return await self._exhausted(error, st, ctx, rl, detail, "max_elapsed_s reached")
@@ -705,13 +714,18 @@ class RetryPlugin:
             if why:
                 error.details.setdefault("gave_up", why)
             return res
-        await self._aggregate(error, st, ctx, rl)
+        await self._aggregate(error, st, ctx, rl, why)
         if why:
             error.details["gave_up"] = why
         return None
 
     async def _aggregate(
-        self, error: ErrorInfo, st: dict[str, Any], ctx: CallContext, rl: RateLimitPlugin | None
+        self,
+        error: ErrorInfo,
+        st: dict[str, Any],
+        ctx: CallContext,
+        rl: RateLimitPlugin | None,
+        why: str | None = None,
     ) -> None:
         """Turn the last error into one ``unavailable`` naming every candidate's state."""
         kernel = ctx.kernel
@@ -724,7 +738,6 @@ class RetryPlugin:
         unfit: dict[str, str] = st.get("unfit", {})
         providers: dict[str, Any] = {}
         parts: list[str] = []
-        waits: list[float] = []
         for tool, prov in names:
             key = prov or f"tool:{tool}"
             label = prov or tool
@@ -762,7 +775,6 @@ class RetryPlugin:
                 when = "may be tried again now"
             else:
                 when = f"may be tried again at {_iso(retry_at)} (in {retry_at - now:.0f}s)"
-                waits.append(retry_at - now)
             providers[label] = {"tool": tool, "reason": reason, "retry_at": retry_at}
             parts.append(f"{label}: {reason}; {when}")
         last = {
@@ -771,9 +783,11 @@ class RetryPlugin:
             "pattern": error.details.get("pattern"),
         }
         error.kind = "unavailable"
-        error.message = f"no provider could serve {origin!r}: " + " | ".join(parts)
-        error.retry_after_s = min(waits) if waits else None
-        error.retryable = bool(waits) or any(p["retry_at"] is not None for p in providers.values())
+        stopped = f" (gave up: {why})" if why else ""
+        error.message = f"no provider could serve {origin!r}{stopped}: " + " | ".join(parts)
+        soonest = [p["retry_at"] for p in providers.values() if p["retry_at"] is not None]
+        error.retry_after_s = max(0.0, min(soonest) - now) if soonest else None
+        error.retryable = bool(soonest)
         error.details["providers"] = providers
         error.details["last_error"] = last
         error.details["pattern"] = "retry.exhausted"
