@@ -119,6 +119,33 @@ def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
     assert (tmp_path / ".toolwire" / "state.db").exists()  # embedded defaults
 
 
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_stdio_reads_requests_from_a_file_and_ends_at_its_end(tmp_path: Path, loop: str) -> None:
+    """Before: stdin from a file or /dev/null aborted the process under uvloop (SIGABRT,
+    exit 134), and under asyncio printed a PermissionError and hung."""
+    requests = tmp_path / "requests.jsonl"
+    frames = [
+        INIT,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        rpc(2, "tools/call", {"name": "add", "arguments": {"a": 2, "b": 40}}),
+    ]
+    requests.write_text("".join(json.dumps(f) + "\n" for f in frames))
+    cmd = [sys.executable, "-m", "toolwire.cli", "serve", "--loop", loop]
+    env = clean_env(**NO_PLUGINS)
+    with requests.open("rb") as stdin:
+        proc = subprocess.run(
+            cmd, stdin=stdin, capture_output=True, cwd=tmp_path, env=env, timeout=60, check=False
+        )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    by_id = {m.get("id"): m for m in map(json.loads, proc.stdout.decode().splitlines())}
+    assert by_id[2]["result"]["structuredContent"] == {"result": 42.0}
+    with open(os.devnull, "rb") as stdin:
+        proc = subprocess.run(
+            cmd, stdin=stdin, capture_output=True, cwd=tmp_path, env=env, timeout=60, check=False
+        )
+    assert proc.returncode == 0 and proc.stdout == b"", proc.stderr.decode()[-2000:]
+
+
 async def test_stdio_client_lists_and_calls(tmp_path: Path) -> None:
     transport = StdioTransport(
         command=sys.executable,

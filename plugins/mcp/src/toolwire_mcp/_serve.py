@@ -16,6 +16,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 import weakref
@@ -889,22 +890,52 @@ def _frame_problem(text: str) -> tuple[int, str, str | int | None] | None:
     return None
 
 
-async def _stdin_reader() -> asyncio.StreamReader | None:
-    """stdin as an event-loop stream, or None when it cannot be (a regular file, no stdin)."""
+def _pollable(fd: int) -> bool:
+    """Whether the event loop can watch ``fd`` (epoll refuses regular files and /dev/null)."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    return stat.S_ISCHR(mode) and os.isatty(fd)
+
+
+async def _feed_from_thread(fd: int, reader: asyncio.StreamReader) -> None:
+    """Feed ``reader`` from a file the loop cannot watch, reading in a worker thread."""
+    try:
+        while data := await anyio.to_thread.run_sync(os.read, fd, 1 << 16):
+            reader.feed_data(data)
+    except OSError as exc:
+        log.warning("stdin: cannot read it: %s; ending as at the end of input", exc)
+    finally:
+        reader.feed_eof()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+async def _stdin_reader() -> tuple[asyncio.StreamReader, asyncio.Task[None] | None] | None:
+    """stdin as an event-loop stream (and the task feeding it, for a file), or None.
+
+    A pipe, socket or terminal is watched by the loop. A regular file or
+    /dev/null, which epoll refuses (uvloop aborts the process on one), is read
+    in a worker thread instead; None only when there is no stdin or no asyncio.
+    """
     if asyncio._get_running_loop() is None:
         return None
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
     try:
-        pipe = os.fdopen(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+        fd = os.dup(sys.stdin.fileno())
+        pollable = _pollable(fd)
     except (OSError, ValueError, AttributeError):
         return None
+    if not pollable:
+        return reader, loop.create_task(_feed_from_thread(fd, reader))
+    pipe = os.fdopen(fd, "rb", buffering=0)
     try:
         await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
     except (OSError, ValueError):
         pipe.close()
         return None
-    return reader
+    return reader, None
 
 
 async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
@@ -912,10 +943,11 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
     from fastmcp.server.context import reset_transport, set_transport
     from mcp.server.stdio import stdio_server
 
-    reader = await _stdin_reader()
-    if reader is None:
+    found = await _stdin_reader()
+    if found is None:
         await mcp.run_stdio_async(show_banner=False)
         return
+    reader, feeder = found
     out = _StdoutFrames()
     token = set_transport("stdio")
     try:
@@ -926,6 +958,8 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
                 low = mcp._mcp_server
                 await low.run(read_stream, write_stream, low.create_initialization_options())
     finally:
+        if feeder is not None:
+            feeder.cancel()
         reset_transport(token)
         out.restore()
         with contextlib.suppress(OSError, ValueError):
