@@ -312,3 +312,70 @@ async def test_hook_only_plugins_may_still_be_registered_on_a_running_kernel() -
         assert (await k.call("ping", {})).meta.extra["stamp"] is True
         k.unregister("stamp")
         assert "stamp" not in (await k.call("ping", {})).meta.extra
+
+
+def test_add_tool_name_renames_one_tool_and_is_refused_for_many() -> None:
+    """Before: name= was silently ignored for a Tool, a ToolSet or a module."""
+    k = Kernel()
+    added = k.add_tool(FakeTool("t").tool, name="renamed")
+    assert [t.name for t in added] == ["renamed"] and k.get_tool("t") is None
+    import toolwire.examples
+
+    with pytest.raises(ValueError, match="use namespace="):
+        k.add_tool(toolwire.examples, name="x")
+
+
+def test_two_tools_of_one_add_tool_with_one_name_collide() -> None:
+    """Before: the last of two same-named tools of a ToolSet silently won."""
+    from toolwire import ToolSet
+
+    class Twins(ToolSet):
+        @tool(name="same")
+        def first(self) -> str:
+            """One."""
+            return "1"
+
+        @tool(name="same")
+        def second(self) -> str:
+            """Two."""
+            return "2"
+
+    k = Kernel()
+    with pytest.raises(ToolCollisionError, match="'same'"):
+        k.add_tool(Twins())
+    assert k.list_tools() == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_attempts": 0}, "max_attempts=0"),
+        ({"max_attempts": 2.5}, "max_attempts=2.5"),
+        ({"default_timeout_s": 0}, "default_timeout_s=0"),
+        ({"deadline_s": -1}, "deadline_s=-1"),
+        ({"deadline_s": float("nan")}, "deadline_s=nan"),
+    ],
+)
+def test_kernel_settings_are_checked_when_built(kwargs: dict[str, Any], match: str) -> None:
+    """Before: default_timeout_s=0 made every call fail with `timeout`."""
+    with pytest.raises(ValueError, match=match):
+        Kernel(**kwargs)
+
+
+async def test_close_cancels_spawned_tasks_of_a_kernel_that_never_started() -> None:
+    import anyio
+
+    k = Kernel()
+    ended = anyio.Event()
+
+    async def forever() -> None:
+        try:
+            await anyio.sleep_forever()
+        finally:
+            ended.set()
+
+    k.spawn(forever, name="forever")
+    await anyio.sleep(0)
+    await k.close()
+    with anyio.fail_after(2):
+        await ended.wait()

@@ -927,3 +927,24 @@ async def test_programming_errors_in_call_say_what_is_wrong(
     name = kwargs.pop("name", "t")
     with pytest.raises(error, match=match):
         await k.call(name, **kwargs)
+
+
+async def test_an_event_subscriber_never_makes_a_call_raise_on_odd_meta_extra() -> None:
+    """Before: with a subscriber, a plugin's non-JSON value in meta.extra made call() raise."""
+
+    class Odd:
+        name = "odd"
+
+        @hookimpl
+        def after_call(self, result: Any) -> None:
+            result.meta.extra["obj"] = object()
+            result.meta.extra["fine"] = 1
+
+    seen: list[dict[str, Any]] = []
+    async with Kernel(tools=[FakeTool("t", script=[{"v": 1}]).tool], plugins=[Odd()]) as k:
+        k.events.subscribe(lambda event: seen.append(event.data), kinds=["call_finished"])
+        r = await k.call("t", {})
+    assert r.content == {"v": 1}
+    extra = r.to_dict()["meta"]["extra"]
+    assert extra["fine"] == 1 and extra["obj"].startswith("<not JSON: value of type object")
+    assert seen and seen[-1]["result"]["meta"]["extra"]["fine"] == 1

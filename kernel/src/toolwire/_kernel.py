@@ -144,8 +144,13 @@ class Kernel:
         deadline_s: float | None = None,
         clock: Clock | None = None,
     ) -> None:
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise ValueError(f"Kernel(max_attempts={max_attempts!r}): give an int >= 1")
+        for key, value in (("default_timeout_s", default_timeout_s), ("deadline_s", deadline_s)):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            ):
+                raise ValueError(f"Kernel({key}={value!r}): give seconds > 0, or None")
         self.max_attempts = max_attempts
         self.default_timeout_s = default_timeout_s
         self.deadline_s = deadline_s
@@ -204,8 +209,8 @@ class Kernel:
     def unregister(self, name: str) -> None:
         """Remove a plugin by name (before start, or one without lifecycle hooks).
 
-        On a running kernel, a plugin with ``shutdown`` or ``discover`` hooks
-        is refused: use ``await kernel.remove_plugin(name)``.
+        On a running kernel, a plugin with ``startup``, ``shutdown`` or
+        ``discover`` hooks is refused: use ``await kernel.remove_plugin(name)``.
         """
         info = self.plugins.plugins.get(name)
         lifecycle = self._lifecycle_hooks(info) if info is not None else []
@@ -288,8 +293,16 @@ class Kernel:
         """
         if name is not None and not name:
             raise ValueError("add_tool(name=''): give a name, or None for the function's own")
+        one = isinstance(obj, Tool) or (
+            callable(obj) and not isinstance(obj, (type, types.ModuleType, ToolSet))
+        )
+        if name is not None and not one:
+            raise ValueError(
+                f"add_tool(name={name!r}) names one function or Tool; for the tools of "
+                f"{type(obj).__name__} {obj!r} use namespace= (names become <namespace>_<name>)"
+            )
         if isinstance(obj, Tool):
-            new = [obj]
+            new = [obj if name is None else dataclasses.replace(obj, name=name)]
         elif isinstance(obj, types.ModuleType):
             new = tools_from_module(obj, namespace=namespace)
         elif isinstance(obj, ToolSet):
@@ -305,9 +318,13 @@ class Kernel:
         if namespace and not isinstance(obj, types.ModuleType):
             # copies: a Tool the caller passed in keeps its own name
             new = [dataclasses.replace(t, name=f"{namespace}_{t.name}") for t in new]
+        seen: dict[str, Tool] = {}
         for t in new:
             _check_tool_name(t.name, "local")
             self._check_collision(t, self._local)
+            twin = seen.setdefault(t.name, t)
+            if twin is not t:
+                raise ToolCollisionError(t.name, twin.source, t.source)
         for t in new:
             self._local[t.name] = t
         self._rebuild_catalog()
@@ -605,8 +622,15 @@ class Kernel:
             self._started = True
 
     async def close(self) -> None:
-        """Run ``shutdown`` hooks (errors logged) and close the state store."""
+        """Run ``shutdown`` hooks (errors logged) and close the state store.
+
+        On a kernel that never started, only the tasks ``spawn`` started are
+        cancelled (no hook ran ``startup``, so none runs ``shutdown``).
+        """
         if not self._started:
+            for task in self._background:
+                await task.cancel()
+            self._background.clear()
             return
         self._started = False
         await self._shutdown(only=None)
@@ -688,7 +712,7 @@ class Kernel:
             call_id,
             session_id,
             tenant,
-            metadata if metadata is not None else {},
+            dict(metadata) if metadata is not None else {},  # a plugin may add keys
         )
         attempts: list[Attempt] = []
         meta = ResultMeta(

@@ -89,7 +89,7 @@ def tool(
     Args:
         name: tool name (default: the function name).
         description: overrides the docstring summary.
-        timeout: per-call timeout in seconds.
+        timeout: per-attempt timeout in seconds (each retry gets its own).
         serial: run calls of this tool one at a time.
         tags: free-form tags for discovery and policies.
         title, read_only, destructive, idempotent, open_world: MCP annotations.

@@ -16,7 +16,7 @@ import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import pydantic
 import pydantic_core
@@ -295,8 +295,22 @@ class ResultMeta:
             "approval": self.approval,
             "started_at": self.started_at,
             "plugin_errors": list(self.plugin_errors),
-            "extra": _jsonable(self.extra),
+            "extra": _jsonable_extra(self.extra),
         }
+
+
+def _jsonable_extra(extra: dict[str, Any]) -> JSON:
+    """``meta.extra`` as JSON; a plugin's odd value is described, never lets the result fail."""
+    try:
+        return cast("JSON", _jsonable(extra))
+    except NotJSONError:
+        out: JSON = {}
+        for k, v in extra.items():
+            try:
+                out[str(k)] = _jsonable(v)
+            except NotJSONError as exc:
+                out[str(k)] = f"<not JSON: {exc}>"[:500]
+        return out
 
 
 @dataclass(slots=True)
