@@ -375,7 +375,7 @@ async def test_close_cancels_spawned_tasks_of_a_kernel_that_never_started() -> N
             ended.set()
 
     k.spawn(forever, name="forever")
-    await anyio.sleep(0)
+    await anyio.lowlevel.checkpoint()
     await k.close()
     with anyio.fail_after(2):
         await ended.wait()

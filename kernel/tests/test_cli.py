@@ -86,11 +86,19 @@ def test_bad_state_and_log_level_are_one_line_errors_with_exit_2(
     for argv in (("config", "check"), ("tools",), ("call", "add", "--args", "{}")):
         code, out, err = run(capsys, "--config", str(bad), *argv)
         assert code == 2 and out is None, (argv, err)
-        assert "state: Value error, unknown state store URL 'bogus://x'" in err
+        assert "state: unknown state store URL 'bogus://x'" in err
         assert "Traceback" not in err
     monkeypatch.setenv("TOOLWIRE_STATE", "bogus://x")
     code, _, err = run(capsys, "tools")
     assert code == 2 and "environment variable TOOLWIRE_STATE" in err
+    for url, problem in (  # the whole URL is checked when the config is read
+        ("sqlite:///x.db?busy_timeout=abc", "busy_timeout must be a number of seconds"),
+        ("sqlite:///x.db?bogus=1", "unknown option 'bogus'"),
+        ("sqlite:///", "has no database path"),
+    ):
+        monkeypatch.setenv("TOOLWIRE_STATE", url)
+        code, _, err = run(capsys, "config", "check")
+        assert code == 2 and problem in err and "Traceback" not in err, err
     monkeypatch.delenv("TOOLWIRE_STATE")
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
     code, _, err = run(capsys, "config", "check")

@@ -234,7 +234,7 @@ def test_a_credential_written_in_the_file_is_named_in_a_warning(
         [plugins.keyed]
         api_key = "sk-live-123456"
         mode = "oauth"
-        headers = {X-Token = "tok-abcdef", X-Ref = {"$secretRef" = "REF_TOKEN"}}
+        headers = {X-Token = "tok-abcdef", X-Ref = {"$secretRef" = "REF_TOKEN"}, X-Url = "https://searx.example.org", X-Url2 = "https://u:pw@searx.example.org"}
         """,
     )
     monkeypatch.setenv("REF_TOKEN", "from-the-env")
@@ -242,9 +242,10 @@ def test_a_credential_written_in_the_file_is_named_in_a_warning(
         k = Kernel.from_config(str(p))
     assert k.plugins.plugins["keyed"].config.api_key.get_secret_value() == "sk-live-123456"
     warned = [r.getMessage() for r in caplog.records]
-    assert len(warned) == 2, warned  # not the $secretRef, not the mode "oauth"
+    assert len(warned) == 3, warned  # not the $secretRef, the mode "oauth", a bare URL
     assert "plugins.keyed.api_key holds a credential in plain text" in warned[0]
     assert "plugins.keyed.headers.X-Token" in warned[1] and "$secretRef" in warned[1]
+    assert "plugins.keyed.headers.X-Url2" in warned[2]  # a URL with a password in it
     assert "sk-live" not in " ".join(warned)  # the warning never shows the value
 
     caplog.clear()
@@ -356,9 +357,42 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
     fake_eps(monkeypatch)
     p = write(tmp_path, '[tools]\nmodules = ["no_such_module_abc"]\n')
     with pytest.raises(
-        ConfigError, match=r"tools\.modules: cannot import module 'no_such_module_abc'"
+        ConfigError, match=r"tools\.modules\[0\]: cannot import module 'no_such_module_abc'"
     ):
         Kernel.from_config(str(p))
+
+
+@pytest.mark.parametrize(
+    ("modules", "problem"),
+    [
+        (
+            '["broken_tools_mod"]',
+            r"tools\.modules\[0\]: module 'broken_tools_mod' failed while "
+            r"being imported: SyntaxError",
+        ),
+        ('["toolwire.examples", "toolwire.examples"]', r"tools\.modules\[1\]: tool name 'add'"),
+        (
+            '[{module = "toolwire.examples", namespace = "bad name"}]',
+            r"namespace 'bad name': use 1-100 letters",
+        ),
+        (
+            '[{module = "toolwire.examples", extra = 1}]',
+            r"tools\.modules: entry 0: unknown key\(s\) \['extra'\]; an entry is",
+        ),
+    ],
+)
+def test_broken_tool_modules_are_config_errors_naming_the_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, modules: str, problem: str
+) -> None:
+    """Before: a SyntaxError or a bad namespace was a traceback, a clash had no file or key,
+    and an unknown key gave pydantic's two-branch union message."""
+    fake_eps(monkeypatch)
+    (tmp_path / "broken_tools_mod.py").write_text("def oops(:\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path, f"[tools]\nmodules = {modules}\n")
+    with pytest.raises(ConfigError, match=problem) as ei:
+        Kernel.from_config(str(p))
+    assert str(p) in str(ei.value)
 
 
 def test_from_config_takes_a_path_object_as_well_as_a_string(tmp_path: Path) -> None:
@@ -398,3 +432,10 @@ def test_a_bad_plugin_order_from_the_environment_names_the_variable(
     err = capsys.readouterr().err
     assert "plugins.audit.order: must be an integer" in err
     assert "environment variable TOOLWIRE_PLUGINS__AUDIT__ORDER" in err
+
+
+def test_the_short_plugins_list_and_enabled_plugins_together_are_an_error(tmp_path: Path) -> None:
+    """Before: `plugins = [...]` silently replaced `enabled_plugins`."""
+    p = write(tmp_path, 'enabled_plugins = ["audit"]\nplugins = ["retry"]\n')
+    with pytest.raises(ConfigError, match="keep one"):
+        load_config(p, env={})

@@ -6,6 +6,7 @@ import importlib.metadata as md
 import json
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from ._errors import ConfigError, PluginError
+from ._errors import ConfigError, PluginError, ToolCollisionError
 
 if TYPE_CHECKING:
     from ._kernel import Kernel
@@ -45,12 +46,42 @@ class ModuleRef(BaseModel):
     module: str
     namespace: str | None = None
 
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_fits_tool_names(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
+            raise ValueError(
+                f"namespace {v!r}: use 1-100 letters, digits, '_', '-' or '.' "
+                "(tool names become <namespace>_<name>)"
+            )
+        return v
+
 
 class ToolsConfig(BaseModel):
     """The ``[tools]`` table."""
 
     model_config = ConfigDict(extra="forbid")
     modules: list[str | ModuleRef] = Field(default_factory=list)
+
+    @field_validator("modules", mode="before")
+    @classmethod
+    def _entries_are_names_or_tables(cls, v: Any) -> Any:
+        # One clear message instead of pydantic's pair for the two union branches.
+        if isinstance(v, list):
+            for i, item in enumerate(v):
+                if isinstance(item, dict):
+                    unknown = sorted(set(item) - {"module", "namespace"})
+                    if unknown or not isinstance(item.get("module"), str):
+                        what = f"unknown key(s) {unknown}" if unknown else "no module name"
+                        raise ValueError(
+                            f'entry {i}: {what}; an entry is "package.module" or '
+                            '{module = "package.module", namespace = "ns"}'
+                        )
+                elif not isinstance(item, str):
+                    raise ValueError(
+                        f"entry {i}: {item!r} is not a module name (a string) or a table"
+                    )
+        return v
 
     def refs(self) -> list[ModuleRef]:
         """Modules as ``ModuleRef`` objects."""
@@ -97,14 +128,12 @@ class ToolwireConfig(BaseModel):
                 "expected a URL: 'memory://', 'sqlite:///path/to/state.db' or 'redis://host:6379/0'"
             )
         if v is not None:
-            from .state import ACCEPTED_SCHEMES, STORE_SCHEMES, redact_url
+            from .state import StateStoreError, open_store
 
-            scheme = v.strip().split("://", 1)[0].lower()
-            if scheme not in STORE_SCHEMES:
-                raise ValueError(
-                    f"unknown state store URL {redact_url(v)!r}: use one of "
-                    f"{', '.join(ACCEPTED_SCHEMES)}"
-                )
+            try:
+                open_store(v)  # the whole URL (scheme, path, options); nothing is opened
+            except StateStoreError:
+                pass  # a missing client library: reported, with its fix, when the kernel opens
         return v
 
 
@@ -171,6 +200,7 @@ def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
     lower-cased: ``TOOLWIRE_PLUGINS__MCP__SERVERS__WEATHER__TIMEOUT`` makes
     ``servers.weather`` even when the file says ``Weather``) names them too.
     """
+    msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
     var = sources.get(key) if sources else None
     if var is not None:
         return f"{key}: {msg} (the value comes from the environment variable {var})"
@@ -291,6 +321,13 @@ def load_config(
         raise ConfigError("config file not found", file=str(p))
     if isinstance(data.get("plugins"), list):
         # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
+        if "enabled_plugins" in data:
+            raise ConfigError(
+                "both `plugins = [...]` and `enabled_plugins` list the plugins to load; "
+                "keep one (enabled_plugins)",
+                file=file,
+                key="plugins",
+            )
         data["enabled_plugins"] = data.pop("plugins")
     env_sources = _apply_env(data, env)
     secrets_path = data.get("secrets_file")
@@ -463,12 +500,27 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         kernel.plugins.register(
             plugin, name=n, order=order, version=version, dist=dist, config=pcfg
         )
-    for ref in cfg.tools.refs():
+    for i, ref in enumerate(cfg.tools.refs()):
+        key = f"tools.modules[{i}]"
         try:
-            kernel.add_tool(_import(ref.module), namespace=ref.namespace)
+            module = _import(ref.module)
         except ImportError as exc:
             raise ConfigError(
-                f"cannot import module {ref.module!r}: {exc}", file=file, key="tools.modules"
+                f"cannot import module {ref.module!r}: {exc}", file=file, key=key
+            ) from exc
+        except Exception as exc:  # the module itself is broken: a SyntaxError, a failing import
+            raise ConfigError(
+                f"module {ref.module!r} failed while being imported: {type(exc).__name__}: {exc}",
+                file=file,
+                key=key,
+            ) from exc
+        try:
+            kernel.add_tool(module, namespace=ref.namespace)
+        except ToolCollisionError as exc:
+            raise ConfigError(str(exc), file=file, key=key) from exc
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(
+                f"the tools of module {ref.module!r}: {exc}", file=file, key=key
             ) from exc
     return kernel
 
@@ -482,7 +534,8 @@ def plain_secrets(value: Any, key: str, known: set[str]) -> list[str]:
     """The dotted keys under ``key`` whose ``SecretStr`` value is not a resolved secret."""
     out: list[str] = []
     if isinstance(value, pydantic.SecretStr):
-        if value.get_secret_value() and value.get_secret_value() not in known:
+        text = value.get_secret_value()
+        if text and text not in known and _may_be_credential(text):
             out.append(key)
     elif isinstance(value, BaseModel):
         fields = type(value).model_fields
@@ -500,6 +553,19 @@ def plain_secrets(value: Any, key: str, known: set[str]) -> list[str]:
         for i, v in enumerate(value):
             out += plain_secrets(v, f"{key}[{i}]", known)
     return out
+
+
+def _may_be_credential(text: str) -> bool:
+    """False for a URL with no user:password and no query (a SearXNG address, say)."""
+    from urllib.parse import urlsplit
+
+    if "://" not in text:
+        return True
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return True
+    return bool(parts.password or parts.username or parts.query)
 
 
 def _warn_plain_secrets(name: str, pcfg: Any, cfg: ToolwireConfig, file: str) -> None:

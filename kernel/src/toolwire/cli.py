@@ -128,17 +128,36 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     return 1 if result.is_error else 0
 
 
+#: Entry points ``(server_table, file) -> None`` that validate ``[server]`` (raise ConfigError).
+SERVER_CONFIG_GROUP = "toolwire.server_config"
+
+
+def _check_server_table(cfg: ToolwireConfig) -> str | None:
+    """Validate ``[server]`` with the installed ``toolwire serve`` (None: no such table)."""
+    if not cfg.server:
+        return None
+    checkers = sorted(md.entry_points(group=SERVER_CONFIG_GROUP), key=lambda e: e.name)
+    if not checkers:
+        return "not checked: `toolwire serve` (pip install toolwire-mcp) is not installed"
+    for ep in checkers:
+        ep.load()(cfg.server, cfg.path)
+    return "ok"
+
+
 async def _cmd_config_check(args: argparse.Namespace) -> int:
     cfg = load_cli_config(args)
+    server = _check_server_table(cfg)
     kernel = build_cli_kernel(cfg)
     async with kernel:
-        summary = {
+        summary: dict[str, Any] = {
             "ok": True,
             "config_file": cfg.path,
             "state": kernel.state.backend,
             "plugins": [p.name for p in kernel.plugins.ordered()],
             "tools": len(kernel.list_tools()),
         }
+        if server is not None:
+            summary["server"] = server
     _print(summary)
     return 0
 

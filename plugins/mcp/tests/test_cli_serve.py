@@ -429,6 +429,13 @@ def test_config_errors_exit_2_naming_the_key(
     assert main(["serve", "--config", "bad.toml"]) == 2
     err = capsys.readouterr().err
     assert "bad.toml" in err and "server.transport" in err and "server.colour: unknown key" in err
+    # `config check` checks [server] as `serve` would (before: "ok": true)
+    assert main(["--config", "bad.toml", "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.toml" in err and "server.transport" in err and "server.colour: unknown key" in err
+    write_config(tmp_path / "good.toml", {}, {"server": {"port": 8123}})
+    assert main(["--config", "good.toml", "config", "check"]) == 0
+    assert json.loads(capsys.readouterr().out)["server"] == "ok"
     # an env override that lands in a table of its own (keys are read lower-case)
     write_config(
         tmp_path / "w.toml",

@@ -68,6 +68,12 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
     return cfg
 
 
+def check_server_table(data: dict[str, Any], file: str | None) -> None:
+    """``toolwire config check``'s check of ``[server]`` (entry point ``toolwire.server_config``)."""
+    cfg = serve_config(data, file, argparse.Namespace())
+    loop_options(cfg.loop, file)
+
+
 def loop_options(choice: str, file: str | None = None) -> dict[str, Any]:
     """``anyio.run`` backend options for ``[server] loop`` (``auto``, ``asyncio``, ``uvloop``).
 
