@@ -337,7 +337,10 @@ def load_config(
         if file and not sp.is_absolute():
             sp = Path(file).parent / sp
         if not sp.exists():
-            raise ConfigError(f"secrets file {str(sp)!r} not found", file=file, key="secrets_file")
+            raise ConfigError(
+                _problem("secrets_file", f"secrets file {str(sp)!r} not found", env_sources),
+                file=file,
+            )
         secrets = read_secrets_file(sp)
     found: dict[str, str] = {}
     data = resolve_secrets(data, env=env, secrets=secrets, file=file, found=found)

@@ -44,12 +44,23 @@ async def test_dead_redis_names_the_url(free_tcp_port: int) -> None:
         await store.open()
     message = str(info.value)
     assert f"redis state store at {url} is unreachable" in message
-    assert "start redis-server or fix `state` in toolwire.toml" in message
+    assert "start redis-server or fix the state URL" in message
     assert info.value.__cause__ is not None
 
     # lazily opened stores fail the same way, on any operation
     with pytest.raises(StateStoreError, match="is unreachable"):
         await open_store(url).set("k", 1)
+
+
+async def test_wrong_credentials_are_named_as_such_not_as_unreachable(redis_url: str) -> None:
+    """Before: a wrong password read "is unreachable ...; start redis-server"."""
+    scheme, rest = redis_url.split("://", 1)
+    url = f"{scheme}://nobody:wrong-pass-123@{rest.rsplit('@', 1)[-1]}"
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert "refused the credentials" in message and "unreachable" not in message
+    assert "wrong-pass-123" not in message
 
 
 async def test_dead_redis_error_redacts_the_password(free_tcp_port: int) -> None:

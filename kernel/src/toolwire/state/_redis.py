@@ -662,7 +662,7 @@ class RedisStore(StateStore):
             except (ValueError, TypeError) as exc:
                 raise StateStoreError(
                     f"redis state store URL {self.safe_url} is invalid: {exc}; "
-                    "fix `state` in toolwire.toml"
+                    "fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
                 ) from exc
             try:
                 with self._errors(None):
@@ -752,6 +752,11 @@ class RedisStore(StateStore):
 
         try:
             yield
+        except rx.AuthenticationError as exc:
+            raise StateStoreError(
+                f"redis state store at {self.safe_url} refused the credentials: {exc}; check "
+                "the user and password in the state URL (redis://user:password@host:6379/0)"
+            ) from exc
         except rx.ConnectionError as exc:
             # pool exhausted: MaxConnectionsError (a ConnectionError, redis-py >= 6)
             # or, from the blocking pool, ConnectionError("No connection available.")
@@ -769,16 +774,16 @@ class RedisStore(StateStore):
                 ) from exc
             raise StateStoreError(
                 f"redis state store at {self.safe_url} is unreachable: {exc}; "
-                "start redis-server or fix `state` in toolwire.toml"
+                "start redis-server or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
             ) from exc
         except (rx.TimeoutError, OSError) as exc:
             raise StateStoreError(
                 f"redis state store at {self.safe_url} is unreachable: {exc}; "
-                "start redis-server or fix `state` in toolwire.toml"
+                "start redis-server or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
             ) from exc
         except (rx.ClusterDownError, rx.RedisClusterException) as exc:
             hint = (
-                "check the cluster (redis-cli --cluster check) or fix `state` in toolwire.toml"
+                "check the cluster (redis-cli --cluster check) or fix the state URL"
                 if self.cluster
                 else "this URL names a cluster node: use redis+cluster:// in `state`"
             )

@@ -178,7 +178,7 @@ class SQLiteStore(StateStore):
             except OSError as exc:
                 raise StateStoreError(
                     f"sqlite state store at {self.path}: cannot create directory {parent}: "
-                    f"{exc}; fix `state` in toolwire.toml"
+                    f"{exc}; fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
                 ) from exc
         deadline = time.monotonic() + self._busy_timeout
         while True:
@@ -232,7 +232,7 @@ class SQLiteStore(StateStore):
             )
         return StateStoreError(
             f"sqlite state store at {self.path} failed: {exc}; check that the file is a "
-            "writable toolwire state database, or fix `state` in toolwire.toml"
+            "writable toolwire state database, or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
         )
 
     def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
