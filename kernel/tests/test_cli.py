@@ -151,3 +151,20 @@ def test_real_subprocess_keeps_stdout_for_json_and_logs_on_stderr(tmp_path: Path
     assert json.loads(proc.stdout)["content"] == {"message": "hi"}
     for line in proc.stderr.splitlines():
         json.loads(line)  # every log line is JSON
+
+
+def test_the_embedded_state_goes_beside_the_config_file(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MCP client may start `toolwire serve --config ...` in any directory."""
+    for var in ("TOOLWIRE_STATE", "REDIS_URL", "TOOLWIRE_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    conf_dir, cwd = tmp_path / "conf", tmp_path / "cwd"
+    conf_dir.mkdir()
+    cwd.mkdir()
+    (conf_dir / "toolwire.toml").write_text("enabled_plugins = []\n")
+    monkeypatch.chdir(cwd)
+    code, _, err = run(capsys, "--config", str(conf_dir / "toolwire.toml"), "config", "check")
+    assert code == 0, err
+    assert (conf_dir / ".toolwire" / "state.db").exists()
+    assert not (cwd / ".toolwire").exists()

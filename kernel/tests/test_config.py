@@ -49,7 +49,9 @@ def test_full_file(tmp_path: Path) -> None:
     )
     cfg = load_config(p, env={})
     assert cfg.path == str(p)
-    assert (cfg.state, cfg.enabled_plugins, cfg.max_attempts) == ("sqlite:///state.db", ["a"], 3)
+    # a relative SQLite path means "next to the config file", wherever the process runs
+    state = f"sqlite:///{(tmp_path / 'state.db').resolve()}"
+    assert (cfg.state, cfg.enabled_plugins, cfg.max_attempts) == (state, ["a"], 3)
     assert [(m.module, m.namespace) for m in cfg.tools.refs()] == [
         ("toolwire.examples", None),
         ("json", "j"),
@@ -439,3 +441,20 @@ def test_the_short_plugins_list_and_enabled_plugins_together_are_an_error(tmp_pa
     p = write(tmp_path, 'enabled_plugins = ["audit"]\nplugins = ["retry"]\n')
     with pytest.raises(ConfigError, match="keep one"):
         load_config(p, env={})
+
+
+def test_relative_sqlite_state_is_beside_the_config_file_unless_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `toolwire serve --config /abs/toolwire.toml` started by an MCP client put the
+    state database in whatever directory the client started it from."""
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    p = write(tmp_path, 'state = "sqlite:///.toolwire/state.db?busy_timeout=2"\n')
+    cfg = load_config(p, env={})
+    assert cfg.state == f"sqlite:///{tmp_path.resolve()}/.toolwire/state.db?busy_timeout=2"
+    env = {"TOOLWIRE_STATE": "sqlite:///mine.db"}  # the caller's own, relative to its cwd
+    assert load_config(p, env=env).state == "sqlite:///mine.db"
+    for url in ("sqlite:////abs/s.db", "redis://127.0.0.1:6379/0", "memory://"):
+        assert load_config(write(tmp_path, f'state = "{url}"\n'), env={}).state == url

@@ -355,7 +355,26 @@ def load_config(
     cfg.path = file
     cfg._secrets = found
     cfg._env_sources = env_sources
+    if file is not None and cfg.state is not None and "state" not in env_sources:
+        cfg.state = sqlite_beside(cfg.state, Path(file).parent)
     return cfg
+
+
+def sqlite_beside(url: str, base: Path) -> str:
+    """A ``sqlite:///relative.db`` URL made absolute under ``base`` (other URLs unchanged).
+
+    A relative path in a config file means "next to the file", not "wherever
+    the process happens to start" (an MCP client spawning ``toolwire serve
+    --config ...`` picks the working directory).
+    """
+    head = "sqlite:///"
+    if not url.lower().startswith(head):
+        return url
+    rest = url[len(head) :]
+    if not rest or rest.startswith(("/", "~")):
+        return url
+    path, sep, query = rest.partition("?")
+    return f"{head}{(base / path).resolve()}{sep}{query}"
 
 
 # ------------------------------------------------------------ entry points

@@ -23,11 +23,12 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 
-from ._config import ToolwireConfig, load_config
+from ._config import ToolwireConfig, load_config, sqlite_beside
 from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
@@ -69,7 +70,9 @@ def build_cli_kernel(cfg: ToolwireConfig) -> Kernel:
     """A kernel for the CLI: the embedded SQLite state unless configured otherwise."""
     overrides: dict[str, Any] = {}
     if cfg.state is None:
-        overrides["state"] = EMBEDDED_STATE
+        # next to the config file, if there is one; else in the working directory
+        base = Path(cfg.path).parent if cfg.path else None
+        overrides["state"] = sqlite_beside(EMBEDDED_STATE, base) if base else EMBEDDED_STATE
     return Kernel.from_config(cfg, **overrides)
 
 

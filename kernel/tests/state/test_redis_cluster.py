@@ -132,7 +132,7 @@ async def test_a_dead_cluster_seed_names_the_url(free_tcp_port: int) -> None:
     message = str(info.value)
     assert "hunter2" not in message and f"127.0.0.1:{free_tcp_port}" in message
     assert "the cluster cannot serve" in message
-    assert "check the cluster (redis-cli --cluster check) or fix `state`" in message
+    assert "check the cluster (redis-cli --cluster check) or fix the state URL" in message
 
 
 async def test_timeout_in_a_cluster_url_is_ignored(fresh_redis_cluster_url: str) -> None:
