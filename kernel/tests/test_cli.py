@@ -49,6 +49,40 @@ def test_tools_query_and_formats(capsys: pytest.CaptureFixture[str]) -> None:
     assert out[0]["type"] == "function" and out[0]["function"]["name"] == "word_hash"
 
 
+def test_tools_limit_must_be_a_whole_number_of_at_least_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: --limit 0 / -1 ended in a ValueError traceback from find_tools."""
+    for bad in ("0", "-1", "two"):
+        with pytest.raises(SystemExit) as exc:
+            main(["tools", "--query", "add", "--limit", bad])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2, bad
+        assert f"argument --limit: {bad!r}: give a whole number >= 1" in err
+        assert "Traceback" not in err
+
+
+def test_tools_limit_applies_to_the_listing_and_mode_needs_a_query(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: without --query, --limit and --mode were silently ignored."""
+    code, everything, _ = run(capsys, "tools")
+    assert code == 0 and isinstance(everything, list) and len(everything) > 2
+    code, out, _ = run(capsys, "tools", "--limit", "2")
+    assert code == 0 and isinstance(out, list)
+    assert [t["name"] for t in out] == [t["name"] for t in everything[:2]]
+    code, out, err = run(capsys, "tools", "--mode", "semantic")
+    assert code == 2 and out is None
+    assert err.startswith("toolwire: error: --mode semantic ranks the results of a search")
+    assert "give --query Q too" in err and len(err.strip().splitlines()) == 1
+    code, out, _ = run(capsys, "tools", "--query", "", "--mode", "hybrid")
+    assert code == 2 and out is None  # an empty query is no search either
+    code, out, _ = run(capsys, "tools", "--query", "")
+    assert code == 0 and out == everything
+    code, out, _ = run(capsys, "tools", "-q", "add", "--mode", "explicit")
+    assert code == 0 and isinstance(out, list) and [t["name"] for t in out] == ["add"]
+
+
 def test_call_prints_result_and_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "call", "add", "--args", '{"a": 2, "b": 3}', "--call-id", "c1")
     assert code == 0 and isinstance(out, dict)

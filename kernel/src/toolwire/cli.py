@@ -42,6 +42,8 @@ log = logging.getLogger("toolwire.cli")
 
 EMBEDDED_STATE = "sqlite:///.toolwire/state.db"
 EXAMPLES_MODULE = "toolwire.examples"
+#: ``toolwire tools --query`` returns at most this many tools unless ``--limit`` says otherwise.
+SEARCH_LIMIT = 10
 
 
 def _print(obj: Any) -> None:
@@ -94,14 +96,22 @@ async def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 async def _cmd_tools(args: argparse.Namespace) -> int:
+    if args.mode is not None and not args.query:
+        return _fail(
+            f"--mode {args.mode} ranks the results of a search: give --query Q too "
+            "(without a query every tool is listed, in catalog order)"
+        )
     kernel = build_cli_kernel(load_cli_config(args))
     async with kernel:
         if args.query:
             tools = kernel.find_tools(
-                args.query, mode=args.mode, limit=args.limit, format=args.format
+                args.query,
+                mode=args.mode or "hybrid",
+                limit=args.limit or SEARCH_LIMIT,
+                format=args.format,
             )
         else:
-            tools = kernel.list_tools(format=args.format)
+            tools = kernel.list_tools(format=args.format)[: args.limit]
     if args.format == "tool":
         tools = [t.definition() for t in tools]
     _print(tools)
@@ -165,6 +175,17 @@ async def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
+    return n
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="toolwire", description="toolwire: middleware for agent tool calls"
@@ -188,8 +209,17 @@ def _parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("tools", help="list the tools (JSON), or search them with --query")
     st.add_argument("--query", "-q", help="search string")
-    st.add_argument("--mode", choices=["explicit", "semantic", "hybrid"], default="hybrid")
-    st.add_argument("--limit", type=int, default=10)
+    st.add_argument(
+        "--mode",
+        choices=["explicit", "semantic", "hybrid"],
+        help="how --query selects tools (default hybrid); only with --query",
+    )
+    st.add_argument(
+        "--limit",
+        type=_positive_int,
+        metavar="N",
+        help=f"at most N tools, N >= 1 (default: {SEARCH_LIMIT} with --query, all without)",
+    )
     st.add_argument("--format", choices=["tool", "openai", "anthropic", "mcp"], default="tool")
     st.set_defaults(fn=_cmd_tools)
 
