@@ -159,6 +159,29 @@ def test_plugins_json(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Mo
     ]
 
 
+def test_trace_plugins_shows_hook_calls_at_the_default_log_level(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the trace lines (INFO) were hidden by the default WARNING level, and a
+    misspelt plugin name in TOOLWIRE_TRACE_PLUGINS traced nothing without a word."""
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
+    monkeypatch.setenv("TOOLWIRE_TRACE_PLUGINS", "audit,audti")
+    code, _, err = run(capsys, "call", "add", "--args", '{"a": 1, "b": 2}')
+    assert code == 0
+    logs = [json.loads(line) for line in err.splitlines()]
+    traced = [r["msg"] for r in logs if r.get("logger") == "toolwire.trace"]
+    assert any(m.startswith("audit.before_call(add) -> None in ") for m in traced), err
+    assert any(m.startswith("audit.after_call(add) -> None in ") for m in traced), err
+    warned = [r["msg"] for r in logs if r.get("level") == "warning"]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(
+        "TOOLWIRE_TRACE_PLUGINS names 'audti', which is not registered (loaded plugins: audit)"
+    )
+    monkeypatch.delenv("TOOLWIRE_TRACE_PLUGINS")
+    code, _, err = run(capsys, "call", "add", "--args", '{"a": 1, "b": 2}')
+    assert code == 0 and "toolwire.trace" not in err and '"level": "warning"' not in err
+
+
 def test_real_subprocess_keeps_stdout_for_json_and_logs_on_stderr(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
     env["TOOLWIRE_LOAD_PLUGINS"] = ""

@@ -907,6 +907,26 @@ async def test_tracing_plugins_logs_each_hook_call(
     assert len(lines) == 2 and not any(line.startswith("quiet.") for line in lines)
 
 
+async def test_tracing_an_unregistered_plugin_is_warned_about_once_at_start(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a misspelt name in TOOLWIRE_TRACE_PLUGINS traced nothing, silently."""
+    monkeypatch.setenv("TOOLWIRE_TRACE_PLUGINS", "quiet, qiuet ,nope")
+    fake = FakeTool("t")
+    with caplog.at_level("WARNING", logger="toolwire"):
+        k = Kernel(tools=[fake.tool], plugins=[RecordingPlugin("quiet", 10)])
+        assert not caplog.records  # checked at start, once the plugins are known
+        async with k:
+            await k.call("t", {})
+            await k.call("t", {})
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warned == [
+        "TOOLWIRE_TRACE_PLUGINS names 'nope', 'qiuet', which are not registered (loaded "
+        "plugins: quiet); nothing is traced for them - check the spelling against "
+        "`toolwire plugins`"
+    ]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -185,6 +185,12 @@ class PluginRegistry:
         #: Plugins whose hook calls are logged (``TOOLWIRE_TRACE_PLUGINS``): True = all.
         self.trace: frozenset[str] | bool = trace_setting(os.environ.get(TRACE_ENV))
 
+    def untraced(self) -> list[str]:
+        """Names ``TOOLWIRE_TRACE_PLUGINS`` lists that are not registered (typos), sorted."""
+        if isinstance(self.trace, bool):
+            return []
+        return sorted(self.trace - self.plugins.keys())
+
     def on_change(self, fn: Callable[[], None]) -> None:
         """Call ``fn`` after every (un)registration (the kernel caches lists)."""
         self._listeners.append(fn)

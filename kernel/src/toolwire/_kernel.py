@@ -21,7 +21,7 @@ from ._background import BackgroundTask
 from ._clock import Clock, SystemClock
 from ._errors import KernelError, PluginError, ToolCollisionError
 from ._events import EventBus
-from ._hooks import PluginInfo, PluginRegistry
+from ._hooks import TRACE_ENV, PluginInfo, PluginRegistry
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image
 from ._redact import Redactor
 from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
@@ -608,6 +608,17 @@ class Kernel:
         async with self._start_lock:
             if self._started:
                 return
+            unknown = self.plugins.untraced()
+            if unknown:
+                log.warning(
+                    "%s names %s, which %s not registered (loaded plugins: %s); nothing is "
+                    "traced for %s - check the spelling against `toolwire plugins`",
+                    TRACE_ENV,
+                    ", ".join(repr(n) for n in unknown),
+                    "is" if len(unknown) == 1 else "are",
+                    ", ".join(sorted(self.plugins.plugins)) or "none",
+                    "it" if len(unknown) == 1 else "them",
+                )
             await self.state.open()
             started: list[str] = []
             try:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+
+from ._hooks import TRACE_ENV, trace_setting
 
 __all__ = ["JSONFormatter", "configure_logging"]
 
@@ -27,10 +30,16 @@ class JSONFormatter(logging.Formatter):
 
 
 def configure_logging(level: str | int = "INFO") -> None:
-    """Route the ``toolwire`` loggers to stderr as JSON lines."""
+    """Route the ``toolwire`` loggers to stderr as JSON lines.
+
+    When ``TOOLWIRE_TRACE_PLUGINS`` asks for hook tracing, the ``toolwire.trace``
+    logger logs at INFO whatever ``level`` is: setting the variable is the request.
+    """
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JSONFormatter())
     root = logging.getLogger("toolwire")
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+    tracing = trace_setting(os.environ.get(TRACE_ENV))
+    logging.getLogger("toolwire.trace").setLevel(logging.INFO if tracing else logging.NOTSET)
