@@ -286,6 +286,67 @@ def test_enable_and_disable_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert k.plugins.ordered() == []
 
 
+def test_a_plugin_left_out_is_explained_by_what_left_it_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, `toolwire keys` said "add it to enabled_plugins or give it a [plugins.x]
+    table" whatever excluded the plugin, even with that table already there."""
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
+    table = '[plugins.demo]\ngreeting = "hi"\n'
+
+    def why(text: str, **env: str) -> str:
+        p = write(tmp_path, text)
+        cfg = load_config(p, env=env)
+        k = Kernel.from_config(cfg)
+        assert "demo" not in k.plugins.plugins
+        return str(config_mod.plugin_not_loaded(cfg, "demo"))
+
+    p = str(tmp_path / "toolwire.toml")
+    assert why('disabled_plugins = ["demo"]\n' + table) == (
+        f"{p}: the demo plugin is not loaded: disabled_plugins lists it "
+        "(remove 'demo' from that list)"
+    )
+    assert why('enabled_plugins = ["plain"]\n' + table) == (
+        f'{p}: the demo plugin is not loaded: enabled_plugins = ["plain"] leaves it out '
+        "(add 'demo' to that list, or remove the list to load every installed plugin)"
+    )
+    assert why(table, TOOLWIRE_DISABLE_PLUGINS="plain, demo") == (
+        "the demo plugin is not loaded: the environment variable TOOLWIRE_DISABLE_PLUGINS "
+        "disables it (remove demo from it)"
+    )
+    both = why('disabled_plugins = ["demo"]\n', TOOLWIRE_DISABLE_PLUGINS="demo")
+    assert "TOOLWIRE_DISABLE_PLUGINS disables it" in both
+    assert both.startswith(f"{p}: ") and "; and disabled_plugins lists it" in both
+    assert why('enabled_plugins = ["demo"]\n', TOOLWIRE_LOAD_PLUGINS="plain") == (
+        "the demo plugin is not loaded: the environment variable TOOLWIRE_LOAD_PLUGINS "
+        "loads only plain (add demo to it, or unset it to load every installed plugin)"
+    )
+    assert why(table, TOOLWIRE_LOAD_PLUGINS="") == (
+        "the demo plugin is not loaded: the environment variable TOOLWIRE_LOAD_PLUGINS is "
+        "set but empty, which loads no plugin (add demo to it, or unset it to load every "
+        "installed plugin)"
+    )
+    cfg = load_config(write(tmp_path, ""), env={})
+    assert str(config_mod.plugin_not_loaded(cfg, "demo")) == (
+        "the demo plugin is not loaded: it is installed and enabled but could not be loaded: "
+        "see the warning logged above (a missing dependency, usually)"
+    )
+    assert str(config_mod.plugin_not_loaded(cfg, "other", dist="acme-other")) == (
+        "the other plugin is not loaded: it is not installed (pip install acme-other)"
+    )
+
+
+def test_disabled_plugins_of_the_wrong_type_stays_a_config_error_with_the_env_var(
+    tmp_path: Path,
+) -> None:
+    """Before: a TypeError traceback (an int was unpacked) or a list of single letters."""
+    for value in ("5", '"demo"'):
+        p = write(tmp_path, f"disabled_plugins = {value}\n")
+        with pytest.raises(ConfigError) as ei:
+            load_config(p, env={"TOOLWIRE_DISABLE_PLUGINS": "plain"})
+        assert str(ei.value) == f"{p}: disabled_plugins: Input should be a valid list"
+
+
 def test_unknown_plugin_names_are_startup_errors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "build_kernel",
     "installed_plugins",
     "load_config",
+    "plugin_not_loaded",
     "read_secrets_file",
     "resolve_secrets",
 ]
@@ -173,9 +174,15 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
     if "TOOLWIRE_LOAD_PLUGINS" in env:
         raw = env["TOOLWIRE_LOAD_PLUGINS"]
         data["enabled_plugins"] = [p.strip() for p in raw.split(",") if p.strip()]
+        sources["enabled_plugins"] = "TOOLWIRE_LOAD_PLUGINS"
     if env.get("TOOLWIRE_DISABLE_PLUGINS"):
-        extra = [p.strip() for p in env["TOOLWIRE_DISABLE_PLUGINS"].split(",") if p.strip()]
-        data["disabled_plugins"] = [*data.get("disabled_plugins", []), *extra]
+        raw = env["TOOLWIRE_DISABLE_PLUGINS"]
+        extra = list(dict.fromkeys(p.strip() for p in raw.split(",") if p.strip()))
+        listed = data.get("disabled_plugins", [])
+        if isinstance(listed, list):  # otherwise validation names the file's bad value
+            data["disabled_plugins"] = [*listed, *extra]
+        # One entry per name ("disabled_plugins[x]"): the file's list and the variable's add up.
+        sources.update((f"disabled_plugins[{p}]", "TOOLWIRE_DISABLE_PLUGINS") for p in extra)
     prefix = "TOOLWIRE_PLUGINS__"
     for var, raw in env.items():
         if not var.startswith(prefix):
@@ -441,6 +448,58 @@ def instantiate_plugin(
     except Exception as exc:
         raise PluginError(name, f"failed to start: {type(exc).__name__}: {exc}") from exc
     return plugin, cfg, order
+
+
+def plugin_not_loaded(cfg: ToolwireConfig, name: str, *, dist: str | None = None) -> ConfigError:
+    """The error for a plugin ``name`` that ``build_kernel(cfg)`` did not load.
+
+    It names what left the plugin out - ``disabled_plugins`` in the file,
+    ``TOOLWIRE_DISABLE_PLUGINS``, an ``enabled_plugins`` list without it (from
+    the file or ``TOOLWIRE_LOAD_PLUGINS``), or the plugin not being installed or
+    loadable - and what to change. ``dist`` is the distribution that brings the
+    plugin (default ``toolwire-<name>``).
+    """
+    env = cfg._env_sources
+    reasons: list[str] = []
+    in_file = False
+    if name in cfg.disabled_plugins:
+        var = env.get(f"disabled_plugins[{name}]")
+        if var is not None:
+            reasons.append(f"the environment variable {var} disables it (remove {name} from it)")
+        if var is None or cfg.disabled_plugins.count(name) > 1:
+            in_file = True
+            reasons.append(f"disabled_plugins lists it (remove {name!r} from that list)")
+    enabled = cfg.enabled_plugins
+    if enabled is not None and name not in enabled:
+        var = env.get("enabled_plugins")
+        if var is not None and not enabled:
+            reasons.append(
+                f"the environment variable {var} is set but empty, which loads no plugin "
+                f"(add {name} to it, or unset it to load every installed plugin)"
+            )
+        elif var is not None:
+            reasons.append(
+                f"the environment variable {var} loads only {', '.join(enabled)} "
+                f"(add {name} to it, or unset it to load every installed plugin)"
+            )
+        else:
+            in_file = True
+            reasons.append(
+                f"enabled_plugins = {json.dumps(enabled)} leaves it out (add {name!r} to "
+                "that list, or remove the list to load every installed plugin)"
+            )
+    if not reasons:
+        if name not in installed_plugins():
+            reasons.append(f"it is not installed (pip install {dist or 'toolwire-' + name})")
+        else:
+            reasons.append(
+                "it is installed and enabled but could not be loaded: see the warning logged "
+                "above (a missing dependency, usually)"
+            )
+    return ConfigError(
+        f"the {name} plugin is not loaded: {'; and '.join(reasons)}",
+        file=cfg.path if in_file else None,
+    )
 
 
 def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any) -> Kernel:

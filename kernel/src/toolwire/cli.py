@@ -9,10 +9,12 @@ configuration.
 A command entry point names a function ``register(subparsers)`` that adds an
 ``argparse`` sub-parser and sets ``fn`` to ``async def fn(args) -> int``; the
 function builds its kernel with ``load_cli_config(args)`` and
-``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply. A
-command may also set ``backend_options`` to ``def (args) -> dict``: the
-options ``anyio.run`` gets for it (``toolwire serve`` picks its event loop
-there); a ``KernelError`` it raises is reported like the command's own.
+``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply, and
+takes the plugin it works with from ``cli_plugin(kernel, name)``, which says
+what left the plugin out when it is not loaded. A command may also set
+``backend_options`` to ``def (args) -> dict``: the options ``anyio.run`` gets
+for it (``toolwire serve`` picks its event loop there); a ``KernelError`` it
+raises is reported like the command's own.
 """
 
 from __future__ import annotations
@@ -28,14 +30,20 @@ from typing import Any
 
 import anyio
 
-from ._config import ToolwireConfig, load_config, sqlite_beside
+from ._config import ToolwireConfig, load_config, plugin_not_loaded, sqlite_beside
 from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
 from ._terminal import TERMINAL_EXTENSION, Terminal
 from .state import StateStoreError
 
-__all__ = ["CLI_ENTRY_POINT_GROUP", "build_cli_kernel", "load_cli_config", "main"]
+__all__ = [
+    "CLI_ENTRY_POINT_GROUP",
+    "build_cli_kernel",
+    "cli_plugin",
+    "load_cli_config",
+    "main",
+]
 
 CLI_ENTRY_POINT_GROUP = "toolwire.cli"
 log = logging.getLogger("toolwire.cli")
@@ -76,6 +84,20 @@ def build_cli_kernel(cfg: ToolwireConfig) -> Kernel:
         base = Path(cfg.path).parent if cfg.path else None
         overrides["state"] = sqlite_beside(EMBEDDED_STATE, base) if base else EMBEDDED_STATE
     return Kernel.from_config(cfg, **overrides)
+
+
+def cli_plugin(kernel: Kernel, name: str, *, dist: str | None = None) -> Any:
+    """The plugin ``name`` of a kernel from ``build_cli_kernel``, for a command that needs it.
+
+    When it is not loaded, a ``ConfigError`` (exit 2) names what left it out -
+    ``disabled_plugins``, ``enabled_plugins``, ``TOOLWIRE_DISABLE_PLUGINS``,
+    ``TOOLWIRE_LOAD_PLUGINS``, or its not being installed - and what to change.
+    """
+    try:
+        return kernel.get_plugin(name)
+    except KeyError:
+        cfg = kernel.config if kernel.config is not None else ToolwireConfig()
+        raise plugin_not_loaded(cfg, name, dist=dist) from None
 
 
 async def _cmd_plugins(args: argparse.Namespace) -> int:

@@ -33,8 +33,9 @@ def write_config(tmp_path: Path) -> Path:
     return path
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env.update(extra_env)
     return subprocess.run(
         [sys.executable, "-m", "toolwire.cli", "--config", str(tmp_path / "toolwire.toml"), *args],
         cwd=tmp_path,
@@ -84,4 +85,44 @@ def test_unknown_names_and_a_missing_plugin_are_named(tmp_path: Path) -> None:
         f'state = "sqlite:///{tmp_path / "state.db"}"\nenabled_plugins = []\n'
     )
     r = run(tmp_path, "keys", "status")
-    assert r.returncode != 0 and "ratelimit plugin is not loaded" in r.stderr
+    assert r.returncode == 2 and "ratelimit plugin is not loaded" in r.stderr
+
+
+def error_line(r: subprocess.CompletedProcess[str]) -> str:
+    """The one ``toolwire: error:`` line (other plugins may log warnings before it)."""
+    lines = [line for line in r.stderr.splitlines() if line.startswith("toolwire: error:")]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+def test_a_plugin_left_out_says_what_left_it_out(tmp_path: Path) -> None:
+    """Before: "add it to enabled_plugins or give it a [plugins.ratelimit] table", even
+    with the table there and the plugin excluded by disabled_plugins or a variable."""
+    path = write_config(tmp_path)
+    with_table = path.read_text().replace('enabled_plugins = ["ratelimit"]\n', "")
+    path.write_text('disabled_plugins = ["ratelimit"]\n' + with_table)
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 2
+    assert error_line(r) == (
+        f"toolwire: error: {path}: the ratelimit plugin is not loaded: disabled_plugins lists "
+        "it (remove 'ratelimit' from that list)"
+    )
+    assert "[plugins.ratelimit] table" not in r.stderr
+
+    path.write_text('enabled_plugins = ["audit"]\n' + with_table)
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 2
+    assert "enabled_plugins = [\"audit\"] leaves it out (add 'ratelimit' to that list" in r.stderr
+
+    path.write_text(with_table)
+    r = run(tmp_path, "keys", "clear", "acme", TOOLWIRE_DISABLE_PLUGINS="ratelimit")
+    assert r.returncode == 2
+    assert error_line(r) == (
+        "toolwire: error: the ratelimit plugin is not loaded: the environment variable "
+        "TOOLWIRE_DISABLE_PLUGINS disables it (remove ratelimit from it)"
+    )
+    r = run(tmp_path, "keys", "status", TOOLWIRE_LOAD_PLUGINS="audit,retry")
+    assert r.returncode == 2
+    assert "the environment variable TOOLWIRE_LOAD_PLUGINS loads only audit, retry" in r.stderr
+    r = run(tmp_path, "keys", "status")  # nothing excludes it: it works
+    assert r.returncode == 0 and "acme: available" in r.stdout, r.stderr

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from toolwire import ConfigError, Kernel
-from toolwire.cli import build_cli_kernel, load_cli_config
+from toolwire import Kernel
+from toolwire.cli import build_cli_kernel, cli_plugin, load_cli_config
 
 from ._plugin import RateLimitPlugin
 
@@ -94,17 +94,9 @@ def render_status(status: dict[str, dict[str, Any]], now: float) -> str:
 async def _with_plugin(
     args: argparse.Namespace, action: Callable[[Kernel, RateLimitPlugin], Awaitable[int]]
 ) -> int:
-    cfg = load_cli_config(args)
-    kernel = build_cli_kernel(cfg)
+    kernel = build_cli_kernel(load_cli_config(args))
     async with kernel:
-        try:
-            plugin = kernel.get_plugin("ratelimit")
-        except KeyError:
-            raise ConfigError(
-                "the ratelimit plugin is not loaded: add it to enabled_plugins "
-                '(enabled_plugins = ["ratelimit", ...]) or give it a [plugins.ratelimit] table',
-                file=cfg.path,
-            ) from None
+        plugin: RateLimitPlugin = cli_plugin(kernel, "ratelimit", dist="toolwire-ratelimit")
         return await action(kernel, plugin)
 
 
