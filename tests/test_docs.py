@@ -3,9 +3,11 @@ is documented, and the README's embedding example runs."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from toolwire import hookspecs
@@ -55,6 +57,36 @@ def test_every_cli_command_is_documented() -> None:
     assert commands
     missing = [c for c in commands if f"## `toolwire {c}" not in text]
     assert not missing, f"CLI commands missing from docs/cli.md: {missing}"
+
+
+def _options(parser: argparse.ArgumentParser, path: str) -> Iterator[tuple[str, str]]:
+    """(command path, option string) of every option of ``parser`` and its subcommands."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, f"{path} {name}".strip())
+        elif not isinstance(action, argparse._HelpAction):
+            yield from ((path, opt) for opt in action.option_strings)
+
+
+def test_every_cli_option_is_documented_under_its_command() -> None:
+    """Every option string (long and short) of every command appears in a code span of
+    that command's section of docs/cli.md (global options: before the first section).
+    Before: --config/-c of stats, keys and approvals, and tools -q, call -a, stats -t,
+    approvals reject -r were missing."""
+    text = (DOCS / "cli.md").read_text()
+    sections = {"": text.split("\n## ", 1)[0]}
+    for part in text.split("\n## ")[1:]:
+        m = re.match(r"`toolwire (\S+)", part)
+        if m:
+            sections[m.group(1).rstrip("`")] = part
+    missing = []
+    for path, opt in _options(_parser(), ""):
+        section = sections.get(path.split(" ", 1)[0], "")
+        spans = re.findall(r"`([^`\n]+)`", section)
+        if not any(re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", sp) for sp in spans):
+            missing.append(f"toolwire {path} {opt}".replace("  ", " "))
+    assert not missing, f"CLI options missing from docs/cli.md: {missing}"
 
 
 def test_readme_embedding_example_runs() -> None:
