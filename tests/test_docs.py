@@ -89,6 +89,50 @@ def test_every_cli_option_is_documented_under_its_command() -> None:
     assert not missing, f"CLI options missing from docs/cli.md: {missing}"
 
 
+def _markdown_files() -> list[Path]:
+    skip = {"node_modules", "build", "dist"}
+    return sorted(
+        p
+        for p in ROOT.rglob("*.md")
+        if not any(part.startswith(".") or part in skip for part in p.relative_to(ROOT).parts)
+    )
+
+
+def _anchors(path: Path) -> set[str]:
+    """GitHub's heading anchors of ``path`` (lower-cased, punctuation dropped, spaces -> -)."""
+    out: set[str] = set()
+    text = re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n, unique = 0, slug
+        while unique in out:
+            n += 1
+            unique = f"{slug}-{n}"
+        out.add(unique)
+    return out
+
+
+def test_relative_links_in_the_markdown_resolve() -> None:
+    """Every relative link of the READMEs and docs names an existing file (and heading).
+    Before: plugins/ratelimit/README.md linked retry.md, which is not beside it."""
+    files = _markdown_files()
+    assert ROOT / "plugins/ratelimit/README.md" in files and DOCS / "cli.md" in files
+    broken = []
+    for md in files:
+        text = re.sub(r"^```.*?^```", "", md.read_text(), flags=re.S | re.M)
+        for target in re.findall(r"\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)", text):
+            if re.match(r"[a-z][a-z0-9+.-]*:", target):
+                continue  # https:, mailto:, ...
+            file, _, frag = target.partition("#")
+            dest = (md.parent / file) if file else md
+            where = f"{md.relative_to(ROOT)}: ({target})"
+            if not dest.exists():
+                broken.append(f"{where}: no such file")
+            elif frag and dest.suffix == ".md" and frag not in _anchors(dest):
+                broken.append(f"{where}: no heading #{frag} in {dest.name}")
+    assert not broken, "broken relative links:\n" + "\n".join(broken)
+
+
 def test_readme_embedding_example_runs() -> None:
     readme = (ROOT / "README.md").read_text()
     block = next(b for b in re.findall(r"```python\n(.*?)```", readme, re.S) if "Kernel(" in b)
