@@ -51,6 +51,30 @@ async def test_one_line_per_call_with_redacted_args(tmp_path: Path) -> None:
     assert "s3cret" not in log.read_text()
 
 
+async def test_calls_ending_before_before_call_are_audited_with_their_args(
+    tmp_path: Path,
+) -> None:
+    """Before: invalid_args and not_found calls (before_call never runs for them) were
+    audited without their args although include_args was on."""
+    k, log = kernel_for(tmp_path, 'include_args = true\nredact_keys = ["Password"]\n')
+    async with k:
+        await k.call("login", {"user": 5, "password": "s3cret"}, call_id="bad")
+        await k.call("logon", {"user": "ann", "PASSWORD": "s3cret"}, call_id="missing")
+        await k.call("login", {"user": "ann", "password": "ok"}, call_id="fine")
+    got = {line["call_id"]: line for line in lines(log)}
+    assert got["bad"]["error_kind"] == "invalid_args"
+    assert got["bad"]["args"] == {"user": 5, "password": "***"}
+    assert got["missing"]["error_kind"] == "not_found"
+    assert got["missing"]["args"] == {"user": "ann", "PASSWORD": "***"}
+    assert got["fine"]["args"] == {"user": "ann", "password": "***"}
+    assert "s3cret" not in log.read_text()
+
+    k, log = kernel_for(tmp_path, "")  # include_args off: never recorded
+    async with k:
+        await k.call("login", {"user": 5, "password": "s3cret"}, call_id="bad")
+    assert "args" not in lines(log)[-1]
+
+
 async def test_only_errors_and_attempt_level(tmp_path: Path) -> None:
     k, log = kernel_for(tmp_path, 'only_errors = true\nlevel = "attempt"\n')
     async with k:

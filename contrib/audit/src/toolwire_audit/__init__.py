@@ -72,7 +72,7 @@ class AuditPlugin:
     # -- hooks
     @hookimpl
     def before_call(self, call: ToolCall, ctx: CallContext) -> None:
-        ctx.state["audit"] = {"args": self._redact(call.args)} if self.config.include_args else {}
+        ctx.state["audit"] = self._call_fields(call)
 
     @hookimpl
     def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
@@ -91,12 +91,21 @@ class AuditPlugin:
             "replayed": result.meta.replayed,
             "served_by": result.meta.served_by,
         }
-        line.update(ctx.state.get("audit", {}))
+        fields = ctx.state.get("audit")
+        if fields is None:
+            # The call ended before before_call ran (not_found, invalid_args, or a plugin
+            # earlier in the order refused it): its arguments are the ones the caller sent.
+            fields = self._call_fields(call)
+        line.update(fields)
         if self.config.level == "attempt":
             line["attempt_log"] = [a.to_dict() for a in result.meta.attempts]
         if self.config.include_content:
             line["content"] = result.content
         self._write(line)
+
+    def _call_fields(self, call: ToolCall) -> dict[str, Any]:
+        """What the line records of the call's input: its arguments, redacted, if asked."""
+        return {"args": self._redact(call.args)} if self.config.include_args else {}
 
     def _redact(self, args: dict[str, Any]) -> dict[str, Any]:
         keys = {k.lower() for k in self.config.redact_keys}
