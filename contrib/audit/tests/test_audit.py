@@ -92,3 +92,22 @@ def test_invalid_config_is_rejected(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"plugins\.audit\.level"):
         Kernel.from_config(str(cfg))
+
+
+async def test_a_relative_path_is_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: it was relative to whatever directory the process started in."""
+    conf, cwd = tmp_path / "conf", tmp_path / "cwd"
+    conf.mkdir()
+    cwd.mkdir()
+    cfg = conf / "toolwire.toml"
+    cfg.write_text(
+        'enabled_plugins = ["audit"]\n[tools]\nmodules = ["toolwire.examples"]\n'
+        '[plugins.audit]\npath = "logs/audit.jsonl"\n'
+    )
+    monkeypatch.chdir(cwd)
+    async with Kernel.from_config(str(cfg)) as k:
+        await k.call("add", {"a": 1, "b": 2})
+    assert [x["tool"] for x in lines(conf / "logs" / "audit.jsonl")] == ["add"]
+    assert not (cwd / "logs").exists()

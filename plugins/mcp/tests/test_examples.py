@@ -21,8 +21,10 @@ async def test_example_config_fronts_the_demo_server_with_audit(
 ) -> None:
     if shutil.which("python") is None:
         pytest.skip("the example starts `python` from PATH")
-    monkeypatch.chdir(tmp_path)  # its state and audit log live under ./.toolwire/
-    cfg = load_config(EXAMPLE, env=clean_env())
+    example = tmp_path / "toolwire.toml"  # its state and audit log go next to it, .toolwire/
+    shutil.copy(EXAMPLE, example)
+    monkeypatch.chdir(tmp_path.parent)  # started elsewhere, as an MCP client may
+    cfg = load_config(example, env=clean_env())
     assert cfg.server["transport"] == "stdio" and cfg.enabled_plugins == ["mcp", "audit"]
     async with Kernel.from_config(cfg) as kernel:
         names = {t.name for t in kernel.list_tools()}

@@ -59,7 +59,10 @@ class AuditPlugin:
         if self.config.path == "-":
             self._stream = sys.stderr
         else:
-            p = Path(self.config.path)
+            p = Path(self.config.path).expanduser()
+            cfg_file = kernel.config.path if kernel.config is not None else None
+            if not p.is_absolute() and cfg_file:
+                p = Path(cfg_file).parent / p  # like every path in toolwire.toml
             p.parent.mkdir(parents=True, exist_ok=True)
             self._stream = p.open("a", encoding="utf-8")
 
