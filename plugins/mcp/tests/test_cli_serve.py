@@ -462,6 +462,13 @@ def test_config_errors_exit_2_naming_the_key(
         assert main(["serve", "--transport", "http", "--port", port]) == 2
     err = capsys.readouterr().err
     assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert main(["serve", "--transport", "http", "--host", "no-such-host.invalid"]) == 2
+    err = capsys.readouterr().err
+    assert "server.host: cannot listen on no-such-host.invalid" in err and "--host" in err
+    assert main(["--config", "good.toml", "serve", "--transport", "http", "--port", "99999"]) == 2
+    err = capsys.readouterr().err  # a flag's fault is not the file's
+    assert "<command line>: server.port:" in err and "(from the --port option)" in err
+    assert "good.toml" not in err
     write_config(
         tmp_path / "up.toml", {}, {"plugins.mcp.servers.x": {"command": "a", "url": "http://b"}}
     )

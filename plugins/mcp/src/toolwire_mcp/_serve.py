@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import hmac
 import ipaddress
@@ -689,10 +690,16 @@ async def run_server(
         try:
             sock = bind_socket(cfg.host, cfg.port)
         except OSError as exc:
+            # a host that does not resolve or is no address of this machine: the host's fault
+            bad_host = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
             raise ConfigError(
                 f"cannot listen on {cfg.host}:{cfg.port}: {exc.strerror or exc}; "
-                "choose another --port (0 picks a free one) or --host",
-                key="server.port",
+                + (
+                    "give --host an address (or name) of this machine, e.g. 127.0.0.1"
+                    if bad_host
+                    else "choose another --port (0 picks a free one) or --host"
+                ),
+                key="server.host" if bad_host else "server.port",
             ) from exc
     async with anyio.create_task_group() as tg:
         stop: Callable[[], Awaitable[None]]

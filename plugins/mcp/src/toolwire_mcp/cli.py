@@ -47,10 +47,12 @@ def register(subparsers: Any) -> None:
 def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespace) -> ServeConfig:
     """``[server]`` validated, with the CLI options applied; errors name file and key."""
     merged = dict(data)
+    flags: set[str] = set()
     for key in ("transport", "host", "port", "loop"):
         value = getattr(args, key, None)
         if value is not None:
             merged[key] = value
+            flags.add(key)
     try:
         cfg = ServeConfig.model_validate(merged)
     except pydantic.ValidationError as exc:
@@ -58,8 +60,13 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
         for e in exc.errors(include_url=False):
             loc = ".".join(str(p) for p in e.get("loc", ()))
             msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
-            msgs.append(f"server.{loc}: {msg}")
-        raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+            msg = msg.removeprefix("Value error, ")
+            origin = f" (from the --{loc} option)" if loc in flags else ""
+            msgs.append(f"server.{loc}: {msg}{origin}")
+        keys = {str(e["loc"][0]) for e in exc.errors(include_url=False) if e.get("loc")}
+        only_flags = bool(keys) and keys <= flags
+        where = "<command line>" if only_flags else (file or "<defaults+env>")
+        raise ConfigError("; ".join(msgs), file=where) from exc
     if cfg.transport == "http":
         try:
             resolve_auth_token(cfg)
