@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from ._background import BackgroundTask
 from ._clock import Clock, SystemClock
-from ._config import ToolwireConfig, installed_plugins, load_config, read_secrets_file
+from ._config import (
+    ToolwireConfig,
+    installed_plugins,
+    load_config,
+    plugin_not_loaded,
+    read_secrets_file,
+)
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image, sniff_image_type
@@ -80,6 +86,7 @@ __all__ = [
     "hookimpl",
     "installed_plugins",
     "load_config",
+    "plugin_not_loaded",
     "normalize_content",
     "open_store",
     "read_secrets_file",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
@@ -249,3 +250,17 @@ def test_every_config_key_is_in_the_readme() -> None:
     assert not missing, f"configuration keys missing from the README tables: {missing}"
     guide = (Path(__file__).parents[3] / "docs" / "search.md").read_text(encoding="utf-8")
     assert "plugins/search/README.md" in guide
+
+
+async def test_without_ratelimit_the_warning_says_what_left_it_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: "the ratelimit plugin is not loaded", with no word on why or what to change."""
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text('enabled_plugins = ["search", "retry"]\nstate = "memory://"\n')
+    with caplog.at_level("WARNING", logger="toolwire"):
+        async with Kernel.from_config(str(cfg)) as kernel:
+            r = await kernel.call("web_search", {"query": "x"})
+    assert r.error is not None and r.error.kind == "config_error"
+    warned = " ".join(x.getMessage() for x in caplog.records)
+    assert "the ratelimit plugin is not loaded" in warned and "enabled_plugins" in warned

@@ -32,6 +32,7 @@ from toolwire import (
     ToolAnnotations,
     ToolError,
     hookimpl,
+    plugin_not_loaded,
 )
 from toolwire_ratelimit import ApiKey, RateLimitPlugin
 from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
@@ -220,9 +221,15 @@ class SearchPlugin:
             self._rl = RateLimitPlugin.of(kernel)
         except LookupError:
             self._rl = None
+            why = (
+                str(plugin_not_loaded(kernel.config, "ratelimit"))
+                if kernel.config is not None
+                else "the ratelimit plugin is not loaded (pass RateLimitPlugin() to Kernel)"
+            )
             log.warning(
-                "plugin 'search': the ratelimit plugin is not loaded; web search tools answer "
-                "config_error until it is (it holds the API keys)"
+                "plugin 'search': %s; web search tools answer config_error until it is "
+                "(it holds the API keys)",
+                why,
             )
         self._problems = {}
         if self._rl is not None:
