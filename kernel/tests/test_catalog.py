@@ -379,3 +379,146 @@ async def test_close_cancels_spawned_tasks_of_a_kernel_that_never_started() -> N
     await k.close()
     with anyio.fail_after(2):
         await ended.wait()
+
+
+class Counting:
+    """Counts its call hooks; its startup takes a while."""
+
+    def __init__(self, name: str, startup_s: float = 0.0) -> None:
+        self.name = name
+        self.startup_s = startup_s
+        self.started = False
+        self.before = self.after = 0
+        self.early: list[str] = []
+
+    @hookimpl
+    async def startup(self) -> None:
+        import anyio
+
+        await anyio.sleep(self.startup_s)
+        self.started = True
+
+    @hookimpl
+    def before_call(self, call: Any) -> None:
+        self.before += 1
+        if not self.started:
+            self.early.append(call.name)
+
+    @hookimpl
+    def after_call(self, call: Any) -> None:
+        self.after += 1
+
+
+async def test_calls_in_flight_keep_the_hooks_they_started_with() -> None:
+    """Before: a plugin added during a call ran only its after_call on it (before 0, after
+    1), and one removed ran only before_call (a slot taken there was never given back)."""
+    import anyio
+
+    slow = FakeTool("slow", script=[{"ok": 1}, {"ok": 2}], delay=0.3)
+    async with Kernel(tools=[slow.tool]) as k:
+        added = Counting("added")
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(k.call, "slow", {})
+            await anyio.sleep(0.1)
+            await k.add_plugin(added)
+        assert (added.before, added.after) == (0, 0)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(k.call, "slow", {})
+            await anyio.sleep(0.1)
+            await k.remove_plugin("added")
+        assert (added.before, added.after) == (1, 1)
+
+
+async def test_an_added_plugin_meets_no_call_before_its_startup_ends() -> None:
+    import anyio
+
+    async with Kernel(tools=[ping]) as k:
+        late = Counting("late", startup_s=0.3)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(k.add_plugin, late)
+            await anyio.sleep(0.1)
+            await k.call("ping", {})  # while its startup runs
+        assert late.early == [] and late.before == 0
+        await k.call("ping", {})
+        assert late.before == 1
+
+
+async def test_remove_plugin_takes_its_tools_out_whatever_other_sources_do() -> None:
+    """Before: removing asked every source again, so another source failing (or a refresh
+    running at the same time) left the removed plugin's tools callable."""
+
+    class Flaky(Source):
+        fail = False
+
+        @hookimpl
+        async def discover(self, query: str | None) -> list[Tool] | None:
+            if self.fail:
+                raise ConnectionError("registry down")
+            return await super().discover(query)
+
+    a = Lifecycle("a", ["a_tool"])
+    b = Flaky("b", ["b_tool"])
+    async with Kernel(plugins=[a, b]) as k:
+        b.fail = True
+        await k.remove_plugin("a")
+        assert k.get_tool("a_tool") is None and k.get_tool("b_tool") is not None
+        assert a.events == ["startup", "shutdown"]
+
+
+async def test_a_refresh_running_while_a_plugin_is_removed_does_not_bring_its_tools_back() -> None:
+    import anyio
+
+    class Slow(Source):
+        @hookimpl
+        async def discover(self, query: str | None) -> list[Tool] | None:
+            await anyio.sleep(0.2)
+            return await super().discover(query)
+
+    async with Kernel(plugins=[Source("a", ["a_tool"]), Slow("b", ["b_tool"])]) as k:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(k.refresh_tools)
+            await anyio.sleep(0.05)
+            await k.remove_plugin("b")
+        assert sorted(t.name for t in k.list_tools()) == ["a_tool"]
+
+
+async def test_add_plugin_is_not_stopped_by_a_clash_between_other_sources() -> None:
+    """Before: adding any tool source re-listed every source, so an existing clash (kept
+    apart with keep_on_collision while serving) or another source being down failed it."""
+    x, y = Source("x", ["x_only"]), Source("y", ["y_only"])
+    async with Kernel(plugins=[x, y]) as k:
+        y.tools = ["y_only", "x_only"]  # a clash appears while serving
+        await k.refresh_tools(keep_on_collision=True)
+        await k.add_plugin(Source("z", ["z_tool"]))
+        assert k.get_tool("z_tool") is not None
+        with pytest.raises(ToolCollisionError, match="'x_only'"):
+            await k.add_plugin(Source("w", ["x_only"]))  # its own clash still fails
+        assert "w" not in k.plugins.plugins
+
+
+async def test_calling_a_tool_by_a_str_enum_member_works() -> None:
+    import enum
+
+    class Names(enum.StrEnum):
+        PING = "ping"
+
+    async with Kernel(tools=[ping]) as k:
+        assert (await k.call(Names.PING, {})).content == {"result": "pong"}
+
+
+def test_a_module_naming_one_tool_twice_adds_it_once(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "aliasmod.py").write_text(
+        "from toolwire import tool\n\n"
+        "@tool(name='lookup')\n"
+        "def search(q: str) -> str:\n"
+        "    '''Look it up.'''\n"
+        "    return q\n\n"
+        "find = search\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import aliasmod  # type: ignore[import-not-found]
+
+    k = Kernel()
+    assert [t.name for t in k.add_tool(aliasmod)] == ["lookup"]

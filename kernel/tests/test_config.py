@@ -519,3 +519,30 @@ def test_relative_sqlite_state_is_beside_the_config_file_unless_from_the_environ
     assert load_config(p, env=env).state == "sqlite:///mine.db"
     for url in ("sqlite:////abs/s.db", "redis://127.0.0.1:6379/0", "memory://"):
         assert load_config(write(tmp_path, f'state = "{url}"\n'), env={}).state == url
+
+
+@pytest.mark.parametrize("dirname", ["has%41pct", "has#hash", "has?q", "plain"])
+def test_a_relative_sqlite_path_survives_odd_characters_in_the_config_directory(
+    tmp_path: Path, dirname: str
+) -> None:
+    """Before: the joined path went into the URL unencoded, so open_store decoded %41 to A,
+    cut the path at '#', or read '?q/state.db' as an option."""
+    from toolwire.state import open_store
+
+    conf = tmp_path / dirname
+    conf.mkdir()
+    state = load_config(write(conf, 'state = "sqlite:///state.db"\n'), env={}).state
+    assert state is not None
+    assert open_store(state).path == str((conf / "state.db").resolve())  # type: ignore[attr-defined]
+
+
+def test_special_sqlite_urls_are_left_alone(tmp_path: Path) -> None:
+    for url in ("sqlite:///:memory:", "sqlite:///%7E/x.db", "sqlite:///~/x.db"):
+        assert load_config(write(tmp_path, f'state = "{url}"\n'), env={}).state == url
+
+
+def test_tool_module_entries_may_be_module_refs() -> None:
+    from toolwire._config import ModuleRef, ToolsConfig
+
+    cfg = ToolsConfig(modules=[ModuleRef(module="toolwire.examples"), "x.y"])
+    assert [r.module for r in cfg.refs()] == ["toolwire.examples", "x.y"]

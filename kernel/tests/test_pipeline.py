@@ -823,6 +823,23 @@ async def test_check_result_turns_a_result_into_a_failure_or_keeps_it() -> None:
     assert r.content == {"v": 1}
     assert r.meta.plugin_errors[0]["plugin"] == "inline"  # before: the lambda's repr
 
+    class Swapper:  # sets nothing in before_call, swaps in its own check in on_error
+        name = "swapper"
+
+        def crash(self, tool: Tool, content: dict[str, Any]) -> ToolError | None:
+            raise RuntimeError("bug in the swapped check")
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry:
+            ctx.check_result = self.crash
+            return Retry(after_s=0)
+
+    flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"v": 2}])
+    async with Kernel(tools=[flaky.tool], plugins=[Inline(), Swapper()]) as k:
+        r = await k.call("flaky", {})
+    assert r.content == {"v": 2}
+    assert r.meta.plugin_errors[-1]["plugin"] == "swapper"  # its own method, its own name
+
 
 async def test_a_progress_handler_may_be_sync_and_one_that_fails_never_fails_the_tool(
     caplog: pytest.LogCaptureFixture,

@@ -11,6 +11,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, unquote, urlsplit
 
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
@@ -78,7 +79,7 @@ class ToolsConfig(BaseModel):
                             f'entry {i}: {what}; an entry is "package.module" or '
                             '{module = "package.module", namespace = "ns"}'
                         )
-                elif not isinstance(item, str):
+                elif not isinstance(item, str | ModuleRef):
                     raise ValueError(
                         f"entry {i}: {item!r} is not a module name (a string) or a table"
                     )
@@ -372,16 +373,23 @@ def sqlite_beside(url: str, base: Path) -> str:
 
     A relative path in a config file means "next to the file", not "wherever
     the process happens to start" (an MCP client spawning ``toolwire serve
-    --config ...`` picks the working directory).
+    --config ...`` picks the working directory). The path is read as
+    ``open_store`` reads it (percent-decoded) and written back encoded, so a
+    ``#``, ``?`` or ``%`` in ``base`` survives; ``:memory:``, absolute and
+    ``~`` paths are left alone.
     """
-    head = "sqlite:///"
-    if not url.lower().startswith(head):
+    text = url.strip()
+    if not text.lower().startswith("sqlite:///"):
         return url
-    rest = url[len(head) :]
-    if not rest or rest.startswith(("/", "~")):
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return url  # open_store names the problem
+    path = unquote(parts.path[1:])
+    if not path or path == ":memory:" or path.startswith(("/", "~")):
         return url
-    path, sep, query = rest.partition("?")
-    return f"{head}{(base / path).resolve()}{sep}{query}"
+    query = f"?{parts.query}" if parts.query else ""
+    return f"sqlite:///{quote(str((base / path).resolve()))}{query}"
 
 
 # ------------------------------------------------------------ entry points
@@ -638,8 +646,6 @@ def plain_secrets(value: Any, key: str, known: set[str]) -> list[str]:
 
 def _may_be_credential(text: str) -> bool:
     """False for a URL with no user:password and no query (a SearXNG address, say)."""
-    from urllib.parse import urlsplit
-
     if "://" not in text:
         return True
     try:

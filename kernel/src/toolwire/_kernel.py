@@ -171,6 +171,9 @@ class Kernel:
         self._local: dict[str, Tool] = {}
         self._catalog: dict[str, Tool] = {}
         self._discovered: dict[str, Tool] = {}
+        #: which plugin listed each of ``_discovered`` (a removed plugin's tools leave)
+        self._discovered_by: dict[str, str] = {}
+        self._catalog_lock: anyio.Lock | None = None
         #: tools a query brought in (``discover(query)``), with the plugin that gave them
         self._queried: dict[str, tuple[str, Tool]] = {}
         self._locks: dict[object, anyio.Lock] = {}
@@ -231,55 +234,106 @@ class Kernel:
     ) -> PluginInfo:
         """Register a plugin on a running kernel (or before start, like ``register``).
 
-        Runs its ``startup`` hook, then lists the tools of every source
-        (``refresh_tools``). If either fails, the plugin is shut down and
-        removed again and the error raised (``PluginError``,
-        ``ToolCollisionError``); the kernel keeps serving as before.
+        Its ``startup`` hook runs before any of its call hooks see a call; then
+        its own tools are listed (its ``discover`` hook) and added. If
+        ``startup`` fails, the plugin is not added; if the listing fails or
+        one of its tools takes a name the catalog holds, its ``shutdown`` runs
+        and it is removed again. The error is raised (``PluginError``,
+        ``ToolCollisionError``); the kernel serves on as before. Other sources
+        are not asked again.
         """
         info = self.plugins.register(plugin, name=name, order=order)
         if not self._started:
             return info
-        started = False
+        own = {
+            hook: [i for i in self.plugins.compiled[hook] if i.plugin == info.name]
+            for hook in ("startup", "shutdown", "discover")
+        }
+        self.plugins.unregister(info.name)  # no call meets it before it has started
+        for impl in own["startup"]:
+            await self._call_impl(impl, "startup", self)
+        registered = False
         try:
-            for impl in self.plugins.compiled["startup"]:
-                if impl.plugin == info.name:
-                    await self._call_impl(impl, "startup", self)
-            started = True
-            if "discover" in info.hooks():
-                await self.refresh_tools()
+            info = self.plugins.register(plugin, name=info.name, order=info.order)
+            registered = True
+            if own["discover"]:
+                async with self._catalog_guard():
+                    await self._add_listing(info.name, own["discover"])
         except BaseException:
             with anyio.CancelScope(shield=True):
-                if started:
-                    await self._shutdown(only={info.name})
-                self.plugins.unregister(info.name)
+                if registered:
+                    self.plugins.unregister(info.name)
+                await self._run_shutdown(own["shutdown"])
             raise
         return info
+
+    async def _add_listing(self, plugin: str, impls: list[Any]) -> None:
+        """Add one plugin's listing to the catalog; a name held elsewhere is a clash."""
+        found: dict[str, Tool] = {}
+        for impl in impls:
+            res = await self._call_impl(impl, "discover", self, None)
+            for t in self._check_tools(impl.plugin, res):
+                prev = found.get(t.name) or self._catalog.get(t.name)
+                if prev is not None and prev is not t:
+                    raise ToolCollisionError(t.name, prev.source, t.source)
+                found[t.name] = t
+        if found:
+            self._discovered.update(found)
+            self._discovered_by.update(dict.fromkeys(found, plugin))
+            self._rebuild_catalog()
 
     async def remove_plugin(self, name: str) -> None:
         """Remove a plugin from a running kernel (or before start, like ``unregister``).
 
-        Its ``shutdown`` hook runs (errors logged), and the tools it contributed
-        (listed or found by a query) leave the catalog. Calls already running
-        finish with the hooks they started with.
+        New calls stop meeting its hooks at once; the tools it contributed
+        (listed or found by a query) leave the catalog; then its ``shutdown``
+        hook runs (errors logged). Calls already running finish with the hooks
+        they started with. Other sources are not asked again.
         """
-        info = self.plugins.plugins.get(name)
-        if info is None:
+        if name not in self.plugins.plugins:
             raise PluginError(name, "not registered")
         if not self._started:
             self.plugins.unregister(name)
             return
-        with anyio.CancelScope(shield=True):
-            await self._shutdown(only={name})
+        shutdown = [i for i in self.plugins.compiled["shutdown"] if i.plugin == name]
         self.plugins.unregister(name)
-        if "discover" in info.hooks():
-            await self.refresh_tools(keep_on_collision=True)
+        with anyio.CancelScope(shield=True):
+            async with self._catalog_guard():
+                gone = [n for n, by in self._discovered_by.items() if by == name]
+                for n in gone:
+                    self._discovered.pop(n, None)
+                    del self._discovered_by[n]
+                queried = [n for n, (by, _) in self._queried.items() if by == name]
+                for n in queried:
+                    del self._queried[n]
+                if gone or queried:
+                    self._rebuild_catalog()
+            await self._run_shutdown(shutdown)
+
+    def _catalog_guard(self) -> anyio.Lock:
+        """Serializes catalog listings (refresh, query, a plugin added or removed)."""
+        if self._catalog_lock is None:
+            self._catalog_lock = anyio.Lock()
+        return self._catalog_lock
+
+    async def _run_shutdown(self, impls: list[Any]) -> None:
+        for impl in impls:
+            try:
+                res = impl.invoke(self)
+                if impl.is_async:
+                    await res
+            except Exception:
+                log.exception("plugin %r: shutdown failed", impl.plugin)
 
     def _on_plugins_changed(self) -> None:
         c = self.plugins.compiled
         # Flat (invoke, is_async, plugin) tuples: the cheapest shape to walk per call.
-        self._before = [(i.invoke, i.is_async, i.plugin) for i in c["before_call"]]
-        self._on_error = [(i.invoke, i.is_async, i.plugin) for i in c["on_error"]]
-        self._after = [(i.invoke, i.is_async, i.plugin) for i in c["after_call"]]
+        # One tuple, replaced as a whole: each call takes it once, when it starts.
+        self._hooks = (
+            [(i.invoke, i.is_async, i.plugin) for i in c["before_call"]],
+            [(i.invoke, i.is_async, i.plugin) for i in c["on_error"]],
+            [(i.invoke, i.is_async, i.plugin) for i in c["after_call"]],
+        )
 
     # -------------------------------------------------------------- tools
     def add_tool(
@@ -413,7 +467,12 @@ class Kernel:
         other change applies. Plugins refreshing while the kernel serves pass it,
         so one clash cannot freeze the catalog; at startup a clash stays an error.
         """
+        async with self._catalog_guard():
+            return await self._refresh(keep_on_collision)
+
+    async def _refresh(self, keep_on_collision: bool) -> list[Tool]:
         found: dict[str, Tool] = {}
+        by: dict[str, str] = {}
         for impl in self.plugins.compiled["discover"]:
             res = await self._call_impl(impl, "discover", self, None)
             for t in self._check_tools(impl.plugin, res):
@@ -426,6 +485,7 @@ class Kernel:
                     if t.name not in self._local and held is not None and held.source == t.source:
                         keep, drop = (t, prev)
                         found[t.name] = t
+                        by[t.name] = impl.plugin
                     log.warning(
                         "tool name %r is claimed by %s and %s: keeping %s's, leaving out "
                         "%s's until the clash is resolved (rename one: a namespace or "
@@ -438,13 +498,14 @@ class Kernel:
                     )
                     continue
                 found[t.name] = t
-        old, old_queried = self._discovered, self._queried
-        self._discovered = found
+                by[t.name] = impl.plugin
+        old = self._discovered, self._discovered_by, self._queried
+        self._discovered, self._discovered_by = found, by
         self._queried = self._queried_kept(found)
         try:
             self._rebuild_catalog()
         except ToolCollisionError:
-            self._discovered, self._queried = old, old_queried
+            self._discovered, self._discovered_by, self._queried = old
             raise
         return list(self._catalog.values())
 
@@ -477,10 +538,14 @@ class Kernel:
         Returns the matching tools (the catalog's own copy of those already in
         it). Tools added this way stay through ``refresh_tools`` until a full
         listing returns the same name (its tool replaces them) or their plugin
-        is unregistered.
+        is removed.
         """
         if not isinstance(query, str):
             raise TypeError(f"discover(query) takes a string, not {type(query).__name__}")
+        async with self._catalog_guard():
+            return await self._discover(query)
+
+    async def _discover(self, query: str) -> list[Tool]:
         new: dict[str, tuple[str, Tool]] = {}
         out: dict[str, Tool] = {}
         for impl in self.plugins.compiled["discover"]:
@@ -651,15 +716,10 @@ class Kernel:
         await self.state.close()
 
     async def _shutdown(self, only: set[str] | None) -> None:
-        for impl in self.plugins.compiled["shutdown"]:
-            if only is not None and impl.plugin not in only:
-                continue
-            try:
-                res = impl.invoke(self)
-                if impl.is_async:
-                    await res
-            except Exception:
-                log.exception("plugin %r: shutdown failed", impl.plugin)
+        impls = self.plugins.compiled["shutdown"]
+        await self._run_shutdown(
+            [i for i in impls if only is None or i.plugin in only],
+        )
 
     async def __aenter__(self) -> Kernel:
         await self.start()
@@ -696,7 +756,9 @@ class Kernel:
         if not self._started:
             await self.start()
         if type(name) is not str:
-            raise TypeError(f"kernel.call(name=...): the tool name must be a str, not {name!r}")
+            if not isinstance(name, str):
+                raise TypeError(f"kernel.call(name=...): the tool name must be a str, not {name!r}")
+            name = str(name)  # a StrEnum member, say
         if progress is not None and not callable(progress):
             raise TypeError(
                 f"kernel.call({name!r}, progress=...): progress must be a callable "
@@ -732,6 +794,7 @@ class Kernel:
         dl = timeout if timeout is not None else self.deadline_s
         deadline = None if dl is None else self.clock.monotonic() + dl
         ctx = CallContext(self, call, None, 0, attempts, deadline, t0, {}, meta, progress)
+        ctx.hooks = self._hooks
         if extensions:
             ctx.extensions = dict(extensions)
         events = self.events.active
@@ -752,7 +815,7 @@ class Kernel:
             meta.duration_ms = (perf_counter() - t0) * 1000.0
             if result.meta is not meta:
                 self._adopt(result, ctx)
-            if self._after:
+            if ctx.hooks[2]:
                 result = await self._run_after(call, result, ctx, entered)
         except anyio.get_cancelled_exc_class():
             await self._after_cancel(call, ctx, t0, entered[0])
@@ -769,7 +832,7 @@ class Kernel:
         ``start``: how many ``after_call`` hooks had already started with the real
         result (the cancellation came during them); each hook runs once per call.
         """
-        if len(self._after) <= start:
+        if len(ctx.hooks[2]) <= start:
             return
         ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
         info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
@@ -856,7 +919,7 @@ class Kernel:
             )
         except (pydantic.ValidationError, ArgsError) as exc:
             return self._invalid_args(ctx, tool, exc)
-        for invoke, is_async, plugin in self._before:
+        for invoke, is_async, plugin in ctx.hooks[0]:
             check = ctx.check_result
             try:
                 res = invoke(call, ctx)
@@ -953,11 +1016,8 @@ class Kernel:
         try:
             return check(tool, content)
         except Exception as exc:
-            owner = (
-                ctx.check_result_by
-                or getattr(getattr(check, "__self__", None), "name", None)
-                or repr(check)
-            )
+            own = getattr(getattr(check, "__self__", None), "name", None)  # a plugin's method
+            owner = (own if isinstance(own, str) else None) or ctx.check_result_by or repr(check)
             log.exception("plugin %r: check_result failed for tool %r", owner, tool.name)
             ctx.meta.plugin_errors.append(
                 {"plugin": owner, "hook": "check_result", "error": f"{type(exc).__name__}: {exc}"}
@@ -1118,7 +1178,7 @@ class Kernel:
         return next_tool, nxt
 
     async def _decide(self, call: ToolCall, err: ErrorInfo, ctx: CallContext) -> tuple[Any, str]:
-        for invoke, is_async, plugin in self._on_error:
+        for invoke, is_async, plugin in ctx.hooks[1]:
             try:
                 res = invoke(call, err, ctx)
                 if is_async:
@@ -1137,7 +1197,7 @@ class Kernel:
         self, call: ToolCall, result: ToolResult, ctx: CallContext, entered: list[int]
     ) -> ToolResult:
         """The ``after_call`` hooks from ``entered[0]`` on; ``entered[0]`` counts those started."""
-        for invoke, is_async, plugin in self._after[entered[0] :]:
+        for invoke, is_async, plugin in ctx.hooks[2][entered[0] :]:
             entered[0] += 1
             try:
                 res = invoke(call, result, ctx)

@@ -407,8 +407,12 @@ def tools_from_module(
     mod = importlib.import_module(module) if isinstance(module, str) else module
     src = source or mod.__name__
     out: list[Tool] = []
+    seen: set[tuple[int, str]] = set()  # one object under two module names is one tool
     for attr, value in sorted(vars(mod).items()):
         if isinstance(value, ToolSet):
+            if (id(value), "") in seen:
+                continue
+            seen.add((id(value), ""))
             for t in value.__toolwire_tools__(source=src):
                 if namespace:
                     t.name = f"{namespace}_{t.name}"
@@ -422,5 +426,8 @@ def tools_from_module(
         name = spec.name or attr
         if namespace:
             name = f"{namespace}_{name}"
+        if (id(value), name) in seen:
+            continue  # `find = search` where search is @tool(name=...): the same tool
+        seen.add((id(value), name))
         out.append(build_tool(value, spec=spec, source=src, name=name))
     return out

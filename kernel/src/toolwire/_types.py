@@ -428,6 +428,12 @@ class CallContext:
     check_result: Callable[[Tool, JSON], ToolError | None] | None = None
     #: The plugin whose ``before_call`` set ``check_result`` (named when it crashes).
     check_result_by: str | None = None
+    #: The kernel's (before_call, on_error, after_call) lists as the call started:
+    #: a plugin added or removed meanwhile does not change this call's hooks.
+    hooks: tuple[list[Any], list[Any], list[Any]] = field(
+        default=((), (), ()),  # type: ignore[assignment]
+        repr=False,
+    )
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""

@@ -170,7 +170,7 @@ async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools
             r = await k.call("up_stall_listing", {"seconds": 2.5})
             assert r.content == {"result": "stalling 2.5"}
             warning = (
-                "tools/list failed (no answer within connect_timeout_s=1.5s); keeping its tools"
+                "re-listing it failed (no answer within connect_timeout_s=1.5s); the catalog keeps"
             )
             await eventually(lambda: any(warning in x.getMessage() for x in caplog.records))
         assert {t.name for t in k.list_tools()} == before

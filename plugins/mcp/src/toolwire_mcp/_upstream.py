@@ -496,8 +496,7 @@ class Upstream:
         """
         limit = self.plugin_cfg.connect_timeout_s
         try:
-            with anyio.fail_after(limit):
-                await self._relist(client)
+            await self._relist(client, limit=limit)
         except Exception as exc:
             if self._lost_client is client or not client.is_connected():
                 raise
@@ -508,9 +507,10 @@ class Upstream:
             )
             self._want_relist = True
             self._relist_at = monotonic() + min(limit, 5.0)
+            self._signature = ()  # whatever was adopted, the next listing goes through
             log.warning(
-                "MCP server %r announced a tool change, but tools/list failed (%s); "
-                "keeping its tools as they were and asking again",
+                "MCP server %r announced a tool change, but re-listing it failed (%s); "
+                "the catalog keeps its tools as they were; asking again",
                 self.name,
                 why,
             )
@@ -562,8 +562,17 @@ class Upstream:
             f"`headers` of [plugins.mcp.servers.{self.name}]"
         )
 
-    async def _relist(self, client: Client[Any]) -> None:
-        remote = await client.list_tools()
+    async def _relist(self, client: Client[Any], *, limit: float | None = None) -> None:
+        """List the server's tools, adopt them, cache them, refresh the kernel's catalog.
+
+        ``limit`` bounds the server's answer only: once adopted, the listing is
+        always carried through to the catalog (a cut there would leave it stale).
+        """
+        if limit is None:
+            remote = await client.list_tools()
+        else:
+            with anyio.fail_after(limit):
+                remote = await client.list_tools()
         changed = self._adopt(remote)
         if self.plugin_cfg.cache_tools:
             dumped = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in remote]
