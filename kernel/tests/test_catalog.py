@@ -41,6 +41,18 @@ class Source:
         return [self._make(n) for n in names] if names else None
 
 
+class Flaky(Source):
+    """A source whose registry goes down when ``fail`` is set."""
+
+    fail = False
+
+    @hookimpl
+    async def discover(self, query: str | None) -> list[Tool] | None:
+        if self.fail:
+            raise ConnectionError("registry down")
+        return await super().discover(query)
+
+
 async def test_sources_contribute_tools_at_start_and_calls_reach_them() -> None:
     src = Source("remote", ["remote_search", "remote_fetch"])
     async with Kernel(tools=[ping], plugins=[src]) as k:
@@ -89,15 +101,6 @@ def test_local_collision_and_namespacing() -> None:
 
 
 async def test_refresh_keeps_the_old_catalog_when_a_source_fails() -> None:
-    class Flaky(Source):
-        fail = False
-
-        @hookimpl
-        async def discover(self, query: str | None) -> list[Tool] | None:
-            if self.fail:
-                raise ConnectionError("registry down")
-            return await super().discover(query)
-
     src = Flaky("reg", ["reg_a"])
     async with Kernel(plugins=[src]) as k:
         src.fail = True
@@ -446,15 +449,6 @@ async def test_an_added_plugin_meets_no_call_before_its_startup_ends() -> None:
 async def test_remove_plugin_takes_its_tools_out_whatever_other_sources_do() -> None:
     """Before: removing asked every source again, so another source failing (or a refresh
     running at the same time) left the removed plugin's tools callable."""
-
-    class Flaky(Source):
-        fail = False
-
-        @hookimpl
-        async def discover(self, query: str | None) -> list[Tool] | None:
-            if self.fail:
-                raise ConnectionError("registry down")
-            return await super().discover(query)
 
     a = Lifecycle("a", ["a_tool"])
     b = Flaky("b", ["b_tool"])

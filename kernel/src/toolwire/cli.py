@@ -197,8 +197,8 @@ async def _cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: a whole number >= 1."""
+def positive_int(text: str) -> int:
+    """argparse type: a whole number >= 1 (for plugin commands too)."""
     try:
         n = int(text)
     except ValueError:
@@ -238,7 +238,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument(
         "--limit",
-        type=_positive_int,
+        type=positive_int,
         metavar="N",
         help=f"at most N tools, N >= 1 (default: {SEARCH_LIMIT} with --query, all without)",
     )

@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import EMBEDDED_STATE, load_cli_config
+from toolwire.cli import EMBEDDED_STATE, load_cli_config, positive_int
 from toolwire.state import open_store
 
 from ._config import ApprovalConfig
@@ -71,19 +71,8 @@ def register(subparsers: Any) -> None:
 
     au = sub.add_parser("audit", help="the audit log (JSON), of one request or all")
     au.add_argument("id", nargs="?")
-    au.add_argument("--limit", type=_positive, help="only the most recent N entries (N >= 1)")
+    au.add_argument("--limit", type=positive_int, help="only the most recent N entries (N >= 1)")
     au.set_defaults(fn=_cmd_audit)
-
-
-def _positive(text: str) -> int:
-    """argparse type: a whole number >= 1."""
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: give a whole number >= 1")
-    return n
 
 
 def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:
