@@ -186,7 +186,10 @@ def register_plugin(kernel: Kernel) -> Callable[..., Any]:
     """Register a plugin on the ``kernel`` fixture (a fresh kernel per test).
 
     The plugin stays registered until the kernel fixture closes the kernel
-    after the test, so its ``shutdown`` hook runs then.
+    after the test, so its ``shutdown`` hook runs then. Register before the
+    test's first call (which starts the kernel): on a started kernel a plugin
+    with ``startup``/``shutdown``/``discover`` hooks is refused; use
+    ``await kernel.add_plugin(plugin)`` there.
     """
 
     def register(plugin: object, name: str | None = None, order: int | None = None) -> object:
