@@ -871,3 +871,41 @@ def test_free_text_with_glob_characters_is_not_a_name_glob(
     assert find_tools(catalog, index, "what is the weather?", mode="explicit") == []
     assert find_tools(catalog, index, "weathe?", mode="explicit") == [catalog["weather"]]
     assert names(find_tools(catalog, index, "what is the weather?"))[0] == "weather"
+
+
+@pytest.mark.anyio
+async def test_names_openai_refuses_are_exported_under_an_alias_that_call_accepts() -> None:
+    """Before: one `fs_files.read` (valid in MCP) made every OpenAI/Anthropic export of the
+    catalog raise ValueError."""
+    from toolwire import Kernel
+    from toolwire.testing import FakeTool
+
+    long = "srv_" + "x" * 70
+    tools = [
+        FakeTool("fs_files.read", script=[{"read": 1}]).tool,
+        FakeTool("fs_files_read", script=[{"plain": 1}]).tool,  # takes the obvious alias
+        FakeTool(long, script=[{"long": 1}]).tool,
+        FakeTool("ok_name", script=[{"ok": 1}]).tool,
+    ]
+    async with Kernel(tools=tools) as k:
+        names = [t["function"]["name"] for t in k.list_tools(format="openai")]
+        assert [t["name"] for t in k.list_tools(format="anthropic")] == names
+        assert all(len(n) <= 64 and "." not in n for n in names), names
+        assert len(set(names)) == 4 and "ok_name" in names and "fs_files_read" in names
+        dotted = k.export_name("fs_files.read")
+        assert dotted != "fs_files_read" and dotted.startswith("fs_files_read_")
+        assert k.list_tools(format="mcp")[0]["name"] == "fs_files.read"
+        assert (await k.call(dotted, {})).content == {"read": 1}  # the model's call lands
+        assert (await k.call("fs_files_read", {})).content == {"plain": 1}
+        assert (await k.call(k.export_name(long), {})).content == {"long": 1}
+        assert k.export_name("ok_name") == "ok_name"
+
+
+def test_an_input_schema_with_properties_but_no_type_exports_as_an_object() -> None:
+    tool = mk("t", "d", schema={"properties": {"a": {"type": "string"}}})
+    for schema in (
+        to_openai(tool)["function"]["parameters"],
+        to_anthropic(tool)["input_schema"],
+        to_mcp(tool)["inputSchema"],
+    ):
+        assert schema["type"] == "object" and "a" in schema["properties"]

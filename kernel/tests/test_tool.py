@@ -3,7 +3,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import anyio
 import pytest
@@ -269,3 +269,42 @@ async def test_generator_tools_run_in_their_thread_under_the_timeout() -> None:
         assert (await k.call("acount", {"n": 3})).content == {"result": [0, 1, 2]}
         slow = await k.call("endless", {})
         assert slow.error is not None and slow.error.kind == "timeout"
+
+
+def test_field_descriptions_and_field_defaults_reach_the_schema_and_the_tool() -> None:
+    """Before: Annotated[..., Field(description=...)] lost its description (the builder passed
+    description=None over it), and `x: int = Field(3)` gave a schema without its default or
+    `required`, and the tool received FieldInfo objects."""
+
+    @tool
+    def f(
+        city: Annotated[str, Field(description="City name, e.g. Paris")],
+        days: Annotated[int, Field(ge=1, le=7, description="Forecast length")] = 3,
+        x: int = Field(3, description="how many"),
+        y: str = Field(description="required y"),
+        w: float = float("inf"),
+    ) -> dict[str, Any]:
+        """Weather.
+
+        Args:
+            city: from the docstring (the Field's own description wins)
+            x: from the docstring too
+        """
+        return {"x": x, "y": y, "days": days, "w": w}
+
+    t = build_tool(f)
+    props = t.input_schema["properties"]
+    assert props["city"]["description"] == "City name, e.g. Paris"
+    assert props["days"] == {
+        "default": 3,
+        "description": "Forecast length",
+        "maximum": 7,
+        "minimum": 1,
+        "type": "integer",
+    }
+    assert props["x"] == {"default": 3, "description": "how many", "type": "integer"}
+    assert props["y"]["description"] == "required y"
+    assert sorted(t.input_schema["required"]) == ["city", "y"]
+    assert "default" not in props["w"]  # JSON has no infinity: SDKs refuse the request
+    assert t.validator is not None
+    assert t.validator({"city": "Oslo", "y": "Y"})["x"] == 3

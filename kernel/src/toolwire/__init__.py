@@ -14,6 +14,7 @@ from ._config import (
     plugin_not_loaded,
     read_secrets_file,
 )
+from ._discovery import export_tool
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
 from ._events import CallEvent, EventBus
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image, sniff_image_type
@@ -83,6 +84,7 @@ __all__ = [
     "__version__",
     "build_tool",
     "describe_validation_error",
+    "export_tool",
     "hookimpl",
     "installed_plugins",
     "load_config",

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import functools
+import hashlib
 import heapq
 import math
 import re
@@ -710,41 +711,66 @@ def _check_name(tool: Tool, pattern: re.Pattern[str], api: str, rule: str) -> No
 
 
 def _object_schema(schema: JSON | None) -> JSON:
-    """A deep copy of an input schema; an empty one becomes an empty object schema."""
+    """A deep copy of an input schema as an object schema (every API wants ``type: object``).
+
+    An empty schema becomes an empty object schema; one with ``properties`` but
+    no ``type`` gets ``"type": "object"``.
+    """
     if not schema:
         return {"type": "object", "properties": {}}
-    return copy.deepcopy(schema)
+    out = copy.deepcopy(schema)
+    if "type" not in out and ("properties" in out or "required" in out):
+        out["type"] = "object"
+    return out
 
 
-def to_openai(tool: Tool) -> JSON:
+def export_alias(name: str, taken: Callable[[str], bool]) -> str | None:
+    """The OpenAI/Anthropic-safe name for ``name``, or None when ``name`` is safe already.
+
+    Characters those APIs refuse become ``_``; a name still too long, or taken
+    (``taken(alias)``), is cut to 55 characters plus ``_`` and 8 hex digits of
+    its SHA-256. ``kernel.call`` accepts the alias for the tool.
+    """
+    if _OPENAI_NAME.fullmatch(name):
+        return None
+    alias = re.sub(r"[^a-zA-Z0-9_-]", "_", name)
+    if len(alias) > 64 or taken(alias):
+        alias = f"{alias[:55]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
+    return alias
+
+
+def to_openai(tool: Tool, *, name: str | None = None) -> JSON:
     """The OpenAI function-tool definition of ``tool``.
 
     ``{"type": "function", "function": {"name", "description", "parameters"}}``;
     ``parameters`` is (a copy of) the input schema, ``$defs`` included; ``strict``
-    is not set.
+    is not set. ``name`` replaces the tool's name (the kernel passes its alias
+    for names OpenAI refuses, see ``export_alias``).
 
     :raises ValueError: the name does not match ``^[a-zA-Z0-9_-]{1,64}$``.
     """
-    _check_name(tool, _OPENAI_NAME, "OpenAI", _OPENAI_RULE)
+    if name is None:
+        _check_name(tool, _OPENAI_NAME, "OpenAI", _OPENAI_RULE)
     return {
         "type": "function",
         "function": {
-            "name": tool.name,
+            "name": name or tool.name,
             "description": tool.description,
             "parameters": _object_schema(tool.input_schema),
         },
     }
 
 
-def to_anthropic(tool: Tool) -> JSON:
+def to_anthropic(tool: Tool, *, name: str | None = None) -> JSON:
     """The Anthropic Messages API tool definition: ``{"name", "description",
-    "input_schema"}``.
+    "input_schema"}``. ``name`` replaces the tool's name (as for ``to_openai``).
 
     :raises ValueError: the name does not match ``^[a-zA-Z0-9_-]{1,64}$``.
     """
-    _check_name(tool, _OPENAI_NAME, "Anthropic", _OPENAI_RULE)
+    if name is None:
+        _check_name(tool, _OPENAI_NAME, "Anthropic", _OPENAI_RULE)
     return {
-        "name": tool.name,
+        "name": name or tool.name,
         "description": tool.description,
         "input_schema": _object_schema(tool.input_schema),
     }
@@ -785,8 +811,10 @@ _EXPORTERS: Final[Mapping[str, Callable[[Tool], JSON]]] = {
 }
 
 
-def export_tool(tool: Tool, format: ExportFormat) -> JSON:
+def export_tool(tool: Tool, format: ExportFormat, *, name: str | None = None) -> JSON:
     """``tool`` as the definition of ``format`` (``openai``, ``anthropic``, ``mcp``).
+
+    ``name`` (openai, anthropic) replaces the tool's name: the kernel's alias.
 
     :raises ValueError: unknown format, or a name the format cannot carry.
     """
@@ -795,4 +823,6 @@ def export_tool(tool: Tool, format: ExportFormat) -> JSON:
         raise ValueError(
             f"unknown export format {format!r}; expected one of {', '.join(_EXPORTERS)}"
         )
+    if name is not None and format != "mcp":
+        return exporter(tool, name=name)  # type: ignore[call-arg]
     return exporter(tool)

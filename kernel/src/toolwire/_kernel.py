@@ -77,7 +77,8 @@ Mode = Literal["explicit", "semantic", "hybrid"]
 
 
 #: Tool names every export accepts the widest of: MCP's rule (OpenAI's and Anthropic's are
-#: narrower: at most 64 characters, no '.'; their exports check it).
+#: narrower: at most 64 characters, no '.'; the kernel exports such names to them
+#: under an alias that ``call`` accepts).
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 TOOL_NAME_RULE = "1 to 128 ASCII letters, digits, '_', '-' or '.'"
 
@@ -170,6 +171,9 @@ class Kernel:
         self.config: ToolwireConfig | None = None
         self._local: dict[str, Tool] = {}
         self._catalog: dict[str, Tool] = {}
+        #: OpenAI/Anthropic-safe alias -> tool name, for names those APIs refuse
+        self._aliases: dict[str, str] = {}
+        self._alias_of: dict[str, str] = {}
         self._discovered: dict[str, Tool] = {}
         #: which plugin listed each of ``_discovered`` (a removed plugin's tools leave)
         self._discovered_by: dict[str, str] = {}
@@ -407,6 +411,7 @@ class Kernel:
         for n, (_, t) in self._queried.items():
             cat.setdefault(n, t)  # a full listing or a local tool of that name wins
         old, self._catalog = self._catalog, cat
+        self._make_aliases()
         index = self._index
         if index is not None:  # incremental: ~40 µs per changed tool instead of a rebuild
             for n in old.keys() - cat.keys():
@@ -420,6 +425,27 @@ class Kernel:
                     fn()
                 except Exception:
                     log.exception("a catalog-change listener raised (ignored)")
+
+    def _make_aliases(self) -> None:
+        """Export names for tool names OpenAI and Anthropic refuse (``.``, over 64 chars)."""
+        from ._discovery import export_alias
+
+        aliases: dict[str, str] = {}
+        for n in self._catalog:
+            alias = export_alias(n, lambda a: a in self._catalog or a in aliases)
+            if alias is not None:
+                aliases[alias] = n
+        self._aliases = aliases
+        self._alias_of = {n: a for a, n in aliases.items()}
+
+    def export_name(self, name: str) -> str:
+        """The name ``name`` is exported under to OpenAI and Anthropic (itself when valid).
+
+        Names those APIs refuse (a ``.``, over 64 characters: MCP allows both)
+        get an alias; ``kernel.call`` accepts the alias, so a model's tool call
+        comes back to the right tool.
+        """
+        return self._alias_of.get(name, name)
 
     def add_secret(self, value: str, name: str = "secret") -> None:
         """Hide ``value`` in every error this kernel records (shown as ``[secret:<name>]``).
@@ -628,8 +654,7 @@ class Kernel:
         ranker.rebuild(self._catalog.values())
         self._index = ranker
 
-    @staticmethod
-    def _export(tools: list[Tool], format: str) -> list[Any]:
+    def _export(self, tools: list[Tool], format: str) -> list[Any]:
         if format == "tool":
             return tools
         if format not in ("openai", "anthropic", "mcp"):
@@ -638,7 +663,8 @@ class Kernel:
             )
         from ._discovery import export_tool
 
-        return [export_tool(t, format) for t in tools]  # type: ignore[arg-type]
+        alias = self._alias_of if format != "mcp" else {}
+        return [export_tool(t, format, name=alias.get(t.name)) for t in tools]  # type: ignore[arg-type]
 
     def spawn(
         self, fn: Callable[..., Awaitable[Any]], *args: Any, name: str | None = None
@@ -759,6 +785,8 @@ class Kernel:
             if not isinstance(name, str):
                 raise TypeError(f"kernel.call(name=...): the tool name must be a str, not {name!r}")
             name = str(name)  # a StrEnum member, say
+        if name not in self._catalog and name in self._aliases:
+            name = self._aliases[name]  # a model calling the OpenAI/Anthropic export's name
         if progress is not None and not callable(progress):
             raise TypeError(
                 f"kernel.call({name!r}, progress=...): progress must be a callable "

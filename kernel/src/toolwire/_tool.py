@@ -6,15 +6,26 @@ import copy
 import functools
 import importlib
 import inspect
+import math
 import re
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, NotRequired, TypeVar, get_args, get_type_hints, overload
+from typing import (
+    Annotated,
+    Any,
+    NotRequired,
+    TypeVar,
+    get_args,
+    get_origin,
+    get_type_hints,
+    overload,
+)
 
 import anyio.to_thread
 import pydantic
 from pydantic import ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from ._image import Image
@@ -222,7 +233,19 @@ def build_tool(
         if annotation is inspect.Parameter.empty:
             annotation = Any
         default = ... if param.default is inspect.Parameter.empty else param.default
-        fields[pname] = (annotation, Field(default, description=param_docs.get(pname)))
+        doc = param_docs.get(pname)
+        if isinstance(default, FieldInfo):  # `x: int = Field(3, description=...)`
+            spec_field = default
+            if doc and not spec_field.description:
+                spec_field = FieldInfo.merge_field_infos(spec_field, description=doc)
+        else:
+            # An explicit Field(description=...) in Annotated wins over the docstring, and
+            # description=None would wipe it.
+            annotated = get_args(annotation)[1:] if get_origin(annotation) is Annotated else ()
+            if any(isinstance(m, FieldInfo) and m.description for m in annotated):
+                doc = None
+            spec_field = Field(default, description=doc) if doc else Field(default)
+        fields[pname] = (annotation, spec_field)
     model: type[pydantic.BaseModel] = create_model(
         f"{tool_name}_args",
         __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
@@ -233,6 +256,9 @@ def build_tool(
     for prop in schema.get("properties", {}).values():
         if isinstance(prop, dict):
             prop.pop("title", None)
+            d = prop.get("default")
+            if isinstance(d, float) and not math.isfinite(d):
+                del prop["default"]  # JSON has no inf/nan: every SDK would refuse the request
     validator = _fast_validator(tool_name, model)
 
     output_schema = _output_schema(hints.get("return", inspect.Signature.empty))

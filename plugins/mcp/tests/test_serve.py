@@ -11,6 +11,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
 from mcp.client.subscriptions import ToolsListChanged, listen
+from pydantic import BaseModel
 
 import toolwire.examples as examples
 from toolwire import (
@@ -316,3 +317,44 @@ async def test_notifications_survive_a_kernel_closed_mid_burst() -> None:
         k.remove_tool("late_tool")
         with anyio.fail_after(10):
             assert isinstance(await sub.__anext__(), ToolsListChanged)
+
+
+class Weather(BaseModel):
+    city: str
+    temp_c: float
+
+
+async def test_odd_schemas_are_served_as_object_schemas_and_checked_as_listed() -> None:
+    """Before: one tool with an empty input schema made the whole tools/list fail ("Handler
+    returned an invalid result"); an array output schema was listed unwrapped, so every
+    call failed its check; and a result breaking an object schema crashed the check
+    (TypeError: unhashable type: 'dict')."""
+    from toolwire import Tool
+
+    @tool
+    def weather(city: str) -> Weather:
+        """Weather, missing a field."""
+        return {"city": city}  # type: ignore[return-value]
+
+    async def run(args: dict[str, Any], ctx: CallContext) -> Any:
+        return [1, 2]
+
+    bare = Tool(name="bare", description="No schema at all.", input_schema={}, executor=run)
+    listy = Tool(
+        name="listy",
+        description="Returns a list.",
+        input_schema={"type": "object", "properties": {}},
+        output_schema={"type": "array", "items": {"type": "integer"}},
+        executor=run,
+    )
+    async with Kernel(tools=[weather, bare, listy]) as k, Client(create_server(k)) as c:
+        listed = {t.name: t for t in await c.list_tools()}
+        assert listed["bare"].input_schema["type"] == "object"
+        assert listed["listy"].output_schema is not None
+        assert listed["listy"].output_schema["properties"]["result"]["type"] == "array"
+        ok = await c.call_tool_mcp("listy", {})
+        assert not ok.is_error and ok.structured_content == {"result": [1, 2]}
+        bad = await c.call_tool_mcp("weather", {"city": "Oslo"})
+        assert bad.is_error and bad.meta is not None
+        message = bad.meta[ERROR_META_KEY]["message"]
+        assert "'temp_c' is a required property" in message

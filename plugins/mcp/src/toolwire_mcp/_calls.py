@@ -17,7 +17,7 @@ import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
 
-from toolwire import ErrorInfo, ErrorKind, Kernel, Tool, ToolResult
+from toolwire import ErrorInfo, ErrorKind, Kernel, Tool, ToolResult, export_tool
 
 from ._convert import quick_check
 from ._images import ImageFiles
@@ -101,11 +101,11 @@ class ServeGate:
         mismatch on their side, so a result that would not pass goes out as an error
         that says why instead.
         """
-        schema = tool.output_schema
-        if schema is None:
+        if tool.output_schema is None:
             return None
         cached = self._outputs.get(tool.name)
         if cached is None or cached[0] is not tool:
+            schema = export_tool(tool, "mcp")["outputSchema"]  # the schema as listed
             try:
                 cls = jsonschema.validators.validator_for(
                     schema, default=jsonschema.Draft202012Validator
@@ -123,7 +123,7 @@ class ServeGate:
             return None
         where = "/".join(str(p) for p in error.absolute_path)
         problem = f"{error.message} (at {where or 'the top level'})"
-        if error.instance in _NON_FINITE:
+        if isinstance(error.instance, str) and error.instance in _NON_FINITE:
             problem += "; JSON has no such number, so the kernel sent it as a string"
         return problem
 

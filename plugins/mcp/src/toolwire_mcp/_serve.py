@@ -49,7 +49,7 @@ from starlette.routing import BaseRoute, Match
 from starlette.types import Receive, Scope, Send
 
 import toolwire
-from toolwire import ConfigError, Kernel, Tool, ToolResult
+from toolwire import ConfigError, Kernel, Tool, ToolResult, export_tool
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
 from ._config import ServeConfig, resolve_auth_token
@@ -259,11 +259,12 @@ class KernelTool(MCPTool):
             out = cls(name=name, description="(not in the catalog)", parameters=dict(_PERMISSIVE))
         else:
             ann = tool.annotations.to_dict()
+            listed = export_tool(tool, "mcp")  # object schemas, as every MCP client wants
             out = cls(
                 name=tool.name,
                 description=tool.description,
-                parameters=tool.input_schema,
-                output_schema=tool.output_schema,
+                parameters=listed["inputSchema"],
+                output_schema=listed.get("outputSchema"),
                 annotations=mcp_types.ToolAnnotations.model_validate(ann) if ann else None,
                 title=tool.annotations.title,
                 tags=set(tool.tags),
