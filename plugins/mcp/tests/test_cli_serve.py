@@ -509,3 +509,42 @@ def test_serve_is_documented_in_cli_help() -> None:
     assert proc.returncode == 0
     for flag in ("--transport", "--host", "--port", "--config", "--loop"):
         assert flag in proc.stdout
+
+
+async def test_idle_sessions_end_and_connections_are_capped(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """Before: abandoned handshake-era sessions lived 30 minutes (10,000 of them refused every
+    such client), and connections had no cap (idle sockets could take every descriptor)."""
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"server": {"session_idle_timeout_s": 1, "max_connections": 3}},
+    )
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    async with httpx2.AsyncClient(timeout=10) as http:
+        init = await http.post(p.url, json=INIT, headers=ACCEPT)
+        sid = init.headers["mcp-session-id"]
+        session = {**ACCEPT, "mcp-session-id": sid, "mcp-protocol-version": "2025-06-18"}
+        ok = await http.post(p.url, json=rpc(2, "tools/list"), headers=session)
+        assert ok.status_code == 200
+        await anyio.sleep(2.5)
+        gone = await http.post(p.url, json=rpc(3, "tools/list"), headers=session)
+        assert gone.status_code == 404  # the client starts a new session, as MCP says
+    host, port = p.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(3)]
+    try:
+        await anyio.sleep(0.3)
+        async with httpx2.AsyncClient(timeout=10) as http:
+            busy = await http.post(p.url, json=INIT, headers=ACCEPT)
+        assert busy.status_code == 503
+    finally:
+        for s in idle:
+            s.close()
+    await anyio.sleep(0.3)
+    async with httpx2.AsyncClient(timeout=10) as http:
+        assert (await http.post(p.url, json=INIT, headers=ACCEPT)).status_code == 200
+    assert p.stop() == 0

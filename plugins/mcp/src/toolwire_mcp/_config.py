@@ -256,6 +256,18 @@ class ServeConfig(BaseModel):
         description="event loop of `toolwire serve`: auto (uvloop where it is installed, "
         "else asyncio), asyncio, or uvloop (an error where it is not installed)",
     )
+    session_idle_timeout_s: float | None = Field(
+        600.0,
+        gt=0,
+        description="HTTP: end a handshake-era (2025-11-25) session idle this long; the MCP "
+        "SDK caps open sessions at 10,000, so abandoned ones must not pile up (None: never)",
+    )
+    max_connections: int | None = Field(
+        1000,
+        ge=1,
+        description="HTTP: connections open at once; beyond it new requests get 503 (a "
+        "client holding many sockets cannot take every file descriptor); None: no cap",
+    )
     fast_path: bool = Field(
         True,
         description="HTTP: answer plain 2026-07-28 `tools/call` requests on toolwire's lean "

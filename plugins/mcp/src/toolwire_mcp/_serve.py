@@ -605,6 +605,27 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def raise_fd_limit(target: int = 65536) -> int:
+    """Raise the open-file soft limit towards ``target`` (within the hard limit); the new limit.
+
+    Services often start with a soft limit of 1024: each HTTP connection is a
+    file descriptor, so a few hundred idle clients could lock everyone out.
+    """
+    try:
+        import resource
+    except ImportError:  # Windows
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError) as exc:
+            log.debug("cannot raise the open-file limit from %s: %s", soft, exc)
+    return int(soft)
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket (port 0: a free port), IPv4 or IPv6 by ``host``."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -654,6 +675,7 @@ def create_http_app(
         host_origin_protection="auto",
         allowed_hosts=allowed or None,
         allowed_origins=cfg.allowed_origins or None,
+        session_idle_timeout=cfg.session_idle_timeout_s,
     )
     app.router.routes.extend(extra_routes)
     remember_guard_verdicts(app)
@@ -689,6 +711,7 @@ async def run_server(
     sock: socket.socket | None = None
     if cfg.transport == "http":
         try:
+            raise_fd_limit()
             sock = bind_socket(cfg.host, cfg.port)
         except OSError as exc:
             # a host that does not resolve or is no address of this machine: the host's fault
@@ -740,6 +763,7 @@ async def run_server(
                 ws="none",
                 timeout_graceful_shutdown=1,
                 log_level=logging.WARNING,
+                limit_concurrency=cfg.max_connections,
             )
         )
 
