@@ -308,3 +308,35 @@ def test_field_descriptions_and_field_defaults_reach_the_schema_and_the_tool() -
     assert "default" not in props["w"]  # JSON has no infinity: SDKs refuse the request
     assert t.validator is not None
     assert t.validator({"city": "Oslo", "y": "Y"})["x"] == 3
+
+
+async def test_abandoned_sync_calls_are_counted_and_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: each timed-out or cancelled call of a blocking sync tool left its thread
+    running and freed its slot, so dropped calls piled up threads without bound."""
+    import toolwire._tool as tool_mod
+
+    monkeypatch.setattr(tool_mod, "MAX_TOOL_THREADS", 3)
+    release = threading.Event()
+
+    @tool
+    def block() -> str:
+        """Blocks until released."""
+        release.wait(10)
+        return "done"
+
+    try:
+        async with Kernel(tools=[block]) as k:
+            for _ in range(3):
+                r = await k.call("block", {}, timeout=0.05)
+                assert r.error is not None and r.error.kind == "timeout"
+            full = await k.call("block", {}, timeout=0.05)
+            assert full.error is not None and full.error.kind == "unavailable"
+            assert "3 sync tool calls are still running in threads" in full.error.message
+            release.set()
+            for _ in range(500):  # the released threads end
+                if not tool_mod._THREADS.alive:
+                    break
+                await anyio.sleep(0.01)
+            assert (await k.call("block", {})).content == {"result": "done"}
+    finally:
+        release.set()  # never leave a thread blocked (pytest would not exit)

@@ -8,6 +8,7 @@ import importlib
 import inspect
 import math
 import re
+import threading
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from pydantic.fields import FieldInfo
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from ._image import Image
-from ._types import CallContext, Tool, ToolAnnotations
+from ._types import CallContext, Tool, ToolAnnotations, ToolError
 
 __all__ = ["ToolSet", "ToolSpec", "build_tool", "tool", "tools_from_module", "tools_from_object"]
 
@@ -287,7 +288,7 @@ def build_tool(
                 call = functools.partial(call, **{ctx_param: ctx})
             if generator:  # run the generator's body in the thread too, under the timeout
                 call = functools.partial(_drain, call)
-            return await anyio.to_thread.run_sync(call, abandon_on_cancel=True)
+            return await _in_thread(call)
 
     return Tool(
         name=tool_name,
@@ -355,6 +356,59 @@ def _fast_validator(
         return out
 
     return with_defaults
+
+
+#: Sync tool calls that may still run in threads at once, those a timeout or a
+#: cancellation gave up on included (a thread cannot be stopped): beyond it, a new
+#: sync call fails ``unavailable`` instead of starting yet another thread.
+MAX_TOOL_THREADS = 100
+
+
+class _Threads:
+    """Counts sync tool calls whose function may still be running in a thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.alive = 0
+
+
+_THREADS = _Threads()
+
+
+async def _in_thread(call: Callable[[], Any]) -> Any:
+    """``call()`` in a worker thread, counted until its function returns."""
+    t = _THREADS
+    with t.lock:
+        if t.alive >= MAX_TOOL_THREADS:
+            raise ToolError(
+                f"{t.alive} sync tool calls are still running in threads (calls that timed "
+                "out or were cancelled go on until their function returns); try again "
+                "later, or give the slow tools a shorter timeout or make them async",
+                kind="unavailable",
+                retry_after_s=1.0,
+            )
+        t.alive += 1
+    state = ["pending"]  # -> "running" in the thread, or "dropped" if it never started
+
+    def run() -> Any:
+        with t.lock:
+            if state[0] == "dropped":
+                return None
+            state[0] = "running"
+        try:
+            return call()
+        finally:
+            with t.lock:
+                t.alive -= 1
+
+    try:
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    except BaseException:
+        with t.lock:
+            if state[0] == "pending":  # cancelled before a thread took it: it never will
+                state[0] = "dropped"
+                t.alive -= 1
+        raise
 
 
 def _drain(make: Callable[[], Any]) -> list[Any]:
