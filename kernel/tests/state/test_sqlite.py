@@ -102,3 +102,47 @@ async def test_versions_survive_reopening(tmp_path: Path) -> None:
             seen.add((await store.set("k", 1)).version)
             assert await store.delete("k")
     assert len(seen) == 3
+
+
+async def test_space_of_expired_rows_goes_back_to_the_file_system(tmp_path: Path) -> None:
+    """Before: 270 MB of expired idempotency records left a 272 MB file and a 277 MB WAL
+    holding 1 MB of live data, for good."""
+    path = tmp_path / "shrink.db"
+    clock = Clock()
+    big = "x" * 200_000
+    async with SQLiteStore(path, clock=clock) as store:
+        for i in range(100):  # about 20 MB
+            await store.set(f"big{i}", big, ttl=1)
+        await store.set("keep", 1)
+    full = path.stat().st_size
+    assert full > 15_000_000
+    clock.now += 2
+    async with SQLiteStore(path, clock=clock) as store:  # opening purges, then vacuums
+        assert [e.key for e in await store.scan("")] == ["keep"]
+    assert path.stat().st_size < full / 10
+    wal = path.with_name(path.name + "-wal")
+    assert not wal.exists() or wal.stat().st_size < 64 * 1024 * 1024
+
+
+async def test_the_purge_while_writing_also_gives_space_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import toolwire.state._sqlite as sqlite_mod
+
+    monkeypatch.setattr(sqlite_mod, "_PURGE_EVERY", 10)
+    path = tmp_path / "shrink2.db"
+    clock = Clock()
+    async with SQLiteStore(path, clock=clock) as store:
+        for i in range(50):
+            await store.set(f"big{i}", "x" * 200_000, ttl=1)
+        clock.now += 2
+        for i in range(20):  # crosses a purge
+            await store.set(f"small{i}", i)
+        raw = sqlite3.connect(path)
+        try:
+            free, pages = (
+                raw.execute(f"PRAGMA {p}").fetchone()[0] for p in ("freelist_count", "page_count")
+            )
+        finally:
+            raw.close()
+    assert pages < 500 and free < 100, (pages, free)

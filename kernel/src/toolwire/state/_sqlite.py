@@ -63,6 +63,11 @@ _POLL_MIN, _POLL_MAX = 0.05, 0.25
 
 #: Expired rows are purged (besides being invisible) every this many writes.
 _PURGE_EVERY = 1000
+#: The WAL file is truncated to this size after a checkpoint (bytes).
+_WAL_LIMIT = 64 * 1024 * 1024
+#: Free pages handed back to the file system after a purge while writing (4 KiB each).
+#: (``executescript``: ``execute`` steps the pragma once, which frees one page.)
+_VACUUM_PAGES = 4096
 
 _Row = tuple[str, int, "str | None", "float | None"]
 
@@ -191,6 +196,11 @@ class SQLiteStore(StateStore):
                     check_same_thread=False,  # used from anyio worker threads, one at a time
                 )
                 conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+                # Space freed by expired rows goes back to the file system: auto_vacuum
+                # takes effect on a new file (before its first table), and the WAL is cut
+                # back after each checkpoint instead of staying at its largest.
+                conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+                conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
                 conn.execute("BEGIN IMMEDIATE")
@@ -202,8 +212,12 @@ class SQLiteStore(StateStore):
                     f"INSERT OR IGNORE INTO {_META} (name, value) VALUES ('version', ?)",
                     (time.time_ns() // 1000,),
                 )
-                conn.execute(f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),))
+                purged = conn.execute(
+                    f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),)
+                ).rowcount
                 conn.execute("COMMIT")
+                if purged:
+                    conn.executescript("PRAGMA incremental_vacuum;")  # stepped to its end
                 return conn
             except sqlite3.Error as exc:
                 if conn is not None:
@@ -258,16 +272,21 @@ class SQLiteStore(StateStore):
     def _write_tx(self, conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
         """``fn()`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error)."""
         conn.execute("BEGIN IMMEDIATE")
+        purged = 0
         try:
             result = fn()
             if self._writes >= _PURGE_EVERY:
                 self._writes = 0
-                conn.execute(f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),))
+                purged = conn.execute(
+                    f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),)
+                ).rowcount
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
+        if purged:
+            conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # bounded
         return result
 
     def _put(
