@@ -548,3 +548,31 @@ async def test_idle_sessions_end_and_connections_are_capped(
     async with httpx2.AsyncClient(timeout=10) as http:
         assert (await http.post(p.url, json=INIT, headers=ACCEPT)).status_code == 200
     assert p.stop() == 0
+
+
+async def test_clients_cutting_their_request_bodies_short_do_not_flood_the_log(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """Before: each such request logged a 4 KB traceback ("Exception in ASGI application")."""
+    p = serve_process(
+        "serve", "--transport", "http", "--port", "0", env=clean_env(**NO_PLUGINS)
+    ).wait_ready()
+    assert p.url is not None
+    host, port = p.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\nMcp-Protocol-Version: 2026-07-28\r\n"
+        "Mcp-Method: tools/call\r\nMcp-Name: echo\r\nContent-Length: 500\r\n\r\n"
+        '{"jsonrpc":"2.0"'
+    )
+    for _ in range(30):
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(head.encode())
+            await anyio.sleep(0.01)
+    await anyio.sleep(1.0)
+    async with Client(p.url, timeout=20) as c:  # still serving
+        assert (await c.call_tool_mcp("add", {"a": 1, "b": 2})).structured_content == {
+            "result": 3.0
+        }
+    assert p.stderr.count("Exception in ASGI application") == 0, p.stderr[-3000:]
+    assert p.stop() == 0

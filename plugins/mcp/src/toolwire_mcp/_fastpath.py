@@ -266,6 +266,8 @@ class FastCallPath:
         while True:  # servers may deliver the body in chunks (small bodies: one, under uvicorn)
             message = await receive()
             read.append(message)
+            if message["type"] == "http.disconnect":
+                return  # gone before its body ended: no one to answer (FastMCP would raise)
             if message["type"] != "http.request":
                 await fallback(scope, _replay(read, receive), send)
                 return

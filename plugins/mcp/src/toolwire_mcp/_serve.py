@@ -521,7 +521,10 @@ _FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.acces
 
 #: Loggers of the MCP SDK that log once per line a peer sends: a stdio upstream printing
 #: non-protocol output to stdout (``yes``, a chatty library) would flood the log with them.
-_PER_LINE_LOGGERS = ("mcp.client.stdio", "mcp.server.stdio")
+#: Loggers one client can make write a traceback per line or per request: the SDK's
+#: stdio parse failures, and uvicorn's "Exception in ASGI application" (a client
+#: closing in the middle of its request body, say).
+_PER_LINE_LOGGERS = ("mcp.client.stdio", "mcp.server.stdio", "uvicorn.error")
 
 
 class RepeatThrottle(logging.Filter):
@@ -562,7 +565,8 @@ class RepeatThrottle(logging.Filter):
 def route_foreign_logs() -> None:
     """Send FastMCP / MCP SDK / uvicorn logs through toolwire's JSON-lines handler (stderr).
 
-    Also throttles the SDK's per-line parse-failure logs (``RepeatThrottle``).
+    Also throttles the logs one client can make repeat per line or per request
+    (``RepeatThrottle``: the SDK's parse failures, uvicorn's ASGI exceptions).
     Idempotent; ``toolwire serve`` calls it before the kernel starts, so the
     upstreams' first connection already logs as JSON lines.
     """
