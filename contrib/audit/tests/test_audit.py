@@ -111,3 +111,14 @@ async def test_a_relative_path_is_relative_to_the_config_file(
         await k.call("add", {"a": 1, "b": 2})
     assert [x["tool"] for x in lines(conf / "logs" / "audit.jsonl")] == ["add"]
     assert not (cwd / "logs").exists()
+
+
+async def test_a_rotated_log_is_followed_to_a_new_file(tmp_path: Path) -> None:
+    """Before: after logrotate renamed the file, lines kept going to the renamed one."""
+    k, log = kernel_for(tmp_path, "")
+    async with k:
+        await k.call("login", {"user": "a", "password": "x"})
+        log.rename(tmp_path / "audit.jsonl.1")
+        await k.call("login", {"user": "b", "password": "x"})
+    assert [x["tool"] for x in lines(tmp_path / "audit.jsonl.1")] == ["login"]
+    assert len(lines(log)) == 1

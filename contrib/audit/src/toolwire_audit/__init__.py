@@ -8,6 +8,7 @@ pydantic ``Config`` validated from ``[plugins.audit]``, an ``order``, hooks
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
@@ -51,6 +52,7 @@ class AuditPlugin:
     def __init__(self, config: AuditConfig | None = None) -> None:
         self.config = config or AuditConfig()
         self._stream: IO[str] | None = None
+        self._path: Path | None = None
         self._lock = threading.Lock()
 
     # -- lifecycle
@@ -64,6 +66,7 @@ class AuditPlugin:
             if not p.is_absolute() and cfg_file:
                 p = Path(cfg_file).parent / p  # like every path in toolwire.toml
             p.parent.mkdir(parents=True, exist_ok=True)
+            self._path = p
             self._stream = p.open("a", encoding="utf-8")
 
     @hookimpl
@@ -121,5 +124,19 @@ class AuditPlugin:
             )
         text = json.dumps(line, ensure_ascii=False, default=str)
         with self._lock:
+            if self._path is not None:
+                self._reopen_if_rotated(self._path)
             self._stream.write(text + "\n")
             self._stream.flush()
+
+    def _reopen_if_rotated(self, path: Path) -> None:
+        """logrotate renamed or removed the file: write to a new one at ``path``."""
+        assert self._stream is not None
+        try:
+            moved = os.stat(path).st_ino != os.fstat(self._stream.fileno()).st_ino
+        except FileNotFoundError:
+            moved = True
+        if moved:
+            self._stream.close()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._stream = path.open("a", encoding="utf-8")
