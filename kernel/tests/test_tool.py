@@ -315,6 +315,12 @@ async def test_abandoned_sync_calls_are_counted_and_capped(monkeypatch: pytest.M
     running and freed its slot, so dropped calls piled up threads without bound."""
     import toolwire._tool as tool_mod
 
+    for _ in range(1000):  # abandoned calls of earlier tests end by themselves (< 1 s)
+        if not tool_mod._THREADS.alive:
+            break
+        await anyio.sleep(0.01)
+    base = tool_mod._THREADS.alive
+    assert base == 0, f"{base} sync tool threads of earlier tests are still running"
     monkeypatch.setattr(tool_mod, "MAX_TOOL_THREADS", 3)
     release = threading.Event()
 
