@@ -883,17 +883,19 @@ async def test_names_openai_refuses_are_exported_under_an_alias_that_call_accept
     long = "srv_" + "x" * 70
     tools = [
         FakeTool("fs_files.read", script=[{"read": 1}]).tool,
-        FakeTool("fs_files_read", script=[{"plain": 1}]).tool,  # takes the obvious alias
-        FakeTool(long, script=[{"long": 1}]).tool,
         FakeTool("ok_name", script=[{"ok": 1}]).tool,
+        FakeTool(long, script=[{"long": 1}]).tool,
     ]
     async with Kernel(tools=tools) as k:
+        dotted = k.export_name("fs_files.read")
+        assert dotted.startswith("fs_files_read_") and len(dotted) == len("fs_files_read") + 9
+        # a tool holding the sanitized name later does not re-point the alias
+        k.add_tool(FakeTool("fs_files_read", script=[{"plain": 1}]).tool)
+        assert k.export_name("fs_files.read") == dotted
         names = [t["function"]["name"] for t in k.list_tools(format="openai")]
         assert [t["name"] for t in k.list_tools(format="anthropic")] == names
         assert all(len(n) <= 64 and "." not in n for n in names), names
         assert len(set(names)) == 4 and "ok_name" in names and "fs_files_read" in names
-        dotted = k.export_name("fs_files.read")
-        assert dotted != "fs_files_read" and dotted.startswith("fs_files_read_")
         assert k.list_tools(format="mcp")[0]["name"] == "fs_files.read"
         assert (await k.call(dotted, {})).content == {"read": 1}  # the model's call lands
         assert (await k.call("fs_files_read", {})).content == {"plain": 1}
@@ -909,3 +911,20 @@ def test_an_input_schema_with_properties_but_no_type_exports_as_an_object() -> N
         to_mcp(tool)["inputSchema"],
     ):
         assert schema["type"] == "object" and "a" in schema["properties"]
+
+
+def test_adding_many_tools_one_by_one_stays_linear() -> None:
+    """Before: every rebuild recomputed every export alias (3,000 dotted tools: 6.4 s)."""
+    import time
+
+    from toolwire import Kernel
+
+    def build(n: int) -> float:
+        k = Kernel()
+        t0 = time.perf_counter()
+        for i in range(n):
+            k.add_tool(mk(f"srv.tool_{i}", "d"))
+        return time.perf_counter() - t0
+
+    small, large = build(300), build(3000)
+    assert large < small * 40, (small, large)  # 10x the tools; quadratic would be ~100x

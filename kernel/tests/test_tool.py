@@ -346,3 +346,34 @@ async def test_abandoned_sync_calls_are_counted_and_capped(monkeypatch: pytest.M
             assert (await k.call("block", {})).content == {"result": "done"}
     finally:
         release.set()  # never leave a thread blocked (pytest would not exit)
+
+
+async def test_sync_calls_waiting_for_a_worker_thread_do_not_count_against_the_cap() -> None:
+    """Before: 150 concurrent calls of a quick sync tool gave 50 `unavailable`: calls
+    queued for anyio's 40 worker threads counted as running."""
+
+    @tool
+    def nap() -> str:
+        """Sleeps briefly."""
+        time.sleep(0.02)
+        return "ok"
+
+    async with Kernel(tools=[nap]) as k:
+        results: list[Any] = []
+
+        async def one() -> None:
+            results.append(await k.call("nap", {}))
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(150):
+                tg.start_soon(one)
+    assert [r.error for r in results if r.is_error] == []
+
+
+def test_a_field_alias_is_refused_when_the_tool_is_built() -> None:
+    def f(h: int = Field(5, alias="hh")) -> int:
+        """Aliased."""
+        return h
+
+    with pytest.raises(TypeError, match="Field alias"):
+        build_tool(f)

@@ -122,3 +122,27 @@ async def test_a_rotated_log_is_followed_to_a_new_file(tmp_path: Path) -> None:
         await k.call("login", {"user": "b", "password": "x"})
     assert [x["tool"] for x in lines(tmp_path / "audit.jsonl.1")] == ["login"]
     assert len(lines(log)) == 1
+
+
+async def test_a_failed_reopen_after_rotation_keeps_writing_to_the_old_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the old stream was closed first, so one failed open stopped the log for good."""
+    k, log = kernel_for(tmp_path, "")
+    async with k:
+        await k.call("login", {"user": "a", "password": "x"})
+        rotated = tmp_path / "audit.jsonl.1"
+        log.rename(rotated)
+        real_open = Path.open
+
+        def refuse(self: Path, *a: object, **kw: object) -> object:
+            if self == log:
+                raise PermissionError("not allowed")
+            return real_open(self, *a, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Path, "open", refuse)
+        await k.call("login", {"user": "b", "password": "x"})
+        monkeypatch.setattr(Path, "open", real_open)
+        await k.call("login", {"user": "c", "password": "x"})
+    assert len(lines(rotated)) == 2  # a, and b while the new file could not be opened
+    assert len(lines(log)) == 1  # c, once it could

@@ -724,19 +724,19 @@ def _object_schema(schema: JSON | None) -> JSON:
     return out
 
 
-def export_alias(name: str, taken: Callable[[str], bool]) -> str | None:
+def export_alias(name: str) -> str | None:
     """The OpenAI/Anthropic-safe name for ``name``, or None when ``name`` is safe already.
 
-    Characters those APIs refuse become ``_``; a name still too long, or taken
-    (``taken(alias)``), is cut to 55 characters plus ``_`` and 8 hex digits of
-    its SHA-256. ``kernel.call`` accepts the alias for the tool.
+    Characters those APIs refuse become ``_``, cut to 55 characters, plus ``_``
+    and 8 hex digits of the name's SHA-256: ``fs_files.read`` ->
+    ``fs_files_read_3f1c...``. It depends on the name alone, so it never changes
+    with the catalog and never takes a name a tool holds (``fs_files_read``).
+    ``kernel.call`` accepts the alias for the tool.
     """
     if _OPENAI_NAME.fullmatch(name):
         return None
-    alias = re.sub(r"[^a-zA-Z0-9_-]", "_", name)
-    if len(alias) > 64 or taken(alias):
-        alias = f"{alias[:55]}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
-    return alias
+    safe = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:55]
+    return f"{safe}_{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def to_openai(tool: Tool, *, name: str | None = None) -> JSON:

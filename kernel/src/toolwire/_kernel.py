@@ -174,6 +174,7 @@ class Kernel:
         #: OpenAI/Anthropic-safe alias -> tool name, for names those APIs refuse
         self._aliases: dict[str, str] = {}
         self._alias_of: dict[str, str] = {}
+        self._aliases_stale = False  # made when first needed: rebuilding stays O(changes)
         self._discovered: dict[str, Tool] = {}
         #: which plugin listed each of ``_discovered`` (a removed plugin's tools leave)
         self._discovered_by: dict[str, str] = {}
@@ -411,7 +412,7 @@ class Kernel:
         for n, (_, t) in self._queried.items():
             cat.setdefault(n, t)  # a full listing or a local tool of that name wins
         old, self._catalog = self._catalog, cat
-        self._make_aliases()
+        self._aliases_stale = True
         index = self._index
         if index is not None:  # incremental: ~40 µs per changed tool instead of a rebuild
             for n in old.keys() - cat.keys():
@@ -426,17 +427,20 @@ class Kernel:
                 except Exception:
                     log.exception("a catalog-change listener raised (ignored)")
 
-    def _make_aliases(self) -> None:
+    def _fresh_aliases(self) -> dict[str, str]:
         """Export names for tool names OpenAI and Anthropic refuse (``.``, over 64 chars)."""
-        from ._discovery import export_alias
+        if self._aliases_stale:
+            from ._discovery import export_alias
 
-        aliases: dict[str, str] = {}
-        for n in self._catalog:
-            alias = export_alias(n, lambda a: a in self._catalog or a in aliases)
-            if alias is not None:
-                aliases[alias] = n
-        self._aliases = aliases
-        self._alias_of = {n: a for a, n in aliases.items()}
+            aliases: dict[str, str] = {}
+            for n in self._catalog:
+                alias = export_alias(n)
+                if alias is not None and alias not in self._catalog:
+                    aliases[alias] = n
+            self._aliases = aliases
+            self._alias_of = {n: a for a, n in aliases.items()}
+            self._aliases_stale = False
+        return self._aliases
 
     def export_name(self, name: str) -> str:
         """The name ``name`` is exported under to OpenAI and Anthropic (itself when valid).
@@ -445,6 +449,7 @@ class Kernel:
         get an alias; ``kernel.call`` accepts the alias, so a model's tool call
         comes back to the right tool.
         """
+        self._fresh_aliases()
         return self._alias_of.get(name, name)
 
     def add_secret(self, value: str, name: str = "secret") -> None:
@@ -663,6 +668,8 @@ class Kernel:
             )
         from ._discovery import export_tool
 
+        if format != "mcp":
+            self._fresh_aliases()
         alias = self._alias_of if format != "mcp" else {}
         return [export_tool(t, format, name=alias.get(t.name)) for t in tools]  # type: ignore[arg-type]
 
@@ -785,7 +792,7 @@ class Kernel:
             if not isinstance(name, str):
                 raise TypeError(f"kernel.call(name=...): the tool name must be a str, not {name!r}")
             name = str(name)  # a StrEnum member, say
-        if name not in self._catalog and name in self._aliases:
+        if name not in self._catalog and name in self._fresh_aliases():
             name = self._aliases[name]  # a model calling the OpenAI/Anthropic export's name
         if progress is not None and not callable(progress):
             raise TypeError(

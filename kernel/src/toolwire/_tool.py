@@ -236,6 +236,11 @@ def build_tool(
         default = ... if param.default is inspect.Parameter.empty else param.default
         doc = param_docs.get(pname)
         if isinstance(default, FieldInfo):  # `x: int = Field(3, description=...)`
+            if default.alias or default.validation_alias:
+                raise TypeError(
+                    f"tool {tool_name!r}: parameter {pname!r} has a Field alias, but tools "
+                    "are called with their parameters' names; rename the parameter instead"
+                )
             spec_field = default
             if doc and not spec_field.description:
                 spec_field = FieldInfo.merge_field_infos(spec_field, description=doc)
@@ -376,7 +381,8 @@ _THREADS = _Threads()
 
 
 async def _in_thread(call: Callable[[], Any]) -> Any:
-    """``call()`` in a worker thread, counted until its function returns."""
+    """``call()`` in a worker thread, counted from the moment the thread runs it until it
+    returns (a call waiting for one of anyio's worker slots is not counted)."""
     t = _THREADS
     with t.lock:
         if t.alive >= MAX_TOOL_THREADS:
@@ -387,28 +393,17 @@ async def _in_thread(call: Callable[[], Any]) -> Any:
                 kind="unavailable",
                 retry_after_s=1.0,
             )
-        t.alive += 1
-    state = ["pending"]  # -> "running" in the thread, or "dropped" if it never started
 
     def run() -> Any:
         with t.lock:
-            if state[0] == "dropped":
-                return None
-            state[0] = "running"
+            t.alive += 1
         try:
             return call()
         finally:
             with t.lock:
                 t.alive -= 1
 
-    try:
-        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
-    except BaseException:
-        with t.lock:
-            if state[0] == "pending":  # cancelled before a thread took it: it never will
-                state[0] = "dropped"
-                t.alive -= 1
-        raise
+    return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
 
 
 def _drain(make: Callable[[], Any]) -> list[Any]:

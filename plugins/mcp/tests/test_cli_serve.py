@@ -519,7 +519,7 @@ async def test_idle_sessions_end_and_connections_are_capped(
     write_config(
         tmp_path / "toolwire.toml",
         {"enabled_plugins": []},
-        {"server": {"session_idle_timeout_s": 1, "max_connections": 3}},
+        {"server": {"session_idle_timeout_s": 1, "max_connections": 2}},
     )
     p = serve_process(
         "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
@@ -535,7 +535,9 @@ async def test_idle_sessions_end_and_connections_are_capped(
         gone = await http.post(p.url, json=rpc(3, "tools/list"), headers=session)
         assert gone.status_code == 404  # the client starts a new session, as MCP says
     host, port = p.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
-    idle = [socket.create_connection((host, int(port))) for _ in range(3)]
+    async with httpx2.AsyncClient(timeout=10) as http:  # under the cap: served (was 503
+        assert (await http.post(p.url, json=INIT, headers=ACCEPT)).status_code == 200  # at 1)
+    idle = [socket.create_connection((host, int(port))) for _ in range(2)]
     try:
         await anyio.sleep(0.3)
         async with httpx2.AsyncClient(timeout=10) as http:

@@ -358,3 +358,28 @@ async def test_odd_schemas_are_served_as_object_schemas_and_checked_as_listed() 
         assert bad.is_error and bad.meta is not None
         message = bad.meta[ERROR_META_KEY]["message"]
         assert "'temp_c' is a required property" in message
+
+
+@pytest.mark.parametrize(("setting", "expected"), [(600.0, 600.0), (None, 10 * 365 * 24 * 3600.0)])
+async def test_session_idle_timeout_none_means_never(
+    monkeypatch: pytest.MonkeyPatch, setting: float | None, expected: float
+) -> None:
+    """Before: None reached FastMCP, which reads it as the SDK's default (30 minutes)."""
+    import fastmcp.server.http as fastmcp_http
+
+    from toolwire_mcp import ServeConfig, create_http_app
+
+    seen: list[float | None] = []
+    manager = fastmcp_http.FastMCPStreamableHTTPSessionManager
+    original = manager.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        seen.append(self.session_idle_timeout)
+
+    monkeypatch.setattr(manager, "__init__", spy)
+    cfg = ServeConfig(transport="http", session_idle_timeout_s=setting)
+    app = create_http_app(Kernel(), cfg)
+    async with app.router.lifespan_context(app):
+        pass
+    assert seen == [expected]

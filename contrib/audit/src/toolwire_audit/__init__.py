@@ -8,6 +8,7 @@ pydantic ``Config`` validated from ``[plugins.audit]``, an ``order``, hooks
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -20,6 +21,8 @@ from toolwire import CallContext, Kernel, ToolCall, ToolResult, hookimpl
 
 __all__ = ["AuditPlugin"]
 __version__ = "0.1.0"
+
+log = logging.getLogger("toolwire.audit")
 
 
 class AuditConfig(BaseModel):
@@ -137,6 +140,15 @@ class AuditPlugin:
         except FileNotFoundError:
             moved = True
         if moved:
-            self._stream.close()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._stream = path.open("a", encoding="utf-8")
+            try:  # the new file first: if it cannot be opened, keep the old one
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fresh = path.open("a", encoding="utf-8")
+            except OSError as exc:
+                log.warning(
+                    "audit: cannot open %s after rotation (%s); still writing to the old file",
+                    path,
+                    exc,
+                )
+                return
+            old, self._stream = self._stream, fresh
+            old.close()

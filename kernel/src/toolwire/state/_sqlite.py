@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import threading
@@ -30,6 +31,8 @@ from ._base import (
     _matches,
     _not_int_error,
 )
+
+log = logging.getLogger("toolwire.state")
 
 __all__ = ["SQLiteStore"]
 
@@ -89,6 +92,15 @@ def _prefix_upper_bound(prefix: str) -> str | None:
             return "".join(chars)
         chars.pop()
     return None
+
+
+def _vacuum(conn: sqlite3.Connection, pragma: str) -> None:
+    """Give freed pages back to the file system; best effort (another writer may hold
+    the lock: the pages are given back after a later purge)."""
+    try:
+        conn.executescript(pragma)  # stepped to its end: ``execute`` frees one page
+    except sqlite3.Error as exc:
+        log.debug("sqlite state: incremental vacuum skipped: %s", exc)
 
 
 class SQLiteStore(StateStore):
@@ -217,7 +229,7 @@ class SQLiteStore(StateStore):
                 ).rowcount
                 conn.execute("COMMIT")
                 if purged:
-                    conn.executescript("PRAGMA incremental_vacuum;")  # stepped to its end
+                    _vacuum(conn, "PRAGMA incremental_vacuum;")
                 return conn
             except sqlite3.Error as exc:
                 if conn is not None:
@@ -285,8 +297,8 @@ class SQLiteStore(StateStore):
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
-        if purged:
-            conn.executescript(f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")  # bounded
+        if purged:  # after COMMIT: the write stands whatever the vacuum does
+            _vacuum(conn, f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
         return result
 
     def _put(

@@ -265,8 +265,9 @@ class ServeConfig(BaseModel):
     max_connections: int | None = Field(
         1000,
         ge=1,
-        description="HTTP: connections open at once; beyond it new requests get 503 (a "
-        "client holding many sockets cannot take every file descriptor); None: no cap",
+        description="HTTP: connections open at once (idle keep-alive sockets and open SSE "
+        "streams count); while that many are open, requests get 503 (a client holding many "
+        "sockets cannot take every file descriptor); None: no cap",
     )
     fast_path: bool = Field(
         True,

@@ -651,6 +651,10 @@ def serve_gate(cfg: ServeConfig) -> ServeGate:
     return ServeGate(images=ImageFiles(cfg.image_roots, max_bytes=cfg.image_max_bytes))
 
 
+#: "never" for session_idle_timeout_s: ten years.
+_NEVER_S = 10 * 365 * 24 * 3600.0
+
+
 def create_http_app(
     kernel: Kernel,
     cfg: ServeConfig | None = None,
@@ -679,7 +683,10 @@ def create_http_app(
         host_origin_protection="auto",
         allowed_hosts=allowed or None,
         allowed_origins=cfg.allowed_origins or None,
-        session_idle_timeout=cfg.session_idle_timeout_s,
+        # FastMCP reads None as "the SDK's default" (30 min), and the SDK refuses inf
+        session_idle_timeout=(
+            cfg.session_idle_timeout_s if cfg.session_idle_timeout_s is not None else _NEVER_S
+        ),
     )
     app.router.routes.extend(extra_routes)
     remember_guard_verdicts(app)
@@ -767,7 +774,10 @@ async def run_server(
                 ws="none",
                 timeout_graceful_shutdown=1,
                 log_level=logging.WARNING,
-                limit_concurrency=cfg.max_connections,
+                # uvicorn refuses at len(connections) >= limit, the asking one included
+                limit_concurrency=(
+                    cfg.max_connections + 1 if cfg.max_connections is not None else None
+                ),
             )
         )
 
