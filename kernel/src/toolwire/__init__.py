@@ -13,6 +13,7 @@ from ._config import (
     load_config,
     plugin_not_loaded,
     read_secrets_file,
+    warn_plain_secrets,
 )
 from ._discovery import export_tool
 from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolCollisionError
@@ -96,4 +97,5 @@ __all__ = [
     "tool",
     "tools_from_module",
     "validate_json_schema",
+    "warn_plain_secrets",
 ]

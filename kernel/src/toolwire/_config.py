@@ -573,7 +573,7 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
             n, factory, cfg.plugins.get(n, {}), file, cfg._env_sources
         )
         if file is not None:
-            _warn_plain_secrets(n, pcfg, cfg, file)
+            warn_plain_secrets(pcfg, f"plugins.{n}", cfg)
         dist, version = _dist_of(ep)
         own_name = getattr(plugin, "name", None)
         if isinstance(own_name, str) and own_name != n:
@@ -655,17 +655,26 @@ def _may_be_credential(text: str) -> bool:
     return bool(parts.password or parts.username or parts.query)
 
 
-def _warn_plain_secrets(name: str, pcfg: Any, cfg: ToolwireConfig, file: str) -> None:
-    """A credential written into the config file: say how to keep it out of the file."""
+def warn_plain_secrets(model: Any, key: str, cfg: ToolwireConfig) -> None:
+    """Warn about each ``SecretStr`` of ``model`` (the validated table at ``key``) that
+    ``cfg``'s file gives in plain text: not by ``$secretRef``, not from the environment.
+
+    The kernel does it for ``[plugins.<name>]``; a package validating another table
+    with its own model (``toolwire serve``'s ``[server]``) calls it. The warning
+    names the key, never the value. Nothing happens without a config file.
+    """
+    file = cfg.path
+    if file is None:
+        return
     env = cfg._env_sources
-    for key in plain_secrets(pcfg, f"plugins.{name}", set(cfg._secrets.values())):
-        if any(key == k or key.startswith((k + ".", k + "[")) for k in env):
+    for plain in plain_secrets(model, key, set(cfg._secrets.values())):
+        if any(plain == k or plain.startswith((k + ".", k + "[")) for k in env):
             continue  # from the environment, which is where secrets belong
         log.warning(
             '%s: %s holds a credential in plain text; write {"$secretRef" = "NAME"} '
             "and set NAME in the environment or the secrets file",
             file,
-            key,
+            plain,
         )
 
 

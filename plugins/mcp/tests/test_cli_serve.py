@@ -578,3 +578,28 @@ async def test_clients_cutting_their_request_bodies_short_do_not_flood_the_log(
         }
     assert p.stderr.count("Exception in ASGI application") == 0, p.stderr[-3000:]
     assert p.stop() == 0
+
+
+def test_a_plain_text_auth_token_in_the_file_is_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the warning covered [plugins.*] tables only, not [server] auth_token."""
+    import argparse
+
+    from toolwire_mcp.cli import _configs
+
+    monkeypatch.setenv("GW_REF_TOKEN", "from-the-environment")
+    for var in ("TOOLWIRE_CONFIG", "TOOLS_AUTH_TOKEN", "TOOLS_AUTH_ENABLED"):
+        monkeypatch.delenv(var, raising=False)
+    plain = tmp_path / "plain.toml"
+    plain.write_text('enabled_plugins = []\n[server]\nauth_token = "s3cret-in-the-file"\n')
+    ref = tmp_path / "ref.toml"
+    ref.write_text('enabled_plugins = []\n[server]\nauth_token = {"$secretRef" = "GW_REF_TOKEN"}\n')
+    for path, warned in ((plain, True), (ref, False)):
+        caplog.clear()
+        args = argparse.Namespace(config=str(path), transport=None, host=None, port=None, loop=None)
+        with caplog.at_level("WARNING", logger="toolwire"):
+            _configs(args)
+        text = " ".join(r.getMessage() for r in caplog.records)
+        assert ("server.auth_token holds a credential in plain text" in text) is warned, text
+        assert "s3cret" not in text

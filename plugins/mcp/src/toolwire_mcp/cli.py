@@ -9,7 +9,7 @@ from typing import Any
 
 import pydantic
 
-from toolwire import ConfigError, ToolwireConfig
+from toolwire import ConfigError, ToolwireConfig, warn_plain_secrets
 from toolwire.cli import build_cli_kernel, load_cli_config
 
 from ._config import ServeConfig, resolve_auth_token
@@ -107,6 +107,7 @@ def _configs(args: argparse.Namespace) -> tuple[ToolwireConfig, ServeConfig]:
     if cached is None:
         cfg = load_cli_config(args)
         cached = (cfg, serve_config(cfg.server, cfg.path, args))
+        warn_plain_secrets(cached[1], "server", cfg)  # a plain auth_token in the file
         args._serve_configs = cached
     return cached
 
