@@ -552,6 +552,110 @@ async def test_idle_sessions_end_and_connections_are_capped(
     assert p.stop() == 0
 
 
+def _recv_all(s: socket.socket, limit: float = 5.0) -> bytes | None:
+    """What the server sends on ``s`` until it closes the connection; None: still open
+    after ``limit`` seconds."""
+    s.settimeout(limit)
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return data
+
+
+async def test_requests_must_arrive_within_request_read_timeout(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """Before: a socket that sent nothing, or a head or body a byte at a time, was held for
+    ever, and a client holding max_connections of them locked every other client out."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {
+            "tools": {"modules": ["napping"]},
+            "server": {"request_read_timeout_s": 1.0, "max_connections": 4},
+        },
+    )
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    host, port = p.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\nContent-Length: 500\r\n"
+    )
+    lean = "Mcp-Protocol-Version: 2026-07-28\r\nMcp-Method: tools/call\r\nMcp-Name: nap\r\n"
+    held = [socket.create_connection((host, int(port))) for _ in range(4)]
+    _silent, half_head, half_body, half_lean_body = held
+    try:
+        half_head.sendall(head[:40].encode())
+        half_body.sendall((head + '\r\n{"jsonrpc":').encode())  # FastMCP's handler
+        half_lean_body.sendall((head + lean + '\r\n{"jsonrpc":').encode())  # the lean path
+        await anyio.sleep(0.3)
+        async with httpx2.AsyncClient(timeout=10) as http:  # four sockets held: no room
+            assert (await http.post(p.url, json=INIT, headers=ACCEPT)).status_code == 503
+        got = await anyio.to_thread.run_sync(lambda: [_recv_all(s) for s in held])
+    finally:
+        for s in held:
+            s.close()
+    assert got[0] == b""  # never asked anything: closed without an answer
+    assert got[1] is not None and got[1].startswith(b"HTTP/1.1 408 "), got[1]
+    assert b"request_read_timeout_s" in got[1]
+    assert got[2] == got[3] == b""  # their handlers were told the client left
+    await anyio.sleep(0.3)
+    # The deadline is per request: a keep-alive connection idle between requests for
+    # longer than it, a head sent in pieces inside it, and an answer slower than it are fine.
+    async with Client(p.url, timeout=20) as c:
+        assert (await c.call_tool_mcp("nap", {"seconds": 1.5})).structured_content == {
+            "result": "rested"
+        }
+        await anyio.sleep(1.3)
+        assert (await c.call_tool_mcp("nap", {"seconds": 0})).structured_content == {
+            "result": "rested"
+        }
+    body = json.dumps(INIT).encode()
+    request = (
+        f"POST /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + body
+    with socket.create_connection((host, int(port))) as s:
+        for piece in (request[:30], request[30:90], request[90:]):
+            s.sendall(piece)
+            await anyio.sleep(0.25)
+        answer = await anyio.to_thread.run_sync(_recv_all, s)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 200 "), answer
+    assert p.stop() == 0
+    assert "Traceback" not in p.stderr, p.stderr[-3000:]
+
+
+async def test_max_sessions_caps_handshake_era_sessions(tmp_path: Path, serve_process: Any) -> None:
+    """Before: the MCP SDK's 10,000 could not be changed (FastMCP does not pass it on)."""
+    write_config(
+        tmp_path / "toolwire.toml", {"enabled_plugins": []}, {"server": {"max_sessions": 2}}
+    )
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    async with httpx2.AsyncClient(timeout=10) as http:
+        first = [await http.post(p.url, json=INIT, headers=ACCEPT) for _ in range(2)]
+        assert [r.status_code for r in first] == [200, 200]
+        refused = await http.post(p.url, json=INIT, headers=ACCEPT)
+        assert refused.status_code == 503 and "Too many open sessions" in refused.text
+        sid = first[0].headers["mcp-session-id"]
+        gone = await http.delete(p.url, headers={**ACCEPT, "mcp-session-id": sid})
+        assert gone.status_code == 200
+        assert (await http.post(p.url, json=INIT, headers=ACCEPT)).status_code == 200
+    assert p.stop() == 0
+
+
 async def test_clients_cutting_their_request_bodies_short_do_not_flood_the_log(
     tmp_path: Path, serve_process: Any
 ) -> None:

@@ -269,6 +269,20 @@ class ServeConfig(BaseModel):
         "streams count); while that many are open, requests get 503 (a client holding many "
         "sockets cannot take every file descriptor); None: no cap",
     )
+    request_read_timeout_s: float | None = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="HTTP: each request must arrive whole (head and body) this long after its "
+        "first byte, or after the connection opens; else the connection is closed (a client "
+        "sending a byte at a time cannot hold sockets for ever); None: no deadline",
+    )
+    max_sessions: int | None = Field(
+        10_000,
+        ge=1,
+        description="HTTP: handshake-era (2025-11-25) sessions open at once; while that many "
+        "are open, a new `initialize` gets 503 (the MCP SDK's cap); None: no cap",
+    )
     fast_path: bool = Field(
         True,
         description="HTTP: answer plain 2026-07-28 `tools/call` requests on toolwire's lean "

@@ -21,7 +21,7 @@ import stat
 import sys
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from typing import Any, cast
 
 import anyio
@@ -56,6 +56,7 @@ from ._config import ServeConfig, resolve_auth_token
 from ._convert import content_blocks, result_meta, utf8_safe
 from ._fastpath import install_fast_path
 from ._guard import remember_guard_verdicts
+from ._http import timed_http_protocol
 from ._images import ImageFiles
 
 __all__ = [
@@ -522,9 +523,27 @@ _FOREIGN_LOGGERS = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.acces
 #: Loggers of the MCP SDK that log once per line a peer sends: a stdio upstream printing
 #: non-protocol output to stdout (``yes``, a chatty library) would flood the log with them.
 #: Loggers one client can make write a traceback per line or per request: the SDK's
-#: stdio parse failures, and uvicorn's "Exception in ASGI application" (a client
-#: closing in the middle of its request body, say).
-_PER_LINE_LOGGERS = ("mcp.client.stdio", "mcp.server.stdio", "uvicorn.error")
+#: stdio parse failures and POST errors, and uvicorn's "Exception in ASGI application".
+_PER_LINE_LOGGERS = (
+    "mcp.client.stdio",
+    "mcp.server.stdio",
+    "mcp.server.streamable_http",
+    "uvicorn.error",
+)
+
+
+class _ClientGone(logging.Filter):
+    """Drops the SDK's traceback for a client that left in the middle of its request body.
+
+    Nobody is left to answer, and it is no fault of the server's: a client cut
+    off, or one ``[server] request_read_timeout_s`` closed, is not an error.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from starlette.requests import ClientDisconnect
+
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, ClientDisconnect)
 
 
 class RepeatThrottle(logging.Filter):
@@ -574,6 +593,9 @@ def route_foreign_logs() -> None:
         lg = logging.getLogger(name)
         if not any(isinstance(f, RepeatThrottle) for f in lg.filters):
             lg.addFilter(RepeatThrottle())
+    sdk_http = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, _ClientGone) for f in sdk_http.filters):
+        sdk_http.filters.insert(0, _ClientGone())  # before the throttle counts it
     ours = logging.getLogger("toolwire")
     if not ours.handlers:
         return
@@ -690,12 +712,45 @@ def create_http_app(
     )
     app.router.routes.extend(extra_routes)
     remember_guard_verdicts(app)
+    _cap_sessions(app, cfg.path, cfg.max_sessions)
     fast = None
     if cfg.fast_path:
         stamp = mcp._mcp_server.server_info_stamp
         fast = install_fast_path(app, cfg.path, kernel=kernel, gate=gate, server_info=stamp)
     app.state.toolwire_fast_path = fast
     return app
+
+
+def _cap_sessions(app: Starlette, path: str, max_sessions: int | None) -> None:
+    """Set the MCP SDK's session cap, which FastMCP's ``http_app`` does not pass on.
+
+    FastMCP makes the session manager when the app's lifespan starts; the cap
+    is set on it there, before the first request.
+    """
+    from fastmcp.server.http import StreamableHTTPASGIApp
+    from mcp.server.auth.middleware.bearer_auth import RequireAuthMiddleware
+    from starlette.routing import Route
+
+    endpoint: Any = None
+    for route in app.router.routes:
+        if isinstance(route, Route) and route.path == path:
+            inner = route.app.app if isinstance(route.app, RequireAuthMiddleware) else route.app
+            if isinstance(inner, StreamableHTTPASGIApp):
+                endpoint = inner
+    if endpoint is None:
+        log.warning("[server] max_sessions is not applied: FastMCP's HTTP app is laid out anew")
+        return
+    started = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a: Any) -> AsyncIterator[Any]:
+        async with started(a) as state:
+            manager = endpoint.session_manager
+            if manager is not None and hasattr(manager, "max_sessions"):
+                manager.max_sessions = max_sessions
+            yield state
+
+    app.router.lifespan_context = lifespan
 
 
 async def run_server(
@@ -772,6 +827,11 @@ async def run_server(
                 access_log=False,
                 lifespan="on",
                 ws="none",
+                http=(
+                    timed_http_protocol(cfg.request_read_timeout_s)
+                    if cfg.request_read_timeout_s is not None
+                    else "httptools"
+                ),
                 timeout_graceful_shutdown=1,
                 log_level=logging.WARNING,
                 # uvicorn refuses at len(connections) >= limit, the asking one included
