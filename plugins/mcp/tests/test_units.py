@@ -441,3 +441,12 @@ def test_keys_of_the_other_kind_of_server_are_config_errors(
     """Before: headers on a stdio entry or env on an HTTP entry were ignored without a word."""
     with pytest.raises(pydantic.ValidationError, match=f"{stray} do\\(es\\) not apply to"):
         ServerConfig.model_validate(entry)
+
+
+def test_timed_http_protocol_takes_a_finite_positive_deadline() -> None:
+    from toolwire_mcp import timed_http_protocol
+
+    assert timed_http_protocol(2.5).read_timeout_s == 2.5
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="finite number of seconds > 0"):
+            timed_http_protocol(bad)

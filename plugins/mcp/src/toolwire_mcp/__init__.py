@@ -45,6 +45,7 @@ __all__ = [
     "create_server",
     "resolve_auth_token",
     "run_server",
+    "timed_http_protocol",
 ]
 __version__ = "0.1.0"
 
@@ -107,3 +108,20 @@ async def run_server(
     from ._serve import run_server as impl
 
     await impl(kernel, config or ServeConfig(), on_ready=on_ready, handle_signals=handle_signals)
+
+
+def timed_http_protocol(read_timeout_s: float = 30.0) -> type[Any]:
+    """uvicorn's HTTP protocol with the deadline of ``[server] request_read_timeout_s``.
+
+    For ``create_http_app`` run in your own uvicorn:
+    ``uvicorn.run(app, http=timed_http_protocol(30))``. Each request must arrive
+    whole (head and body) within ``read_timeout_s`` of its first byte, or of the
+    connection's opening, else the connection is closed.
+    """
+    if not read_timeout_s > 0 or read_timeout_s == float("inf"):
+        raise ValueError(
+            f"read_timeout_s must be a finite number of seconds > 0, not {read_timeout_s!r}"
+        )
+    from ._http import timed_http_protocol as impl
+
+    return impl(read_timeout_s)
