@@ -254,6 +254,42 @@ async def test_a_source_offering_a_bad_tool_name_is_a_plugin_error() -> None:
         await k.start()
 
 
+async def _noop(args: dict[str, Any], ctx: Any) -> None:
+    return None
+
+
+@pytest.mark.parametrize(
+    ("schema", "why"),
+    [
+        ({"type": "array", "items": {"type": "string"}}, "has type 'array'"),
+        ({"type": ["string", "null"]}, "has type \\['string', 'null'\\]"),
+        ("{}", "must be a JSON Schema \\(a dict\\), not str"),
+    ],
+)
+async def test_a_tool_whose_arguments_are_not_an_object_is_refused(schema: Any, why: str) -> None:
+    """Before: accepted, exported as it was (MCP, OpenAI and Anthropic refuse such a schema),
+    and no call could ever pass its validation (a tool's arguments are always an object)."""
+    odd = Tool(name="odd", description="d", input_schema=schema, executor=_noop)
+    k = Kernel()
+    with pytest.raises(ValueError, match=rf"tool 'odd' \(from local\): input_schema {why}"):
+        k.add_tool(odd)
+    assert k.list_tools() == []
+
+    class Source_:
+        name = "src"
+
+        @hookimpl
+        def discover(self, query: str | None) -> list[Tool] | None:
+            return [odd] if query is None else None
+
+    k2 = Kernel(plugins=[Source_()])
+    with pytest.raises(PluginError, match=rf"tool 'odd' \(from src\): input_schema {why}"):
+        await k2.start()
+    # an object, or types that include one, are fine
+    for ok in ({"type": "object"}, {"type": ["object", "null"]}, {"anyOf": [{"type": "object"}]}):
+        Kernel().add_tool(Tool(name="fine", description="d", input_schema=ok, executor=_noop))
+
+
 class Lifecycle(Source):
     def __init__(self, name: str, tools: list[str], *, fail_startup: bool = False) -> None:
         super().__init__(name, tools)

@@ -815,6 +815,29 @@ def test_empty_input_schema_exports_as_an_empty_object_schema() -> None:
 
 
 @pytest.mark.parametrize(
+    "schema",
+    [
+        {"anyOf": [{"properties": {"a": {"type": "string"}}}, {"required": ["b"]}]},
+        {"type": ["object", "null"], "properties": {}},
+        {"$ref": "#/$defs/Args", "$defs": {"Args": {"type": "object"}}},
+    ],
+)
+def test_every_export_is_an_object_schema(schema: dict[str, Any]) -> None:
+    """Before: a schema with a top-level anyOf or $ref, or a list of types, went out without
+    "type": "object", which MCP clients and the OpenAI and Anthropic APIs refuse."""
+    tool = mk("odd", "d", schema=schema)
+    for out in (
+        to_openai(tool)["function"]["parameters"],
+        to_anthropic(tool)["input_schema"],
+        to_mcp(tool)["inputSchema"],
+    ):
+        assert out["type"] == "object"
+        assert {k: v for k, v in out.items() if k != "type"} == {
+            k: v for k, v in schema.items() if k != "type"
+        }
+
+
+@pytest.mark.parametrize(
     "name", ["github.create_issue", "a b", "weird/name", "x" * 65, "", "émoji", "tab\t"]
 )
 @pytest.mark.parametrize("exporter", [to_openai, to_anthropic])

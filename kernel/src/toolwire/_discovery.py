@@ -713,13 +713,15 @@ def _check_name(tool: Tool, pattern: re.Pattern[str], api: str, rule: str) -> No
 def _object_schema(schema: JSON | None) -> JSON:
     """A deep copy of an input schema as an object schema (every API wants ``type: object``).
 
-    An empty schema becomes an empty object schema; one with ``properties`` but
-    no ``type`` gets ``"type": "object"``.
+    An empty schema becomes an empty object schema; one without ``type`` (only
+    ``properties``, say, or a top-level ``anyOf`` of object schemas), or with a
+    list of types, gets ``"type": "object"``: a tool's arguments are always one
+    object (the kernel refuses tools whose schema says otherwise).
     """
     if not schema:
         return {"type": "object", "properties": {}}
     out = copy.deepcopy(schema)
-    if "type" not in out and ("properties" in out or "required" in out):
+    if out.get("type") != "object":
         out["type"] = "object"
     return out
 

@@ -83,11 +83,26 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 TOOL_NAME_RULE = "1 to 128 ASCII letters, digits, '_', '-' or '.'"
 
 
-def _check_tool_name(name: str, source: str) -> None:
+def _check_tool(tool: Tool, source: str) -> None:
+    """Refuse a tool no client could be told about: a bad name, or arguments not an object."""
+    name = tool.name
     if not isinstance(name, str) or _TOOL_NAME.fullmatch(name) is None:
         raise ValueError(
             f"tool name {name!r} (from {source}) is not a valid tool name: use {TOOL_NAME_RULE}, "
             "as MCP requires; one such name would make every export of the catalog fail"
+        )
+    schema = tool.input_schema
+    if not isinstance(schema, dict):
+        raise ValueError(
+            f"tool {name!r} (from {source}): input_schema must be a JSON Schema (a dict), "
+            f"not {type(schema).__name__}"
+        )
+    kind = schema.get("type")
+    if kind is not None and kind != "object" and not (isinstance(kind, list) and "object" in kind):
+        raise ValueError(
+            f"tool {name!r} (from {source}): input_schema has type {kind!r}, but a tool's "
+            'arguments are always one JSON object: give it "type": "object" and "properties" '
+            "(MCP, OpenAI and Anthropic refuse any other)"
         )
 
 
@@ -379,7 +394,7 @@ class Kernel:
             new = [dataclasses.replace(t, name=f"{namespace}_{t.name}") for t in new]
         seen: dict[str, Tool] = {}
         for t in new:
-            _check_tool_name(t.name, "local")
+            _check_tool(t, "local")
             self._check_collision(t, self._local)
             twin = seen.setdefault(t.name, t)
             if twin is not t:
@@ -603,7 +618,7 @@ class Kernel:
             raise PluginError(plugin, "discover must return a list of Tool objects or None")
         for t in res:
             try:
-                _check_tool_name(t.name, plugin)
+                _check_tool(t, plugin)
             except ValueError as exc:
                 raise PluginError(plugin, str(exc)) from None
         return list(res)
