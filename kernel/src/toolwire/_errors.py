@@ -34,6 +34,8 @@ class ConfigError(KernelError):
         super().__init__(where + message)
         self.file = file
         self.key = key
+        #: The message without its ``file: key:`` prefix.
+        self.detail = message
 
 
 class PluginError(KernelError):

@@ -461,10 +461,33 @@ def test_config_errors_exit_2_naming_the_key(
         port = str(busy.getsockname()[1])
         assert main(["serve", "--transport", "http", "--port", port]) == 2
     err = capsys.readouterr().err
-    assert f"cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+    assert f"<command line>: server.port: cannot listen on 127.0.0.1:{port}" in err
+    assert "--port" in err
     assert main(["serve", "--transport", "http", "--host", "no-such-host.invalid"]) == 2
     err = capsys.readouterr().err
-    assert "server.host: cannot listen on no-such-host.invalid" in err and "--host" in err
+    assert "<command line>: server.host: cannot listen on no-such-host.invalid" in err
+    assert "--host" in err
+    with socket.socket() as busy:  # the port written in the file: the file's fault
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        write_config(
+            tmp_path / "taken.toml",
+            {},
+            {"server": {"transport": "http", "port": busy.getsockname()[1]}},
+        )
+        assert main(["--config", "taken.toml", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "error: taken.toml: server.port: cannot listen" in err, err
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "approval")
+    write_config(  # the approval plugin's routes live under /approvals
+        tmp_path / "clash.toml",
+        {"enabled_plugins": ["approval"]},
+        {"server": {"transport": "http", "port": 0, "path": "/approvals"}},
+    )
+    assert main(["--config", "clash.toml", "serve"]) == 2
+    err = capsys.readouterr().err
+    assert "error: clash.toml: server.path: plugin 'approval' offers the HTTP route" in err, err
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
     assert main(["--config", "good.toml", "serve", "--transport", "http", "--port", "99999"]) == 2
     err = capsys.readouterr().err  # a flag's fault is not the file's
     assert "<command line>: server.port:" in err and "(from the --port option)" in err

@@ -510,7 +510,8 @@ def plugin_http_routes(
             if any(path == r or path.startswith(r.rstrip("/") + "/") for r in reserved):
                 raise ConfigError(
                     f"plugin {info.name!r} offers the HTTP route {path!r}, which clashes with "
-                    "the MCP endpoint; change [server] path or the plugin's route prefix"
+                    "the MCP endpoint; change [server] path or the plugin's route prefix",
+                    key="server.path",
                 )
             out.append(_GuardedRoute(route, verifier))
     return out

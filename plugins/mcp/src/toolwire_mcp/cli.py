@@ -128,6 +128,15 @@ async def _serve(args: argparse.Namespace) -> int:
     kernel = build_cli_kernel(cfg)
 
     async with kernel:
-        await run_server(kernel, scfg)
+        try:
+            await run_server(kernel, scfg)
+        except ConfigError as exc:
+            if exc.file is not None or not (exc.key or "").startswith("server."):
+                raise
+            # a [server] key the server found wrong (the path a plugin's route clashes
+            # with, a port taken): name where that value came from
+            flag = str(exc.key).removeprefix("server.")
+            where = "<command line>" if getattr(args, flag, None) is not None else cfg.path
+            raise ConfigError(exc.detail, file=where or "<defaults+env>", key=exc.key) from exc
     serve_log.info("toolwire stopped; the kernel is closed")
     return 0
