@@ -176,6 +176,26 @@ async def test_fallback_on_empty() -> None:
     )
 
 
+async def test_an_empty_result_stands_when_the_retry_budget_is_spent() -> None:
+    # The budget stops the fallback, but the empty answer the tool computed is returned
+    # (before: the call failed with "returned an empty result", the result dropped).
+    _a, ta = fake("a", [{"results": []}], provider="pa", read_only=True)
+    b, tb = fake("b", [{"results": [1]}], provider="pb", read_only=True)
+    retry = {
+        "chain_order": ["pa", "pb"],
+        "fallback_on_empty": True,
+        "budget": {"burst": 1, "ratio": 0.0, "min_per_s": 0.0},
+    }
+    async with kernel([ta, tb], retry=retry) as k:
+        first = await k.call("a", {})
+        second = await k.call("a", {})
+    assert first.meta.served_by == "b" and len(b.calls) == 1  # the one token
+    assert not second.is_error and second.content == {"results": []}
+    assert second.meta.served_by == "a" and second.meta.extra["recovered"] == "fallback_on_empty"
+    assert second.meta.extra["attempt_details"][0]["decision"] == "recover"
+    assert "to" not in second.meta.extra["attempt_details"][0]
+
+
 async def test_fallback_on_empty_is_off_by_default() -> None:
     _a, ta = fake("a", [{"results": []}], provider="pa", read_only=True)
     b, tb = fake("b", [{"results": [1]}], provider="pb", read_only=True)

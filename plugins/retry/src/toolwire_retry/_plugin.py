@@ -550,8 +550,7 @@ class RetryPlugin:
         fb = await self._fallback(ctx, st, rl, kernel, detail)
         if fb is not None:
             if not self.budget.take(kernel.clock.monotonic()):
-                self._no_budget(error, detail)
-                return None
+                return self._no_budget(error, st, detail)
             return fb
         if wait is not None:
             return self._retry(wait, detail, ctx, error, why)
@@ -617,19 +616,23 @@ class RetryPlugin:
         ctx: CallContext,
         error: ErrorInfo,
         why: str | None,
-    ) -> Retry | None:
+    ) -> Retry | Recover | None:
         if not self.budget.take(ctx.kernel.clock.monotonic()):
-            self._no_budget(error, detail)
-            return None
+            return self._no_budget(error, ctx.state["retry"], detail)
         detail["decision"] = "retry"
         detail["slept_ms"] = round(wait * 1000.0, 3)
         return Retry(after_s=wait, reason=why or f"{error.kind} ({error.details.get('pattern')})")
 
-    def _no_budget(self, error: ErrorInfo, detail: dict[str, Any]) -> None:
+    def _no_budget(
+        self, error: ErrorInfo, st: dict[str, Any], detail: dict[str, Any]
+    ) -> Recover | None:
+        """No token left: give up (an empty result a candidate returned still stands)."""
         error.details["gave_up"] = "retry budget exhausted (too many retries across calls)"
         detail["decision"] = "give_up"
+        detail.pop("to", None)
         detail["reason"] = error.details["gave_up"]
         log.warning("retry budget exhausted: not retrying %s errors for a while", error.kind)
+        return self._give_up(error, st, detail, error.details["gave_up"], terminal=True)
 
     async def _fallback(
         self,
