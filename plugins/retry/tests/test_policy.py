@@ -9,7 +9,16 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from toolwire import CallContext, Kernel, Tool, ToolError, build_tool, load_config, tool
+from toolwire import (
+    CallContext,
+    Kernel,
+    Tool,
+    ToolError,
+    build_tool,
+    hookimpl,
+    load_config,
+    tool,
+)
 from toolwire.testing import FakeClock, FakeTool
 from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin, key_pool, lease_key
 from toolwire_retry import RetryBudget, RetryConfig, RetryPlugin, is_empty
@@ -223,6 +232,48 @@ async def test_request_timeout_applies_to_tools_without_their_own() -> None:
     assert ta.timeout_s is None and tb.timeout_s == 9.0
     async with Kernel(tools=[ta]) as other:
         assert (await other.call("a", {})).content == {"timeout": None}
+
+
+class FirstAttemptTimeout:
+    """Like profiling's adaptive timeouts: a timeout for the first attempt only."""
+
+    name, order = "first-attempt-timeout", 100
+
+    @hookimpl
+    def before_call(self, ctx: CallContext) -> None:
+        ctx.attempt_timeout_s = 0.05
+
+    @hookimpl
+    def on_error(self, ctx: CallContext) -> None:
+        ctx.attempt_timeout_s = None  # retries: back to the tool's own timeout
+
+
+async def test_a_retry_runs_under_request_timeout_after_another_plugins_timeout() -> None:
+    # Before: the plugin that set the first attempt's timeout dropped it, and the retry
+    # ran with no timeout at all (a provider that never answers hung the call).
+    seen: list[float | None] = []
+
+    @tool(read_only=True)
+    async def hangs(ctx: CallContext) -> dict[str, Any]:
+        """Never answers."""
+        seen.append(ctx.attempt_timeout_s)
+        await anyio.sleep(3600)
+        return {}
+
+    k = Kernel(
+        tools=[hangs],
+        plugins=[
+            FirstAttemptTimeout(),
+            RateLimitPlugin(),
+            RetryPlugin(RetryConfig(request_timeout_seconds=0.1, base_s=0.0, seed=1)),
+        ],
+    )
+    async with k:
+        with anyio.fail_after(5):
+            res = await k.call("hangs", {})
+    assert res.error is not None and res.error.kind == "timeout"
+    assert seen == [0.05, 0.1]
+    assert [a.error_kind for a in res.meta.attempts] == ["timeout", "timeout"]
 
 
 async def test_fallback_on_empty_leaves_shared_tools_alone() -> None:

@@ -546,14 +546,14 @@ class RetryPlugin:
             error.details.get("pattern", "")
         ).startswith("pool.")
         if wait is not None and not (key_issue and wait > 0):
-            return self._retry(wait, detail, ctx, error, why)
+            return self._retry(wait, detail, ctx, error, why, tool)
         fb = await self._fallback(ctx, st, rl, kernel, detail)
         if fb is not None:
             if not self.budget.take(kernel.clock.monotonic()):
                 return self._no_budget(error, st, detail)
             return fb
         if wait is not None:
-            return self._retry(wait, detail, ctx, error, why)
+            return self._retry(wait, detail, ctx, error, why, tool)
         return await self._exhausted(error, st, ctx, rl, detail, why)
 
     @hookimpl
@@ -616,9 +616,15 @@ class RetryPlugin:
         ctx: CallContext,
         error: ErrorInfo,
         why: str | None,
+        tool: Tool | None,
     ) -> Retry | Recover | None:
         if not self.budget.take(ctx.kernel.clock.monotonic()):
             return self._no_budget(error, ctx.state["retry"], detail)
+        if tool is not None:
+            # The next attempt runs under request_timeout_seconds again: another plugin may
+            # have dropped the attempt timeout it set (profiling's adaptive timeout is for
+            # the first attempt only), which left the retry with no timeout at all.
+            self._prepare(ctx, tool)
         detail["decision"] = "retry"
         detail["slept_ms"] = round(wait * 1000.0, 3)
         return Retry(after_s=wait, reason=why or f"{error.kind} ({error.details.get('pattern')})")
