@@ -120,6 +120,11 @@ def test_describe_names_the_config_line() -> None:
         ({"default": "ALWAYS"}, "expected 'NONE', 'LAZY' or 'REQUIRED'"),
         ({"annotations": {"dangerous": "REQUIRED"}}, "unknown annotation 'dangerous'"),
         ({"lazy_timeout_s": 0}, "greater than 0"),
+        # infinity became a state-store TTL: every call needing approval failed 'internal'
+        ({"required_timeout_s": float("inf")}, "finite number"),
+        ({"retention_s": float("inf")}, "finite number"),
+        ({"lazy_timeout_s": float("nan")}, "finite number"),
+        ({"retention_s": 1e300}, "less than or equal to 1000000000"),
         ({"http_prefix": "approvals"}, "must start with '/'"),
         ({"colour": "red"}, "Extra inputs"),
     ],
@@ -147,6 +152,10 @@ def test_config_from_toml_and_environment(tmp_path: Path) -> None:
     assert cfg.default is Policy.LAZY and cfg.required_timeout_s == 120
     assert cfg.annotations == {"destructiveHint": Policy.REQUIRED}
     assert cfg.tools == {"send_*": Policy.REQUIRED, "delete_all": Policy.REQUIRED}
+    with pytest.raises(ConfigError, match=r"plugins\.approval\.required_timeout_s.*finite"):
+        Kernel.from_config(
+            load_config(path, env={"TOOLWIRE_PLUGINS__APPROVAL__REQUIRED_TIMEOUT_S": "inf"})
+        )
     path.write_text('[plugins.approval]\ntools = { x = "SOMETIMES" }\n')
     with pytest.raises(ConfigError, match=r"plugins\.approval\.tools\.x"):
         Kernel.from_config(load_config(path, env={}))

@@ -30,6 +30,9 @@ class Policy(enum.StrEnum):
         return _STRICTNESS[self]
 
 
+#: The longest timeout or retention accepted (about 31 years): a bound, not a use case.
+MAX_SECONDS = 1e9
+
 _STRICTNESS = {Policy.NONE: 0, Policy.LAZY: 1, Policy.REQUIRED: 2}
 
 #: MCP tool annotations a rule may name (matched when the tool sets the hint to true).
@@ -86,13 +89,23 @@ class ApprovalConfig(BaseModel):
     use_tool_settings: bool = Field(
         True, description="honour a tool's own `approval` setting (`@tool(approval=...)`)"
     )
-    lazy_timeout_s: float = Field(30.0, gt=0, description="LAZY: proceed after this long")
+    # Finite and bounded: they become state-store TTLs, which refuse infinity (every call
+    # of a tool needing approval failed with kind 'internal' on `required_timeout_s = inf`).
+    lazy_timeout_s: float = Field(
+        30.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False, description="LAZY: proceed after this long"
+    )
     required_timeout_s: float = Field(
-        3600.0, gt=0, description="REQUIRED: reject (reason 'timeout') after this long"
+        3600.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="REQUIRED: reject (reason 'timeout') after this long",
     )
     retention_s: float = Field(
         7 * 86400.0,
         gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
         description="decided requests and audit entries are kept this long in the state store",
     )
     key_prefix: str = Field(
