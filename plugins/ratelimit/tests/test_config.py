@@ -69,6 +69,26 @@ def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path) -> None:
         )
 
 
+@pytest.mark.parametrize(
+    ("toml", "key", "problem"),
+    [
+        # each one passed `config check`, then every call of the provider failed
+        ("rate = { requests = 1, per_seconds = inf }", "rate.per_seconds", "finite number"),
+        ("rate = { requests = inf }", "rate.requests", "finite number"),
+        ("rate = { requests = 1e-300 }", "rate", "one request every"),
+        ("suspend_seconds = inf", "suspend_seconds", "finite number"),
+        ("max_cooldown_seconds = inf", "max_cooldown_seconds", "finite number"),
+        ("cooldown_seconds = 1e308", "cooldown_seconds", "less than or equal"),
+        ("probe_timeout_seconds = nan", "probe_timeout_seconds", "finite number"),
+    ],
+)
+def test_durations_must_be_finite(tmp_path: Path, toml: str, key: str, problem: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        kernel_from(tmp_path, f'[plugins.ratelimit.providers.brave]\ntools = ["t"]\n{toml}\n')
+    assert f"plugins.ratelimit.providers.brave.{key}" in str(exc.value)
+    assert problem in str(exc.value)
+
+
 async def test_no_config_at_all(tmp_path: Path) -> None:
     kernel = Kernel.from_config(load_config(tmp_path / "absent.toml", env=ENV, required=False))
     async with kernel:

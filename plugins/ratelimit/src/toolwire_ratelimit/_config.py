@@ -61,6 +61,9 @@ __all__ = [
 
 Kind = Literal["rate_limit", "quota", "auth", "unavailable", "timeout"]
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
+#: The longest duration a key accepts (about 31 years). Durations must be finite: they
+#: become state-store TTLs and timestamps (infinity failed every call of the provider).
+MAX_SECONDS = 1e9
 
 
 def nested_repetition(pattern: str) -> str | None:
@@ -236,11 +239,20 @@ class RateSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    requests: float = Field(gt=0)
-    per_seconds: float = Field(1.0, gt=0)
+    requests: float = Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    per_seconds: float = Field(1.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     burst: int | None = Field(None, ge=1, le=100_000)
     mode: Literal["wait", "fail_fast"] = "wait"
-    max_wait_seconds: float = Field(10.0, ge=0)
+    max_wait_seconds: float = Field(10.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _sane_interval(self) -> RateSpec:
+        if self.interval > MAX_SECONDS:
+            raise ValueError(
+                f"{self.requests:g} requests per {self.per_seconds:g}s is one request every "
+                f"{self.interval:.3g}s (at most one every {MAX_SECONDS:g}s); raise requests"
+            )
+        return self
 
     @property
     def interval(self) -> float:
@@ -267,15 +279,21 @@ class ProviderConfig(PatternKeys):
         default_factory=list, validation_alias=AliasChoices("keys", "api_keys")
     )
     api_key: SecretStr | None = None
-    cooldown_seconds: float = Field(1.0, ge=0, description="first cooldown step after a rate limit")
-    max_cooldown_seconds: float = Field(3600.0, gt=0)
+    cooldown_seconds: float = Field(
+        1.0, ge=0, le=MAX_SECONDS, allow_inf_nan=False, description="first cooldown step"
+    )
+    max_cooldown_seconds: float = Field(3600.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     suspend_on_monthly_exhausted: bool = Field(
         True, description="quota/budget exhausted: suspend the whole pool (else only that key)"
     )
     suspend_seconds: float = Field(
-        3600.0, gt=0, description="suspension when the provider names no reset time"
+        3600.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="suspension when the provider names no reset time",
     )
-    probe_timeout_seconds: float = Field(60.0, gt=0)
+    probe_timeout_seconds: float = Field(60.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     rate: Rate | None = None
     # read by toolwire-retry
     max_provider_attempts: int | None = Field(None, ge=1, le=100)
@@ -310,7 +328,7 @@ class RateLimitConfig(PatternKeys):
         True, description="a ToolError raised with kind rate_limit/quota/... counts as a match"
     )
     max_body_bytes: int = Field(8192, ge=256, le=1 << 20)
-    max_retry_after_seconds: float = Field(31 * 86400.0, gt=0)
+    max_retry_after_seconds: float = Field(31 * 86400.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     providers: dict[Annotated[str, Field(pattern=NAME_RE)], ProviderConfig] = Field(
         default_factory=dict, validation_alias=AliasChoices("providers", "backends")
     )
