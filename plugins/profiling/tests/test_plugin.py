@@ -312,3 +312,28 @@ def test_config_errors_name_the_key(tmp_path: Any) -> None:
     cfg.write_text('enabled_plugins = ["profiling"]\n[plugins.profiling]\nflush_every = 1\n')
     with pytest.raises(ConfigError, match="flush_every: unknown key"):
         Kernel.from_config(str(cfg))
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        # a TTL of infinity: the store refused it, no figure was ever stored
+        ("retention_s = inf", "plugins.profiling.retention_s"),
+        ("flush_interval_s = inf", "plugins.profiling.flush_interval_s"),
+        # estimate_time() answered nan or a negative time
+        (
+            "default_estimates_ms = { search = nan }",
+            "plugins.profiling.default_estimates_ms.search",
+        ),
+        ("default_estimates_ms = { search = -5 }", "plugins.profiling.default_estimates_ms.search"),
+    ],
+)
+def test_non_finite_or_negative_durations_are_config_errors(
+    tmp_path: Any, line: str, key: str
+) -> None:
+    from toolwire import ConfigError
+
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text(f'enabled_plugins = ["profiling"]\n[plugins.profiling]\n{line}\n')
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        Kernel.from_config(str(cfg))

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = ["AdaptiveTimeoutsConfig", "ProfilingConfig"]
 
 Switch = Literal["auto", "on", "off"]
+#: The longest interval or retention accepted (about 31 years). Finite: a retention of
+#: infinity became a state-store TTL, which refused it, so no figure was ever stored.
+MAX_SECONDS = 1e9
+Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class AdaptiveTimeoutsConfig(BaseModel):
@@ -46,21 +50,33 @@ class ProfilingConfig(BaseModel):
         "a prefix (and a store) share their figures",
     )
     flush_interval_s: float = Field(
-        5.0, gt=0, description="how often a process writes its new figures to the state store"
+        5.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="how often a process writes its new figures to the state store",
     )
     refresh_interval_s: float = Field(
-        30.0, gt=0, description="how often a busy process re-reads every tool's stored figures"
+        30.0,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="how often a busy process re-reads every tool's stored figures",
     )
     retention_s: float | None = Field(
-        None, gt=0, description="stored figures of a tool not called for this long expire"
+        None,
+        gt=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description="stored figures of a tool not called for this long expire",
     )
     recent_calls: int = Field(
         1000, ge=0, description="how many recent call records to keep in memory"
     )
     default_estimate_ms: float = Field(
-        1000.0, gt=0, description="estimate for a tool without enough history"
+        1000.0, gt=0, allow_inf_nan=False, description="estimate for a tool without enough history"
     )
-    default_estimates_ms: dict[str, float] = Field(
+    default_estimates_ms: dict[str, Milliseconds] = Field(
         default_factory=dict, description="per-tool estimates without enough history"
     )
     min_samples: int = Field(
