@@ -230,3 +230,36 @@ def test_a_plugin_route_clashing_with_the_mcp_endpoint_is_refused() -> None:
     ):
         plugin_http_routes(kernel, reserved=["/mcp"])
     assert len(plugin_http_routes(Kernel(plugins=[plugin()]), reserved=["/mcp"])) == 4
+
+
+async def test_the_http_api_refuses_unknown_body_keys_instead_of_ignoring_them() -> None:
+    # Before: {"arguments": {...}} (for "args") approved the call with its original
+    # arguments, the edit silently dropped; a non-string comment was dropped too.
+    from approval_testkit import running_call
+    from starlette.applications import Starlette
+
+    kernel, p, rec = gateway(default="REQUIRED")
+    pending = Pending(kernel)
+    app = Starlette(routes=p.http_routes())
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        kernel,
+        httpx.AsyncClient(transport=transport, base_url="http://t") as http,
+        running_call(kernel, "send_email", ARGS) as result,
+    ):
+        req = await pending.next()
+        url = f"/approvals/{req['id']}"
+        for path, body, bad in [
+            ("/approve", {"arguments": {"to": "b@x"}}, "'arguments'"),
+            ("/reject", {"reson": "typo"}, "'reson'"),
+            ("", {"decision": "approve", "args": {"to": "b@x"}, "comments": "x"}, "'comments'"),
+            ("/approve", {"comment": 5}, "'comment' must be a string"),
+        ]:
+            r = await http.post(url + path, json=body)
+            assert r.status_code == 400, (body, r.text)
+            assert bad in r.json()["error"]["message"]
+        assert (await p.get(req["id"])).status == "pending"  # nothing was decided
+        ok = await http.post(url, json={"decision": "approve", "args": {"to": "b@x"}})
+        assert ok.status_code == 200, ok.text
+    assert result().content == {"sent": "b@x", "count": 1}
+    assert rec.runs == [{"to": "b@x", "body": "hi", "count": 1}]

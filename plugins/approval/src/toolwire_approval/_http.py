@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 __all__ = ["build_routes"]
 
 _STATUSES = ("pending", "approved", "rejected", "expired", "all")
+#: The body keys of each decision ("decision" too, on POST /approvals/{id}).
+_KEYS = {
+    "approve": frozenset({"args", "comment", "by", "fingerprint"}),
+    "reject": frozenset({"reason", "by", "fingerprint"}),
+}
 
 
 def _error(status: int, kind: str, message: str, **extra: Any) -> JSONResponse:
@@ -85,20 +90,30 @@ def build_routes(plugin: ApprovalPlugin, prefix: str = "/approvals") -> list[Bas
             return _error(
                 400, "bad_request", 'say "decision": "approve" or "reject" (or POST .../approve)'
             )
+        # An unknown key is refused, not ignored: {"arguments": {...}} (for "args") would
+        # otherwise approve the call with its original arguments instead of the edited ones.
+        allowed = _KEYS[action] | ({"decision"} if "decision" in body else set())
+        unknown = sorted(set(body) - allowed)
+        if unknown:
+            return _error(
+                400,
+                "bad_request",
+                f"unknown key(s) {', '.join(map(repr, unknown))} in the body; to "
+                f"{action}, send {', '.join(sorted(allowed))}. Nothing was decided",
+                request_id=rid,
+            )
         by = body.get("by")
         fp = body.get("fingerprint")
-        for name, value in (("by", by), ("fingerprint", fp), ("reason", body.get("reason"))):
+        for name in ("by", "fingerprint", "reason", "comment"):
+            value = body.get(name)
             if value is not None and not isinstance(value, str):
-                return _error(400, "bad_request", f"{name!r} must be a string")
+                return _error(400, "bad_request", f"{name!r} must be a string", request_id=rid)
         decision: ApprovalDecision
         if action == "approve":
             args = body.get("args")
             if args is not None and not isinstance(args, dict):
                 return _error(422, "invalid_args", "'args' must be a JSON object", request_id=rid)
-            comment = body.get("comment")
-            decision = Approve(
-                by=by, args=args, comment=comment if isinstance(comment, str) else None
-            )
+            decision = Approve(by=by, args=args, comment=body.get("comment"))
         else:
             decision = Reject(reason=body.get("reason") or "rejected over HTTP", by=by)
         client = request.client.host if request.client is not None else None
