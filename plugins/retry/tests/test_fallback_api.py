@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from toolwire import CallContext, Kernel, Tool, ToolCall, ToolError, hookimpl, tool
+from toolwire import CallContext, Kernel, Tool, ToolCall, ToolError, build_tool, hookimpl, tool
 from toolwire.testing import FakeClock, FakeTool
 from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin
 from toolwire_retry import FallbackSpec, RetryConfig, RetryPlugin
@@ -329,6 +329,31 @@ async def test_a_candidate_whose_schema_rejects_the_arguments_is_skipped() -> No
     why = res.error.details["providers"]["picky"]["reason"]
     assert why.startswith("skipped: its schema rejects the arguments (")
     assert "only after an operator fixes it" in res.error.message
+
+
+async def test_a_candidate_without_the_requested_tools_optional_parameters_serves() -> None:
+    """Before: the call's arguments carried the requested tool's defaults, filled in by the
+    kernel (``model = "big"``), so a candidate without that parameter was skipped as
+    "its schema rejects the arguments" although the caller only gave ``text``."""
+
+    @tool(read_only=True)
+    def summarize(text: str, model: str = "big") -> str:
+        """Summarize."""
+        raise ToolError("Service Unavailable", status=503)
+
+    @tool(read_only=True)
+    def summarize_local(text: str) -> dict[str, Any]:
+        """Summarize locally."""
+        return {"by": "local", "text": text}
+
+    retry = retry_plugin(fallbacks={"summarize": ["summarize_local"]})
+    async with kernel([build_tool(summarize), build_tool(summarize_local)], retry) as k:
+        res = await k.call("summarize", {"text": "x"})
+        given = await k.call("summarize", {"text": "x", "model": "small"})
+    assert res.content == {"by": "local", "text": "x"}, res.error
+    # a value the caller chose is never dropped: that candidate still cannot serve it
+    assert given.error is not None and given.error.kind == "unavailable"
+    assert "schema rejects the arguments" in given.error.message
 
 
 async def test_a_chain_cut_by_max_attempts_says_so_and_may_be_retried_now() -> None:

@@ -53,6 +53,36 @@ def _unfit(tool: Tool, args: dict[str, Any]) -> str | None:
     return None
 
 
+def _without_filled_defaults(
+    args: dict[str, Any], origin: Tool | None, target: Tool, extra: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """``args`` without the values the kernel filled in from ``origin``'s defaults that
+    ``target`` does not take (None: nothing to drop).
+
+    The call's arguments were validated for the requested tool, defaults included: a
+    fallback taking fewer parameters (``search(q, count=10)`` -> ``search_lite(q)``)
+    would otherwise reject arguments the caller never gave.
+    """
+    if origin is None:
+        return None
+    props = origin.input_schema.get("properties")
+    taken = target.input_schema.get("properties")
+    if not isinstance(props, Mapping) or not isinstance(taken, Mapping):
+        return None
+    drop = [
+        k
+        for k, v in args.items()
+        if k not in extra
+        and k not in taken
+        and isinstance(props.get(k), Mapping)
+        and "default" in props[k]
+        and props[k]["default"] == v
+    ]
+    if not drop:
+        return None
+    return {k: v for k, v in args.items() if k not in drop}
+
+
 def _iso(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
@@ -679,6 +709,12 @@ class RetryPlugin:
                     continue
             args = {**ctx.call.args, **extra} if extra else dict(ctx.call.args)
             unfit = _unfit(tool, args)
+            if unfit is not None:
+                trimmed = _without_filled_defaults(
+                    args, kernel.get_tool(ctx.call.name), tool, extra
+                )
+                if trimmed is not None and _unfit(tool, trimmed) is None:
+                    args, unfit = trimmed, None
             if unfit is not None:  # the kernel would end the call here: try the next one
                 st.setdefault("unfit", {})[cand] = unfit
                 continue
