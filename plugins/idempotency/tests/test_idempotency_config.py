@@ -64,6 +64,19 @@ def test_unknown_or_bad_keys_are_config_errors(tmp_path: Path) -> None:
         IdempotencyConfig(ttl_secs=0)
 
 
+@pytest.mark.parametrize("key", ["ttl_secs", "lease_secs"])
+@pytest.mark.parametrize("value", ["inf", "nan", "1e16"])
+def test_endless_or_overflowing_durations_are_config_errors(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """TOML has ``inf``: it (and 1e16 s, a Redis expiry overflow) used to pass the config
+    check and then fail every call with an ``internal`` / ``unavailable`` error."""
+    path = tmp_path / "toolwire.toml"
+    path.write_text(f"[plugins.idempotency]\n{key} = {value}\n")
+    with pytest.raises(ConfigError, match=f"plugins.idempotency.{key}"):
+        Kernel.from_config(load_config(path, env=CLEAN))
+
+
 @pytest.mark.parametrize(
     ("env", "enabled", "ttl"),
     [
@@ -90,6 +103,7 @@ def test_environment_variables_override_the_file(
         ("TOOL_IDEMPOTENCY_TTL_SECS", "soon"),
         ("TOOL_IDEMPOTENCY_TTL_SECS", "-5"),
         ("TOOL_IDEMPOTENCY_TTL_SECS", "inf"),
+        ("TOOL_IDEMPOTENCY_TTL_SECS", "1e16"),
     ],
 )
 def test_malformed_environment_variables_name_themselves(var: str, raw: str) -> None:

@@ -16,6 +16,10 @@ __all__ = ["ENV_ENABLED", "ENV_TTL_SECS", "IdempotencyConfig", "apply_env"]
 ENV_ENABLED = "TOOL_IDEMPOTENCY_ENABLED"
 ENV_TTL_SECS = "TOOL_IDEMPOTENCY_TTL_SECS"
 
+#: The longest ``ttl_secs`` / ``lease_secs`` accepted (about 31 years): beyond it a
+#: Redis expiry in milliseconds overflows, and infinity is no expiry at all.
+MAX_SECS = 1e9
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -31,6 +35,8 @@ class IdempotencyConfig(BaseModel):
     ttl_secs: float = Field(
         3600.0,
         gt=0,
+        le=MAX_SECS,
+        allow_inf_nan=False,
         description="how long a result is kept for replays (env TOOL_IDEMPOTENCY_TTL_SECS)",
     )
     prefix: str = Field(
@@ -39,6 +45,8 @@ class IdempotencyConfig(BaseModel):
     lease_secs: float = Field(
         10.0,
         gt=0,
+        le=MAX_SECS,
+        allow_inf_nan=False,
         description="a running call's claim lapses this long after its owner stops renewing it",
     )
     wait_secs: float = Field(
@@ -84,8 +92,10 @@ def _parse_secs(var: str, raw: str) -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"expected a positive number of seconds, got {raw!r}", key=var)
+    if not math.isfinite(value) or value <= 0 or value > MAX_SECS:
+        raise ConfigError(
+            f"expected a positive number of seconds up to {MAX_SECS:g}, got {raw!r}", key=var
+        )
     return value
 
 
