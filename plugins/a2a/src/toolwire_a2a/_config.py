@@ -228,6 +228,8 @@ class A2AConfig(BaseModel):
     interrupted_ttl_s: float = Field(
         86400.0,
         gt=0,
+        le=1e9,  # a state-store TTL: finite (inf or 1e16 s were refused by every store)
+        allow_inf_nan=False,
         description="how long an interrupted task is remembered for its context_id",
     )
     max_description_chars: int = Field(
