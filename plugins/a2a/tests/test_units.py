@@ -61,6 +61,8 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         ("context = {when = 1979-05-27T07:32:00Z}", "JSON message metadata"),
         ('registry = {url = "http://r", selector = {tagz = ["x"]}}', "unknown key"),
         ("refresh_interval_s = -1", "plugins.a2a.refresh_interval_s"),
+        # was a bare TypeError traceback from the agents validator
+        ("agents = {research = 5}", "plugins.a2a.agents.0: Input should be a valid dictionary"),
         # was accepted, then every state write failed: context_id never continued a task
         ("interrupted_ttl_s = inf", "plugins.a2a.interrupted_ttl_s"),
         ("interrupted_ttl_s = 1e16", "plugins.a2a.interrupted_ttl_s"),

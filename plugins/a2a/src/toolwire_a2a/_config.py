@@ -243,9 +243,11 @@ class A2AConfig(BaseModel):
         if isinstance(v, dict):
             out = []
             for nick, entry in v.items():
-                item = {"url": entry} if isinstance(entry, str) else dict(entry)
-                item.setdefault("nickname", nick)
-                out.append(item)
+                if isinstance(entry, str):
+                    entry = {"url": entry}
+                if isinstance(entry, dict):
+                    entry = {"nickname": nick, **entry}
+                out.append(entry)  # anything else: pydantic names agents.<n> and the type
             return out
         if isinstance(v, list):
             return [{"url": e} if isinstance(e, str) else e for e in v]
