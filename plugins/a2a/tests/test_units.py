@@ -64,6 +64,11 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         # was a bare TypeError traceback from the agents validator
         ("agents = {research = 5}", "plugins.a2a.agents.0: Input should be a valid dictionary"),
         # was accepted, then every state write failed: context_id never continued a task
+        # the kernel then failed to start: "tool 'agent_b' provided by a2a:b and a2a:b"
+        (
+            'agents = [{url = "http://a", nickname = "x"}, {url = "http://a/", nickname = "y"}]',
+            "two agents have the same card http://a/.well-known/agent-card.json",
+        ),
         ("interrupted_ttl_s = inf", "plugins.a2a.interrupted_ttl_s"),
         ("interrupted_ttl_s = 1e16", "plugins.a2a.interrupted_ttl_s"),
     ],

@@ -261,6 +261,16 @@ class A2AConfig(BaseModel):
 
     @model_validator(mode="after")
     def _unique(self) -> A2AConfig:
+        cards: dict[str, str] = {}
+        for a in self.agents:
+            if not a.enabled:
+                continue
+            if a.card_url in cards:  # one handle per card: the second would take its tools
+                raise ValueError(
+                    f"two agents have the same card {a.card_url} ({cards[a.card_url]} and "
+                    f"{a.url}); list each agent once (per-call context goes in the message)"
+                )
+            cards[a.card_url] = a.url
         seen: dict[str, str] = {}
         for a in self.agents:
             if a.nickname is None:
