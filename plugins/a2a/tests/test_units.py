@@ -242,6 +242,14 @@ def _status_error(status: int, headers: dict[str, str] | None = None) -> Excepti
         (_status_error(403), ErrorKind.AUTH, None),
         (_status_error(429, {"Retry-After": "7"}), ErrorKind.RATE_LIMIT, 7.0),
         (_status_error(503, {"Retry-After": "2"}), ErrorKind.UNAVAILABLE, 2.0),
+        (_status_error(503, {"Retry-After": "nan"}), ErrorKind.UNAVAILABLE, None),
+        (_status_error(429, {"Retry-After": "soon"}), ErrorKind.RATE_LIMIT, None),
+        # an HTTP-date in the past: retry now (the future form is checked below)
+        (
+            _status_error(429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
+            ErrorKind.RATE_LIMIT,
+            0.0,
+        ),
         (_status_error(404), ErrorKind.UNAVAILABLE, None),
         (_status_error(400), ErrorKind.TOOL_ERROR, None),
         (TaskNotFoundError("Task not found"), ErrorKind.NOT_FOUND, None),
@@ -253,6 +261,14 @@ def test_error_kinds(exc: Exception, kind: str, retry_after: float | None) -> No
     assert err.kind == kind
     assert err.retry_after_s == retry_after
     assert str(err).startswith("agent 'research': sending the message")
+
+
+def test_retry_after_as_an_http_date() -> None:
+    """RFC 9110's other form of Retry-After; it used to give no retry_after_s at all."""
+    from toolwire_a2a._errors import retry_after
+
+    response = httpx.Response(429, headers={"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    assert retry_after(response, now=1445412480.0 - 90) == 90.0
 
 
 def test_unknown_json_rpc_codes_keep_their_code() -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
+import time
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -25,15 +28,26 @@ __all__ = ["map_error", "retry_after"]
 _RPC_CODE = re.compile(r"JSON-RPC Error (-?\d+):\s*(.*)", re.DOTALL)
 
 
-def retry_after(response: httpx.Response) -> float | None:
-    """``Retry-After`` in seconds (the delta-seconds form), or None."""
+def retry_after(response: httpx.Response, now: float | None = None) -> float | None:
+    """``Retry-After`` in seconds: delta seconds or an HTTP-date (RFC 9110), or None.
+
+    ``now``: epoch seconds the date is measured from (default: the wall clock).
+    """
     raw = response.headers.get("retry-after")
     if raw is None:
         return None
+    text = raw.strip()
     try:
-        return max(0.0, float(raw))
+        secs = float(text)
     except ValueError:
-        return None
+        try:
+            when = parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        secs = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, secs) if math.isfinite(secs) else None
 
 
 def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
