@@ -39,6 +39,8 @@ pytestmark = pytest.mark.anyio
         ({"brave": {"base_url": "api.search.brave.com"}}, "http://"),
         ({"chain_order": ["exa", "exa"]}, "more than once"),
         ({"brave": {"api_key": "k", "colour": "red"}}, "colour"),
+        # failed at startup before, with "ValueError: Unknown scheme for proxy URL"
+        ({"proxy": "proxy.internal:3128"}, "proxy\n.*http://, https:// or socks5://"),
     ],
 )
 def test_invalid_configuration_names_the_key(data: dict[str, Any], message: str) -> None:
@@ -264,3 +266,14 @@ async def test_without_ratelimit_the_warning_says_what_left_it_out(
     assert r.error is not None and r.error.kind == "config_error"
     warned = " ".join(x.getMessage() for x in caplog.records)
     assert "the ratelimit plugin is not loaded" in warned and "enabled_plugins" in warned
+
+
+def test_a_socks_proxy_without_socksio_names_the_package() -> None:
+    try:
+        import socksio  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("socksio is installed here")
+    with pytest.raises(pydantic.ValidationError, match=r"httpx\[socks\]"):
+        SearchConfig.model_validate({"proxy": "socks5://127.0.0.1:1080"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from typing import Annotated, Any
 
@@ -205,6 +206,24 @@ class SearchConfig(BaseModel):
             dup = sorted({x for x in v if v.count(x) > 1})
             if dup:
                 raise ValueError(f"listed more than once: {dup}")
+        return v
+
+    @field_validator("proxy")
+    @classmethod
+    def _proxy(cls, v: str | None) -> str | None:
+        """Checked here, not when the HTTP client opens (a bare ValueError at startup)."""
+        if v is None:
+            return v
+        scheme = v.partition("://")[0].lower() if "://" in v else ""
+        if scheme not in ("http", "https", "socks5", "socks5h"):
+            raise ValueError(
+                f"must be an http://, https:// or socks5:// proxy URL "
+                f"(e.g. http://proxy.internal:3128), got {v!r}"
+            )
+        if scheme.startswith("socks") and importlib.util.find_spec("socksio") is None:
+            raise ValueError(
+                "a socks5:// proxy needs the socksio package: pip install 'httpx[socks]'"
+            )
         return v
 
     @field_validator("collections")
