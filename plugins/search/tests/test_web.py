@@ -423,8 +423,11 @@ async def test_a_5xx_outage_falls_over_after_the_same_backend_retry(mock: respx.
     [
         httpx.Response(200, text="<html>maintenance</html>"),
         httpx.Response(200, json=[{"not": "an object"}]),
+        # nested: these were a healthy empty answer, so nothing fell over
+        httpx.Response(200, json={"type": "search", "web": [{"url": "https://a.test"}]}),
+        httpx.Response(200, json={"type": "search", "web": {"results": {"0": {}}}}),
     ],
-    ids=["not-json", "json-list"],
+    ids=["not-json", "json-list", "web-list", "results-object"],
 )
 async def test_a_broken_success_answer_falls_over(
     mock: respx.MockRouter, answer: httpx.Response
@@ -852,3 +855,23 @@ async def test_an_explicit_backend_with_the_operators_own_list(mock: respx.MockR
         res = await kernel.call("web_search", {"query": "q", "backend": "exa"})
     assert res.is_error and [a.tool for a in res.meta.attempts] == ["web_search"]
     assert searx.call_count == 1 and not brave.called
+
+
+@pytest.mark.parametrize(
+    ("tool", "body", "field"),
+    [
+        ("web_search_exa", {"requestId": "r1", "results": "none"}, "results"),
+        ("web_search_searxng", {"query": "q", "results": {"0": {}}}, "results"),
+    ],
+)
+async def test_a_results_field_of_the_wrong_type_is_a_broken_answer(
+    mock: respx.MockRouter, tool: str, body: dict[str, Any], field: str
+) -> None:
+    """Before: a healthy empty answer (no fallback, no warning)."""
+    mock.post(EXA_URL).mock(return_value=httpx.Response(200, json=body))
+    mock.get(SEARX_URL).mock(return_value=httpx.Response(200, json=body))
+    kernel = make_kernel(environ={"EXA_API_KEY": E1, "SEARXNG_URL": SEARX})
+    async with kernel:
+        res = await kernel.call(tool, {"query": "q"})
+    assert res.error is not None and res.error.kind == "unavailable", res.content
+    assert f"field {field!r}" in res.error.message

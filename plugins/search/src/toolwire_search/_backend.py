@@ -127,11 +127,24 @@ def _body(response: httpx.Response) -> Any:
     return text
 
 
-def unexpected_answer(backend: str, data: Any) -> ToolError:
+def field_of(backend: str, data: dict[str, Any], name: str, kind: type) -> Any:
+    """``data[name]`` when it is a ``kind``; absent or null: an empty one; anything else
+    is a broken answer (``unexpected_answer``), not a healthy "no results"."""
+    value = data.get(name)
+    if value is None:
+        return kind()
+    if not isinstance(value, kind):
+        raise unexpected_answer(backend, value, where=name)
+    return value
+
+
+def unexpected_answer(backend: str, data: Any, *, where: str | None = None) -> ToolError:
     """The error for a 2xx JSON answer of the wrong shape: the provider's fault (a broken
     deployment, an API change), so ``unavailable``: retried, then the next backend."""
+    what = f"field {where!r} of" if where else "of"
+    expected = "the expected JSON type" if where else "a JSON object"
     return ToolError(
-        f"{backend}: unexpected answer of type {type(data).__name__} (expected a JSON object)",
+        f"{backend}: unexpected answer: {what} type {type(data).__name__} (expected {expected})",
         kind=ErrorKind.UNAVAILABLE,
         details={"backend": backend},
     )

@@ -17,6 +17,7 @@ from ._backend import (
     Exhaustion,
     as_dict,
     as_list,
+    field_of,
     http_error,
     unexpected_answer,
 )
@@ -86,8 +87,8 @@ class BraveBackend(Backend):
         """``web.results`` as SearchResults; the rest of the answer as metadata."""
         if not isinstance(data, dict):
             raise unexpected_answer("brave", data)
-        web = as_dict(data.get("web"))
-        raw = as_list(web.get("results"))
+        web = field_of("brave", data, "web", dict)
+        raw = field_of("brave", web, "results", list)
         results = []
         for r in raw:
             if not isinstance(r, dict) or not isinstance(r.get("url"), str):

@@ -15,6 +15,7 @@ from ._backend import (
     BackendRequest,
     KeyExhausted,
     as_list,
+    field_of,
     http_error,
     unexpected_answer,
 )
@@ -86,7 +87,7 @@ class ExaBackend(Backend):
         """``results`` as SearchResults; ``requestId``, ``costDollars``... as metadata."""
         if not isinstance(data, dict):
             raise unexpected_answer("exa", data)
-        raw = as_list(data.get("results"))
+        raw = field_of("exa", data, "results", list)
         results = []
         for r in raw:
             if not isinstance(r, dict) or not isinstance(r.get("url"), str):

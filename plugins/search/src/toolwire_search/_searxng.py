@@ -15,7 +15,7 @@ from ._backend import (
     Backend,
     BackendPage,
     BackendRequest,
-    as_list,
+    field_of,
     http_error,
     unexpected_answer,
 )
@@ -126,7 +126,7 @@ class SearxngBackend(Backend):
         ``unresponsive_engines`` as metadata (and the latter as warnings)."""
         if not isinstance(data, dict):
             raise unexpected_answer("searxng", data)
-        raw = as_list(data.get("results"))
+        raw = field_of("searxng", data, "results", list)
         results = []
         for r in raw:
             if not isinstance(r, dict) or not isinstance(r.get("url"), str):
