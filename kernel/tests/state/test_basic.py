@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from toolwire.state import ANY, Entry, MemoryStore, StateStore, StateStoreError
+from toolwire.state import ANY, MAX_TTL_S, Entry, MemoryStore, StateStore, StateStoreError
 
 if TYPE_CHECKING:
     from conftest import Backend
@@ -128,7 +128,7 @@ async def test_non_json_value_is_rejected_before_writing(
 
 
 async def test_invalid_arguments(store: StateStore) -> None:
-    for ttl in (0, -1, math.nan, math.inf):
+    for ttl in (0, -1, math.nan, math.inf, MAX_TTL_S * 2, 1e16):  # 1e16: a Redis overflow
         with pytest.raises(ValueError, match="ttl"):
             await store.set("k", 1, ttl=ttl)
     with pytest.raises(TypeError):

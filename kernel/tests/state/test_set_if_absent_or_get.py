@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import pytest
 
-from toolwire.state import Entry, StateStore, StateStoreError
+from toolwire.state import MAX_TTL_S, Entry, StateStore, StateStoreError
 
 if TYPE_CHECKING:
     from conftest import Backend
@@ -80,7 +80,7 @@ async def test_bad_value_is_rejected_even_when_the_key_exists(store: StateStore,
 
 
 async def test_invalid_arguments(store: StateStore) -> None:
-    for ttl in (0, -1, math.nan, math.inf):
+    for ttl in (0, -1, math.nan, math.inf, MAX_TTL_S * 2, 1e16):  # 1e16: a Redis overflow
         with pytest.raises(ValueError, match="ttl"):
             await store.set_if_absent_or_get("k", 1, ttl=ttl)
     with pytest.raises(TypeError):

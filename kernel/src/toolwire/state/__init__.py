@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ._base import ANY, Entry, StateDataError, StateStore, StateStoreError
+from ._base import ANY, MAX_TTL_S, Entry, StateDataError, StateStore, StateStoreError
 from ._memory import MemoryStore
 from ._redis import RedisStore, redact_url
 from ._sqlite import SQLiteStore
@@ -30,6 +30,7 @@ from ._sqlite import SQLiteStore
 __all__ = [
     "ACCEPTED_SCHEMES",
     "ANY",
+    "MAX_TTL_S",
     "Entry",
     "MemoryStore",
     "RedisStore",

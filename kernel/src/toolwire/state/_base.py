@@ -250,14 +250,22 @@ def _check_key(key: str) -> None:
             raise ValueError(f"state key {key!r} is not valid Unicode text") from exc
 
 
+#: The longest ``ttl`` a store accepts: 1e9 seconds (about 31 years). Beyond it Redis's
+#: expiry in milliseconds overflows; plugins bound the durations they store by it.
+MAX_TTL_S = 1e9
+
+
 def _check_ttl(ttl: float | None) -> float | None:
-    """Validate a ``ttl`` argument: None or a positive, finite number of seconds."""
+    """Validate a ``ttl`` argument: None or a positive, finite number of seconds <= MAX_TTL_S."""
     if ttl is None:
         return None
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
         raise TypeError(f"ttl must be a number of seconds or None, not {type(ttl).__name__}")
-    if not math.isfinite(ttl) or ttl <= 0:
-        raise ValueError(f"ttl must be a positive, finite number of seconds (or None), not {ttl!r}")
+    if not math.isfinite(ttl) or ttl <= 0 or ttl > MAX_TTL_S:
+        raise ValueError(
+            f"ttl must be a positive number of seconds up to {MAX_TTL_S:g} (about 31 years), "
+            f"or None for no expiry, not {ttl!r}"
+        )
     return float(ttl)
 
 

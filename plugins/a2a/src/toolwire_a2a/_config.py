@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from toolwire.state import MAX_TTL_S
+
 __all__ = ["A2AConfig", "AgentConfig", "RegistryConfig", "Selector", "card_url_for"]
 
 #: Where A2A 0.3+ agents publish their card, relative to the agent's base URL.
@@ -228,7 +230,7 @@ class A2AConfig(BaseModel):
     interrupted_ttl_s: float = Field(
         86400.0,
         gt=0,
-        le=1e9,  # a state-store TTL: finite (inf or 1e16 s were refused by every store)
+        le=MAX_TTL_S,  # a state-store TTL: finite (inf or 1e16 s were refused by every store)
         allow_inf_nan=False,
         description="how long an interrupted task is remembered for its context_id",
     )

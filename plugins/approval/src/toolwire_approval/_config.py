@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from toolwire.state import MAX_TTL_S
+
 __all__ = ["ANNOTATION_HINTS", "ApprovalConfig", "Policy", "parse_policy"]
 
 
@@ -31,7 +33,7 @@ class Policy(enum.StrEnum):
 
 
 #: The longest timeout or retention accepted (about 31 years): a bound, not a use case.
-MAX_SECONDS = 1e9
+MAX_SECONDS = MAX_TTL_S
 
 _STRICTNESS = {Policy.NONE: 0, Policy.LAZY: 1, Policy.REQUIRED: 2}
 

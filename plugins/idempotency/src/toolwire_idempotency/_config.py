@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from toolwire import ConfigError
+from toolwire.state import MAX_TTL_S
 
 __all__ = ["ENV_ENABLED", "ENV_TTL_SECS", "IdempotencyConfig", "apply_env"]
 
@@ -18,7 +19,7 @@ ENV_TTL_SECS = "TOOL_IDEMPOTENCY_TTL_SECS"
 
 #: The longest ``ttl_secs`` / ``lease_secs`` accepted (about 31 years): beyond it a
 #: Redis expiry in milliseconds overflows, and infinity is no expiry at all.
-MAX_SECS = 1e9
+MAX_SECS = MAX_TTL_S
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -6,12 +6,14 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from toolwire.state import MAX_TTL_S
+
 __all__ = ["AdaptiveTimeoutsConfig", "ProfilingConfig"]
 
 Switch = Literal["auto", "on", "off"]
 #: The longest interval or retention accepted (about 31 years). Finite: a retention of
 #: infinity became a state-store TTL, which refused it, so no figure was ever stored.
-MAX_SECONDS = 1e9
+MAX_SECONDS = MAX_TTL_S
 Milliseconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 

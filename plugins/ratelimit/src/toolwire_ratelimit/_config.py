@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from toolwire import ConfigError
+from toolwire.state import MAX_TTL_S
 
 if TYPE_CHECKING:
     from toolwire import Kernel
@@ -63,7 +64,7 @@ Kind = Literal["rate_limit", "quota", "auth", "unavailable", "timeout"]
 NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
 #: The longest duration a key accepts (about 31 years). Durations must be finite: they
 #: become state-store TTLs and timestamps (infinity failed every call of the provider).
-MAX_SECONDS = 1e9
+MAX_SECONDS = MAX_TTL_S
 
 
 def nested_repetition(pattern: str) -> str | None:
