@@ -225,3 +225,21 @@ def test_the_embedded_state_goes_beside_the_config_file(
     assert code == 0, err
     assert (conf_dir / ".toolwire" / "state.db").exists()
     assert not (cwd / ".toolwire").exists()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_call_prints_a_result_its_terminal_cannot_encode(tmp_path: Path, encoding: str) -> None:
+    """Before: a lone surrogate in a result (text cut mid-character upstream) crashed the
+    print with UnicodeEncodeError, and the computed result was lost."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env |= {"TOOLWIRE_LOAD_PLUGINS": "", "PYTHONIOENCODING": encoding}
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "call", "echo", "--args", '{"message": "é\\ud800"}'],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["content"] == {"message": "é\ud800"}

@@ -55,7 +55,14 @@ SEARCH_LIMIT = 10
 
 
 def _print(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n"
+    try:
+        text.encode(sys.stdout.encoding or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        # a lone surrogate (text cut mid-character upstream) or a terminal that cannot
+        # show a character: \u escapes are the same JSON, and the result is not lost
+        text = json.dumps(obj, indent=2, ensure_ascii=True, default=str) + "\n"
+    sys.stdout.write(text)
     sys.stdout.flush()
 
 
