@@ -244,10 +244,10 @@ async def test_one_approval_runs_the_call_once_and_a_rejection_stands() -> None:
 async def test_callbacks_decide_sync_or_async_and_none_means_no_opinion() -> None:
     seen: list[ApprovalRequest] = []
 
-    def abstain(req: ApprovalRequest) -> None:
+    async def abstain(req: ApprovalRequest) -> None:
         seen.append(req)
 
-    async def approver(req: ApprovalRequest) -> Approve | Reject:
+    def approver(req: ApprovalRequest) -> Approve | Reject:  # sync: runs in a worker thread
         if req.args["to"].endswith("@corp"):
             return Approve(
                 by="policy-bot", args={**req.args, "body": "[checked] " + req.args["body"]}
@@ -267,6 +267,32 @@ async def test_callbacks_decide_sync_or_async_and_none_means_no_opinion() -> Non
     assert [r.args["to"] for r in seen] == ["a@corp", "a@gmail"]
     remove()
     assert p._callbacks == [abstain]
+
+
+async def test_a_sync_callback_waiting_for_a_human_does_not_stall_the_event_loop() -> None:
+    """Before: a sync callback ran on the event loop, so one blocked in input() or a dialog
+    stalled every call, the LAZY timeout included, until it returned."""
+    import threading
+
+    human = threading.Event()
+    returned = threading.Event()
+
+    def ask_at_the_console(req: ApprovalRequest) -> Approve | None:
+        answered = human.wait(30)  # input(), a GUI dialog ...
+        returned.set()
+        return Approve(by="console") if answered else None
+
+    kernel, p, rec, _ = setup(default="LAZY", lazy_timeout_s=0.2)
+    p.add_callback(ask_at_the_console)
+    async with kernel:
+        r = await kernel.call("send_email", {"to": "a@x"})
+        assert not returned.is_set()  # decided by the LAZY timeout while the human still thinks
+        assert not r.is_error and r.meta.approval is not None
+        assert r.meta.approval["how"] == "lazy_timeout"
+        assert len(rec.runs) == 1
+        human.set()  # the late answer is ignored; the abandoned thread ends
+        await anyio.to_thread.run_sync(returned.wait, 10)
+    assert returned.is_set()
 
 
 async def test_the_approval_required_event_carries_what_a_ui_needs() -> None:

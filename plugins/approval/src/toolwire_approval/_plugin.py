@@ -118,6 +118,10 @@ class _Signal:
         self.event.set()
 
 
+#: Sync approval callbacks running at once (each in a worker thread of its own pool).
+CALLBACK_THREADS = 64
+
+
 class ApprovalPlugin:
     """Human-in-the-loop approval of tool calls (entry point ``approval``, order 300).
 
@@ -150,6 +154,9 @@ class ApprovalPlugin:
         self.config = config if config is not None else ApprovalConfig()
         self.rules = RuleSet(self.config)
         self._callbacks: list[ApprovalCallback] = [callback] if callback is not None else []
+        # sync callbacks' threads: their own pool, so callbacks waiting for people never
+        # take the threads of the kernel's sync tools (anyio's default pool)
+        self._callback_threads: anyio.CapacityLimiter | None = None
         self._kernel: Kernel | None = None
         self._store = store
         self._time = clock or time.time
@@ -209,6 +216,10 @@ class ApprovalPlugin:
         The callback (sync or async) returns ``Approve(...)``, ``Reject(...)``
         or None (no opinion: the other channels and the timeouts decide). It
         runs concurrently with the other channels; the first decision wins.
+        A sync callback runs in a worker thread, so one that waits for a human
+        (``input()``, a GUI dialog) does not stall the event loop; one still
+        asking when the call is decided otherwise is abandoned, its answer
+        ignored.
         """
         self._callbacks.append(callback)
 
@@ -710,7 +721,14 @@ class ApprovalPlugin:
 
     async def _run_callback(self, cb: ApprovalCallback, request: ApprovalRequest) -> None:
         try:
-            res = cb(request)
+            if _is_async(cb):
+                res = cb(request)
+            else:  # it may block (input(), a dialog): not on the event loop
+                if self._callback_threads is None:
+                    self._callback_threads = anyio.CapacityLimiter(CALLBACK_THREADS)
+                res = await anyio.to_thread.run_sync(
+                    cb, request, abandon_on_cancel=True, limiter=self._callback_threads
+                )
             if inspect.isawaitable(res):
                 res = await res
             if res is None:
@@ -1075,3 +1093,10 @@ async def _wait_change(
 
             tg.start_soon(on_clock)
     return await store.get_entry(key)
+
+
+def _is_async(fn: Any) -> bool:
+    """``fn`` (a function, a partial, or an object with ``__call__``) is ``async def``."""
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004
+    )
