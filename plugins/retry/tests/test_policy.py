@@ -431,3 +431,15 @@ async def test_a_kind_the_tool_chose_is_left_alone_and_does_not_hurt_the_key() -
         av = await key_pool(k, "p").availability()
     assert res.error is not None and res.error.kind == "config_error" and not res.error.retryable
     assert len(res.meta.attempts) == 1 and av.available
+
+
+@pytest.mark.parametrize("where", ["global", "tool"])
+def test_an_infinite_first_backoff_step_is_refused(where: str) -> None:
+    """Before: base_s = inf passed; every retry then slept cap_s, and with cap_s = inf no
+    retry ran at all, silently. (cap_s, max_elapsed_s and the timeouts may be inf: no cap.)"""
+    import pydantic
+
+    raw: dict[str, Any] = {"base_s": float("inf")}
+    with pytest.raises(pydantic.ValidationError, match="base_s"):
+        RetryConfig(**raw) if where == "global" else RetryConfig(tools={"a": raw})
+    RetryConfig(cap_s=float("inf"), max_elapsed_s=float("inf"), request_timeout_seconds=1e300)

@@ -39,7 +39,12 @@ class _Policy(BaseModel):
     max_elapsed_s: float | None = Field(
         None, gt=0, description="no retry or fallback starts after this"
     )
-    base_s: float | None = Field(None, ge=0, description="first backoff step (full jitter)")
+    base_s: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,  # inf: every retry slept cap_s, or with cap_s = inf never ran
+        description="first backoff step (full jitter)",
+    )
     cap_s: float | None = Field(
         None, ge=0, description="longest single sleep; a longer retry-after fails over instead"
     )
