@@ -91,3 +91,20 @@ def test_result_validates_with_pydantic_typeadapter() -> None:
     assert dumped["error"]["kind"] == "tool_error"
     assert dumped["error"]["exception"] is None
     assert ta.validate_python(dumped).error.kind == "tool_error"
+
+
+def test_parse_retry_after_reads_both_forms_and_refuses_what_float_would_take() -> None:
+    from email.utils import formatdate
+
+    from toolwire import parse_retry_after
+
+    now = 1_800_000_000.0
+    assert parse_retry_after("120", now) == 120.0 and parse_retry_after(" +1.5 ", now) == 1.5
+    assert parse_retry_after(formatdate(now + 30, usegmt=True), now) == 30.0
+    assert parse_retry_after(formatdate(now - 30, usegmt=True), now) is None  # past
+    for junk in (None, "", "-5", "nan", "inf", "1e3", "soon", "Wed, 99 Foo 2015", "9" * 20):
+        assert parse_retry_after(junk, now) is None, junk
+    import time
+
+    ahead = parse_retry_after(formatdate(time.time() + 60, usegmt=True))  # from the wall clock
+    assert ahead is not None and 55 < ahead <= 60

@@ -20,6 +20,7 @@ from ._errors import ConfigError, KernelError, PluginError, ToolCallError, ToolC
 from ._events import CallEvent, EventBus
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image, sniff_image_type
 from ._kernel import Kernel
+from ._retry_after import parse_retry_after
 from ._terminal import TERMINAL_EXTENSION, Terminal
 from ._tool import ToolSet, build_tool, tool, tools_from_module
 from ._types import (
@@ -89,6 +90,7 @@ __all__ = [
     "hookimpl",
     "installed_plugins",
     "load_config",
+    "parse_retry_after",
     "plugin_not_loaded",
     "normalize_content",
     "open_store",

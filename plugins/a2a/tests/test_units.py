@@ -244,11 +244,12 @@ def _status_error(status: int, headers: dict[str, str] | None = None) -> Excepti
         (_status_error(503, {"Retry-After": "2"}), ErrorKind.UNAVAILABLE, 2.0),
         (_status_error(503, {"Retry-After": "nan"}), ErrorKind.UNAVAILABLE, None),
         (_status_error(429, {"Retry-After": "soon"}), ErrorKind.RATE_LIMIT, None),
-        # an HTTP-date in the past: retry now (the future form is checked below)
+        # an HTTP-date in the past (often clock skew): no hint, so the caller's own backoff
+        # applies rather than an immediate retry of a 429 (the future form is checked below)
         (
             _status_error(429, {"Retry-After": "Wed, 21 Oct 2015 07:28:00 GMT"}),
             ErrorKind.RATE_LIMIT,
-            0.0,
+            None,
         ),
         (_status_error(404), ErrorKind.UNAVAILABLE, None),
         (_status_error(400), ErrorKind.TOOL_ERROR, None),

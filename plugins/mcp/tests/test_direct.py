@@ -166,6 +166,13 @@ async def test_both_paths_give_identical_results(upstream: HttpUpstream) -> None
         r = await fast.call("up_http_429", {})
         assert r.error is not None and r.error.kind == "rate_limit"
         assert r.error.retry_after_s == 7
+        # RFC 9110's other form, an HTTP-date (ignored before), and a "nan" float() took
+        r = await fast.call("up_http_429_date", {})
+        assert r.error is not None and r.error.kind == "rate_limit"
+        assert r.error.retry_after_s is not None and 20 < r.error.retry_after_s <= 30
+        r = await fast.call("up_http_429_nan", {})
+        assert r.error is not None and r.error.kind == "rate_limit"
+        assert r.error.retry_after_s is None
         r = await fast.call("up_http_503", {})
         assert r.error is not None and r.error.kind == "unavailable"
         r = await fast.call("up_slow", {"seconds": 5})

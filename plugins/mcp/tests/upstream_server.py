@@ -229,6 +229,10 @@ def _gated() -> str:
 
 for _status in (401, 429, 503):
     mcp.tool(_gated, name=f"http_{_status}", description=f"Refused with HTTP {_status} over HTTP.")
+#: 429 with Retry-After as an HTTP-date 30 s ahead, or as "nan" (which float() would take)
+_RETRY_AFTER_FORMS = {"http_429_date": "date", "http_429_nan": "nan"}
+for _name in _RETRY_AFTER_FORMS:
+    mcp.tool(_gated, name=_name, description="Refused with HTTP 429 over HTTP.")
 
 
 class Gate:
@@ -241,11 +245,18 @@ class Gate:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
             name = headers.get(b"mcp-name", b"").decode()
-            if name.startswith("http_") and name[5:].isdigit():
+            form = _RETRY_AFTER_FORMS.get(name)
+            if form is not None or (name.startswith("http_") and name[5:].isdigit()):
+                from email.utils import formatdate
+
                 from starlette.responses import PlainTextResponse
 
-                status = int(name[5:])
+                status = int(name[5:8])
                 extra = {"Retry-After": "7"} if status == 429 else {}
+                if form is not None:
+                    extra["Retry-After"] = (
+                        formatdate(time.time() + 30, usegmt=True) if form == "date" else "nan"
+                    )
                 if status == 401:
                     extra["WWW-Authenticate"] = "Bearer"
                 await PlainTextResponse("refused by the gate", status, headers=extra)(

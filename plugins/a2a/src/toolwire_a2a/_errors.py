@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import math
 import re
-import time
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -21,7 +18,7 @@ from a2a.utils.errors import (
     VersionNotSupportedError,
 )
 
-from toolwire import ErrorKind, ToolError
+from toolwire import ErrorKind, ToolError, parse_retry_after
 
 __all__ = ["map_error", "retry_after"]
 
@@ -33,21 +30,7 @@ def retry_after(response: httpx.Response, now: float | None = None) -> float | N
 
     ``now``: epoch seconds the date is measured from (default: the wall clock).
     """
-    raw = response.headers.get("retry-after")
-    if raw is None:
-        return None
-    text = raw.strip()
-    try:
-        secs = float(text)
-    except ValueError:
-        try:
-            when = parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-        if when is None or when.tzinfo is None:
-            return None
-        secs = when.timestamp() - (time.time() if now is None else now)
-    return max(0.0, secs) if math.isfinite(secs) else None
+    return parse_retry_after(response.headers.get("retry-after"), now)
 
 
 def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | None:

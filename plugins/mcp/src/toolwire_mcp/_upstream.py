@@ -46,7 +46,15 @@ from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from toolwire import CallContext, ErrorKind, Kernel, Tool, ToolAnnotations, ToolError
+from toolwire import (
+    CallContext,
+    ErrorKind,
+    Kernel,
+    Tool,
+    ToolAnnotations,
+    ToolError,
+    parse_retry_after,
+)
 
 from ._config import TOOL_NAME, MCPConfig, ServerConfig
 from ._convert import (
@@ -887,10 +895,7 @@ class Upstream:
                 status, ra = exc.status, exc.retry_after
             else:
                 status, ra = exc.response.status_code, exc.response.headers.get("retry-after")
-            retry_after = None
-            if ra is not None:
-                with contextlib.suppress(ValueError):
-                    retry_after = float(ra)
+            retry_after = parse_retry_after(ra)
             kind = (
                 ErrorKind.AUTH
                 if status in (401, 403)

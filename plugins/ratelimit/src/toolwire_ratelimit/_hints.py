@@ -15,8 +15,9 @@ import math
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from typing import Any
+
+from toolwire import parse_retry_after  # one reading of Retry-After for every source
 
 __all__ = [
     "QUOTA_WINDOW_S",
@@ -77,27 +78,6 @@ def parse_duration(text: str) -> float | None:
     if not _DURATION.match(text):
         return None
     return sum(float(v) * _UNIT_S[u] for v, u in _DURATION_PART.findall(text))
-
-
-def parse_retry_after(value: str, now: float) -> float | None:
-    """``Retry-After``: delta seconds or an HTTP-date (relative to ``now``, epoch seconds).
-
-    Negative, unparseable or past values give None.
-    """
-    text = value.strip()[:128]
-    n = _number(text)
-    if n is not None:
-        return n
-    if not text or text[0] in "+-":
-        return None
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError, IndexError, OverflowError):
-        return None
-    if when is None or when.tzinfo is None:
-        return None
-    delta = when.timestamp() - now
-    return delta if delta >= 0 else None
 
 
 def _split(value: str | None) -> list[str]:
