@@ -365,6 +365,34 @@ async def test_oversized_result_leaves_a_marker_and_replays_get_an_error(env: En
     assert plugin.counters.oversized == 1 and plugin.counters.result_unavailable == 1
 
 
+async def test_max_stored_bytes_bounds_what_a_window_of_ttl_keeps(env: Env) -> None:
+    """Before: the store was bounded by time alone; one client sending large results with
+    distinct call ids filled it for a whole ttl_secs (50 MB/s in a review's measurement)."""
+    tool, runs = counting_tool(result={"blob": "x" * 400})
+    plugin = env.plugin(max_stored_bytes=1200, ttl_secs=60)
+    async with env.kernel([tool], [plugin]) as kernel:
+        firsts = [await kernel.call("send", {}, call_id=f"c{i}") for i in range(4)]
+        replays = [await kernel.call("send", {}, call_id=f"c{i}") for i in range(4)]
+        entries = [await kernel.state.get_entry(plugin.key_for("send", f"c{i}")) for i in range(4)]
+        if env.clock is not None:  # a later window has a budget of its own
+            env.clock.advance(60)
+            fresh = await kernel.call("send", {}, call_id="later")
+            again = await kernel.call("send", {}, call_id="later")
+            assert again.meta.replayed and again.content == fresh.content
+    assert len(runs) == 4 + (env.clock is not None)  # nothing ran twice
+    assert all(f.content == {"blob": "x" * 400} for f in firsts)  # every caller got its result
+    kept = [r for r in replays if not r.is_error]
+    assert len(kept) == 2 and all(r.meta.replayed for r in kept)  # ~590 bytes a record
+    for r in replays[2:]:
+        assert r.error is not None and r.error.kind == "conflict"
+        assert r.error.details["reason"] == "result_unavailable"
+        assert r.error.details["max_stored_bytes"] == 1200
+        assert "max_stored_bytes (1200), was spent" in r.error.message
+    assert [e is not None and e.value["s"] for e in entries] == ["done"] * 2 + ["oversized"] * 2
+    assert all("c" not in e.value for e in entries[2:] if e is not None)  # the marker is small
+    assert plugin.counters.over_budget == 2 and plugin.counters.result_unavailable == 2
+
+
 async def test_store_failure_fail_closed_refuses_and_runs_nothing(env: Env) -> None:
     tool, runs = counting_tool()
     plugin = env.plugin()

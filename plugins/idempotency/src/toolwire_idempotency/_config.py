@@ -66,6 +66,13 @@ class IdempotencyConfig(BaseModel):
     max_result_bytes: int = Field(
         1_048_576, gt=0, description="larger results are not kept; replays get an error"
     )
+    max_stored_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="results kept per ttl_secs window, in all; beyond it results are not "
+        "kept (replays get an error, as for max_result_bytes). Bounds the store at about "
+        "twice this. None: bounded by ttl_secs alone",
+    )
     exempt_tools: list[str] = Field(
         default_factory=list, description="tools never de-duplicated (no store access)"
     )

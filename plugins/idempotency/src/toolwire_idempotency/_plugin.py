@@ -43,7 +43,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
-from toolwire.state import Entry, StateDataError, StateStore, StateStoreError
+from toolwire.state import MAX_TTL_S, Entry, StateDataError, StateStore, StateStoreError
 
 from ._canonical import UnencodableArgumentError, hashes, record_hash
 from ._config import IdempotencyConfig, apply_env
@@ -106,6 +106,7 @@ class IdempotencyCounters:
     released: int = 0  #: claims given back (failures, cancellation): a replay re-runs
     errors_cached: int = 0  #: terminal errors kept for replays (cache_errors = true)
     oversized: int = 0  #: results too large to keep (a marker was stored instead)
+    over_budget: int = 0  #: results not kept because max_stored_bytes was spent (marker kept)
     store_errors: int = 0  #: state store failures seen (claim, completion, renewal)
     fail_open: int = 0  #: calls run unprotected because the store failed (fail_open)
     no_call_id: int = 0  #: calls without call_id (not de-duplicated)
@@ -358,6 +359,8 @@ class IdempotencyPlugin:
                     self.counters.released += 1
                     return
             record = self._done_record(claim, result)
+            if cfg.max_stored_bytes is not None and record["s"] == DONE:
+                record = await self._within_budget(store, claim, record, call.name)
             done = await store.compare_and_set(
                 claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
             )
@@ -478,17 +481,27 @@ class IdempotencyPlugin:
             if state == OVERSIZED:
                 self.counters.conflicts += 1
                 self.counters.result_unavailable += 1
+                why, key_ = (
+                    (
+                        f"the store's budget, max_stored_bytes ({value['budget']}), was spent",
+                        "max_stored_bytes",
+                    )
+                    if "budget" in value
+                    else (
+                        f"it was larger than max_result_bytes ({value.get('limit')})",
+                        "max_result_bytes",
+                    )
+                )
                 raise CallRejected(
                     ErrorKind.CONFLICT,
                     f"tool {call.name!r} call {call.call_id!r} already ran, but its result "
-                    f"({value.get('size')} bytes) was larger than max_result_bytes "
-                    f"({value.get('limit')}) and was not kept; it is not run again. Use a new "
-                    "call_id to run it again, or raise plugins.idempotency.max_result_bytes",
+                    f"({value.get('size')} bytes) was not kept: {why}; it is not run again. "
+                    f"Use a new call_id to run it again, or raise plugins.idempotency.{key_}",
                     details={
                         "reason": "result_unavailable",
                         "call_id": call.call_id,
                         "size": value.get("size"),
-                        "max_result_bytes": value.get("limit"),
+                        key_: value.get("budget", value.get("limit")),
                         "started_at": value.get("at"),
                     },
                 )
@@ -656,6 +669,35 @@ class IdempotencyPlugin:
         if IMAGE_FILE_EXTRA in meta.extra:
             record["img"] = meta.extra[IMAGE_FILE_EXTRA]
         return record
+
+    async def _within_budget(
+        self, store: StateStore, claim: _Claim, record: dict[str, Any], tool: str
+    ) -> dict[str, Any]:
+        """``record``, or a marker when it would spend more than ``max_stored_bytes``.
+
+        The bytes kept are counted per window of ``ttl_secs`` (one counter per
+        window, expiring after two); records live one ``ttl_secs``, so the
+        store holds at most two windows' budgets of results.
+        """
+        cfg = self.config
+        budget = cfg.max_stored_bytes
+        assert budget is not None
+        size = len(json.dumps(record, separators=_JSON_SEPARATORS, default=str))
+        window = int(claim.clock() // cfg.ttl_secs)
+        key = f"{cfg.prefix}:idempotency:bytes:{window}"
+        spent = await store.incr(key, size, ttl=min(2 * cfg.ttl_secs, MAX_TTL_S))
+        if spent <= budget:
+            return record
+        self.counters.over_budget += 1
+        log.warning(
+            "idempotency: result of tool %r (%d bytes) not kept: max_stored_bytes (%d) is "
+            "spent for this window of ttl_secs; a replay will get 'result unavailable'",
+            tool,
+            size,
+            budget,
+        )
+        keep = ("req", "at", "d", "end")
+        return {"s": OVERSIZED, **{k: record[k] for k in keep}, "size": size, "budget": budget}
 
     def _store_failed(
         self, call: ToolCall, store: StateStore, exc: StateStoreError
