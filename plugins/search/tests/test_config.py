@@ -277,3 +277,12 @@ def test_a_socks_proxy_without_socksio_names_the_package() -> None:
         pytest.skip("socksio is installed here")
     with pytest.raises(pydantic.ValidationError, match=r"httpx\[socks\]"):
         SearchConfig.model_validate({"proxy": "socks5://127.0.0.1:1080"})
+
+
+def test_max_field_chars_is_0_or_at_least_100() -> None:
+    from toolwire_search import SearchConfig
+
+    assert SearchConfig().max_field_chars == 2000
+    assert SearchConfig(max_field_chars=0).max_field_chars is None
+    with pytest.raises(ValueError, match="must be 0 \\(keep text whole\\) or at least 100"):
+        SearchConfig(max_field_chars=5)

@@ -162,6 +162,38 @@ async def test_exa_success_through_the_backend_argument(mock: respx.MockRouter) 
     )
 
 
+@pytest.mark.parametrize("limit", [2000, 0])
+async def test_long_text_fields_are_cut_at_max_field_chars(
+    mock: respx.MockRouter, limit: int | None
+) -> None:
+    """Before: a provider's page text, long titles and highlights went out whole (10 Exa
+    hits with contents.text made an 11 MB answer for the model and the idempotency store)."""
+    body = load("exa_search_200.json")
+    hit = body["results"][0]
+    hit["title"] = "T" * 5000
+    hit["text"] = "page text " * 10_000  # 100,000 characters
+    hit["highlights"] = ["h" * 3000, "short"]
+    long_url = "https://example.org/" + "p" * 2500
+    hit["url"] = long_url
+    mock.post(EXA_URL).mock(return_value=httpx.Response(200, json=body))
+    kernel = make_kernel(environ={"EXA_API_KEY": E1}, search={"max_field_chars": limit})
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q", "backend": "exa"})
+    assert not res.is_error, res.error
+    first = res.content["results"][0]
+    native = first["provider_metadata"]["exa"]
+    assert first["url"] == long_url == native["url"]  # a cut URL would be a wrong one
+    if not limit:
+        assert len(native["text"]) == 100_000 and len(first["title"]) == 5000
+        assert not any("max_field_chars" in w for w in res.content["warnings"])
+        return
+    assert len(first["title"]) == limit and first["title"].endswith("…")
+    assert len(native["text"]) == limit and native["text"].startswith("page text page")
+    assert [len(h) for h in first["highlights"]] == [limit, 5]
+    assert len(json.dumps(res.content)) < 30_000
+    assert any("max_field_chars" in w for w in res.content["warnings"])
+
+
 async def test_searxng_instance_from_the_environment(mock: respx.MockRouter) -> None:
     route = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
     kernel = make_kernel(environ={"SEARXNG_URL": SEARX + "/"})

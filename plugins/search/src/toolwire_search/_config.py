@@ -190,6 +190,13 @@ class SearchConfig(BaseModel):
     timeout_seconds: float = Field(10.0, gt=0, le=600, description="HTTP timeout per request")
     proxy: str | None = Field(None, description="HTTP(S) proxy URL for every backend request")
     user_agent: str = Field("toolwire-search/0.1", min_length=1)
+    max_field_chars: int | None = Field(
+        2000,
+        ge=0,
+        description="longer text fields of a web search's results and provider_metadata are "
+        "cut to this many characters (a page's full text per hit made 11 MB answers); "
+        "0 (or None): keep them whole",
+    )
     brave: BackendConfig = Field(default_factory=BackendConfig)
     exa: BackendConfig = Field(default_factory=BackendConfig)
     searxng: SearxngConfig = Field(default_factory=SearxngConfig)
@@ -206,6 +213,15 @@ class SearchConfig(BaseModel):
             dup = sorted({x for x in v if v.count(x) > 1})
             if dup:
                 raise ValueError(f"listed more than once: {dup}")
+        return v
+
+    @field_validator("max_field_chars")
+    @classmethod
+    def _field_chars(cls, v: int | None) -> int | None:
+        if v is None or v == 0:
+            return None  # keep fields whole
+        if v < 100:
+            raise ValueError(f"must be 0 (keep text whole) or at least 100 characters, not {v}")
         return v
 
     @field_validator("proxy")

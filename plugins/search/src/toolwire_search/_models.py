@@ -212,6 +212,37 @@ def make_result(
     }
 
 
+def cut_long_text(obj: Any, limit: int, *, _depth: int = 0) -> tuple[Any, int]:
+    """``obj`` with every string longer than ``limit`` cut (ending in "…"); and how many.
+
+    URLs (the values of keys named ``url``) are never cut: a cut URL is a
+    wrong one. Nesting beyond 50 levels is left as it is.
+    """
+    if isinstance(obj, str):
+        return (obj[: limit - 1] + "…", 1) if len(obj) > limit else (obj, 0)
+    if _depth > 50:
+        return obj, 0
+    if isinstance(obj, dict):
+        out: dict[Any, Any] = {}
+        cut = 0
+        for k, v in obj.items():
+            if k == "url" and isinstance(v, str):
+                out[k] = v
+                continue
+            out[k], n = cut_long_text(v, limit, _depth=_depth + 1)
+            cut += n
+        return out, cut
+    if isinstance(obj, list):
+        items: list[Any] = []
+        cut = 0
+        for v in obj:
+            item, n = cut_long_text(v, limit, _depth=_depth + 1)
+            items.append(item)
+            cut += n
+        return items, cut
+    return obj, 0
+
+
 def output_schema() -> dict[str, Any]:
     """The JSON schema of ``SearchOutput`` (the tools' ``output_schema``)."""
     schema = SearchOutput.model_json_schema(mode="serialization")

@@ -48,7 +48,7 @@ from ._kb import (
     result_of,
     signature,
 )
-from ._models import SearchQuery, input_schema, output_schema, validate_query
+from ._models import SearchQuery, cut_long_text, input_schema, output_schema, validate_query
 from ._searxng import SearxngBackend
 from ._text import tokenize
 
@@ -582,11 +582,21 @@ class SearchPlugin:
         results = results[: q.max_results]
         warnings.extend(req.warnings)
         warnings.extend(page.warnings)
+        metadata: Any = {b.name: page.metadata}
+        limit = self.config.max_field_chars
+        if limit is not None:
+            results, cut = cut_long_text(results, limit)
+            metadata, cut_meta = cut_long_text(metadata, limit)
+            if cut + cut_meta:
+                warnings.append(
+                    f"{who}: {cut + cut_meta} text fields longer than {limit} characters were "
+                    "cut ([plugins.search] max_field_chars)"
+                )
         out: dict[str, Any] = {
             "results": results,
             "served_by": b.name,
             "warnings": warnings[:_MAX_WARNINGS],
-            "provider_metadata": {b.name: page.metadata},
+            "provider_metadata": metadata,
         }
         if secret and not b.key_is_base_url and secret in json.dumps(out, default=str):
             out = rl.redactor.value(out)  # a provider echoing the key in a success body
