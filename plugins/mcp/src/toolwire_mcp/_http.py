@@ -11,7 +11,9 @@ opening, for its first request); otherwise the connection is closed — with a
 client is gone (``http.disconnect``) when the head had and the body had not.
 
 Streams the server writes (SSE responses, the GET stream) are not timed: the
-deadline covers only what the client sends.
+deadline covers only what the client sends. Nor is the time a pipelined
+request waits behind an earlier one still being answered (uvicorn stops
+reading it until then): its clock starts when that answer is complete.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._read_timer: asyncio.TimerHandle | None = None
         self._in_head = False
+        #: Between a request's first byte and its last.
+        self._reading = False
 
     # A request's first byte (or the connection's opening) starts its clock ...
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -57,7 +61,8 @@ class TimedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._in_head = True
-        if self._read_timer is None:
+        self._reading = True
+        if self._read_timer is None and not self._answering():
             self._arm()
 
     def on_headers_complete(self) -> None:
@@ -67,7 +72,20 @@ class TimedHttpProtocol(HttpToolsProtocol):
     # ... and its last byte stops it.
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._reading = False
         self._disarm()
+
+    # A request pipelined behind one still being answered is not read (uvicorn pauses
+    # reading until that answer is sent): its clock starts once the answer is complete.
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._reading and self._read_timer is None and not self.transport.is_closing():
+            self._arm()
+
+    def _answering(self) -> bool:
+        """An earlier request of this connection is still being answered."""
+        cycle = self.cycle
+        return cycle is not None and not cycle.response_complete
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
