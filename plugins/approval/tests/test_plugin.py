@@ -295,6 +295,52 @@ async def test_a_sync_callback_waiting_for_a_human_does_not_stall_the_event_loop
     assert returned.is_set()
 
 
+_ABANDONED_AT_EXIT = """
+import threading, time, anyio
+from toolwire import Kernel, tool
+from toolwire_approval import ApprovalConfig, ApprovalPlugin
+
+@tool
+def send(to: str) -> str:
+    return "sent"
+
+def nobody_answers(req):
+    threading.Event().wait()  # input() at a console nobody is at
+
+async def main():
+    cfg = ApprovalConfig.model_validate({"default": "LAZY", "lazy_timeout_s": 0.1})
+    kernel = Kernel(plugins=[ApprovalPlugin(cfg, callback=nobody_answers)])
+    kernel.add_tool(send)
+    async with kernel:
+        print((await kernel.call("send", {"to": "x"})).content, flush=True)
+
+anyio.run(main)
+"""
+
+
+def test_a_sync_callback_still_asking_does_not_keep_the_process_from_exiting() -> None:
+    """Before: it ran in one of anyio's worker threads, which are not daemon threads: once
+    the call was decided otherwise and main() had returned, the process waited at exit for
+    the callback (for ever, for a console nobody answers)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _ABANDONED_AT_EXIT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the process did not exit: an abandoned callback's thread held it")
+    assert proc.returncode == 0, err
+    assert out.strip() == "{'result': 'sent'}"
+
+
 async def test_the_approval_required_event_carries_what_a_ui_needs() -> None:
     kernel, p, _, pending = setup(tags={"mail": "REQUIRED"})
     kernel.remove_tool("send_email")

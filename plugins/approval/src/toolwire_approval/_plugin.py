@@ -21,11 +21,13 @@ for it.
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import itertools
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
+import anyio.from_thread
+import anyio.lowlevel
 import pydantic
 import pydantic_core
 
@@ -726,9 +730,7 @@ class ApprovalPlugin:
             else:  # it may block (input(), a dialog): not on the event loop
                 if self._callback_threads is None:
                     self._callback_threads = anyio.CapacityLimiter(CALLBACK_THREADS)
-                res = await anyio.to_thread.run_sync(
-                    cb, request, abandon_on_cancel=True, limiter=self._callback_threads
-                )
+                res = await _in_daemon_thread(cb, request, self._callback_threads)
             if inspect.isawaitable(res):
                 res = await res
             if res is None:
@@ -1093,6 +1095,49 @@ async def _wait_change(
 
             tg.start_soon(on_clock)
     return await store.get_entry(key)
+
+
+async def _in_daemon_thread(
+    fn: Callable[[ApprovalRequest], Any], request: ApprovalRequest, limiter: anyio.CapacityLimiter
+) -> Any:
+    """``fn(request)`` in a daemon thread of its own; cancelled, the thread is abandoned.
+
+    Not anyio's worker threads: those are not daemon threads, so one abandoned in
+    ``input()`` or a dialog kept the process from exiting (after ``anyio.run`` had
+    returned) until somebody answered. The thread holds a ``limiter`` slot until it
+    ends, so at most ``CALLBACK_THREADS`` run at once, abandoned ones included.
+    """
+    borrower = object()
+    await limiter.acquire_on_behalf_of(borrower)
+    try:
+        token = anyio.lowlevel.current_token()
+        done = anyio.Event()
+        outcome: list[tuple[bool, Any]] = []
+        context = contextvars.copy_context()
+
+        def finish() -> None:
+            limiter.release_on_behalf_of(borrower)
+            done.set()
+
+        def work() -> None:
+            try:
+                outcome.append((True, context.run(fn, request)))
+            except BaseException as exc:  # handed to the awaiting task
+                outcome.append((False, exc))
+            try:
+                anyio.from_thread.run_sync(finish, token=token)
+            except Exception:  # the event loop has ended: nobody is waiting
+                pass
+
+        threading.Thread(target=work, name="toolwire-approval-callback", daemon=True).start()
+    except BaseException:
+        limiter.release_on_behalf_of(borrower)
+        raise
+    await done.wait()
+    ok, value = outcome[0]
+    if ok:
+        return value
+    raise value
 
 
 def _is_async(fn: Any) -> bool:
