@@ -341,6 +341,18 @@ def test_a_sync_callback_still_asking_does_not_keep_the_process_from_exiting() -
     assert out.strip() == "{'result': 'sent'}"
 
 
+async def test_the_longest_timeout_and_retention_the_config_takes_still_run_calls() -> None:
+    """Before: a request's TTL is its timeout plus retention_s, each <= MAX_TTL_S (the
+    config's bound) but not their sum: every call needing approval failed 'internal'."""
+    kernel, p, rec, _ = setup(default="REQUIRED", required_timeout_s=1e9, retention_s=1e9)
+    p.add_callback(lambda req: Approve(by="bot"))
+    async with kernel:
+        r = await kernel.call("send_email", {"to": "a@x"})
+    assert r.error is None, r.error
+    assert r.meta.approval is not None and r.meta.approval["status"] == "approved"
+    assert len(rec.runs) == 1
+
+
 async def test_the_approval_required_event_carries_what_a_ui_needs() -> None:
     kernel, p, _, pending = setup(tags={"mail": "REQUIRED"})
     kernel.remove_tool("send_email")

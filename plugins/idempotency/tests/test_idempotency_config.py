@@ -129,6 +129,19 @@ def test_environment_reaches_plugins_loaded_from_config(
 
 
 @pytest.mark.anyio
+async def test_the_longest_lease_the_config_takes_still_runs_calls() -> None:
+    """Before: a claim's TTL is twice the lease, so lease_secs past half of MAX_TTL_S (which
+    the config accepts) made every call fail 'internal' on the store's TTL bound."""
+    tool, runs = counting_tool("send")
+    plugin = IdempotencyPlugin(IdempotencyConfig(lease_secs=1e9), env={})
+    async with Kernel(tools=[tool], plugins=[plugin]) as kernel:
+        first = await kernel.call("send", {}, call_id="c1")
+        again = await kernel.call("send", {}, call_id="c1")
+    assert first.error is None and again.error is None, (first.error, again.error)
+    assert len(runs) == 1
+
+
+@pytest.mark.anyio
 async def test_per_tool_opt_out_setting() -> None:
     tool, runs = counting_tool("log_line")
     tool.settings["idempotency"] = False

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from toolwire import ConfigError, Kernel, load_config
+from toolwire import ConfigError, Kernel, load_config, tool
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import RateLimitPlugin, key_pool
 
@@ -87,6 +87,27 @@ def test_durations_must_be_finite(tmp_path: Path, toml: str, key: str, problem: 
         kernel_from(tmp_path, f'[plugins.ratelimit.providers.brave]\ntools = ["t"]\n{toml}\n')
     assert f"plugins.ratelimit.providers.brave.{key}" in str(exc.value)
     assert problem in str(exc.value)
+
+
+async def test_a_slow_rate_with_a_big_burst_still_runs_calls(tmp_path: Path) -> None:
+    """Before: the bucket's TTL (burst x interval) passed the stores' MAX_TTL_S for such a
+    rate, which the config accepts (10 a month, bursts of 10,000): every call failed
+    'internal'."""
+    kernel = kernel_from(
+        tmp_path,
+        "[plugins.ratelimit.tools.t]\n"
+        "rate = { requests = 10, per_seconds = 2592000, burst = 10000 }\n",
+    )
+
+    @tool
+    def t() -> str:
+        return "ok"
+
+    kernel.add_tool(t)
+    async with kernel:
+        res = await kernel.call("t", {})
+    assert res.error is None, res.error
+    assert res.content == {"result": "ok"}
 
 
 async def test_no_config_at_all(tmp_path: Path) -> None:

@@ -53,7 +53,7 @@ from toolwire import (
     hookimpl,
     validate_json_schema,
 )
-from toolwire.state import Entry, StateStore, StateStoreError
+from toolwire.state import MAX_TTL_S, Entry, StateStore, StateStoreError
 
 from ._channels import (
     ELICIT_EXTENSION,
@@ -835,7 +835,8 @@ class ApprovalPlugin:
         return cfg.required_timeout_s if policy is Policy.REQUIRED else cfg.lazy_timeout_s
 
     def _ttl(self, rec: dict[str, Any], now: float) -> float:
-        return max(float(rec["expires_at"]) - now, 0.0) + self.config.retention_s
+        # the two durations are each <= MAX_TTL_S, their sum need not be
+        return min(max(float(rec["expires_at"]) - now, 0.0) + self.config.retention_s, MAX_TTL_S)
 
     def _new_record(
         self,

@@ -203,7 +203,8 @@ class IdempotencyPlugin:
         self._renew_every = cfg.lease_secs / 4
         # A claim must outlive its lease (a dead owner's claim is what makes a
         # replay answer "outcome unknown"), even when ttl_secs is shorter.
-        self._pending_ttl = max(cfg.ttl_secs, 2 * cfg.lease_secs)
+        # (<= MAX_TTL_S, what a store accepts: lease_secs may be up to that bound itself)
+        self._pending_ttl = min(max(cfg.ttl_secs, 2 * cfg.lease_secs), MAX_TTL_S)
         self._pid = -1  # the _fork_generation of _owner_base
         self._owner_base = ""
         self._seq = itertools.count(1)

@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 
 from toolwire import Clock, StateStore
-from toolwire.state import StateStoreError
+from toolwire.state import MAX_TTL_S, StateStoreError
 
 from ._config import RateSpec
 
@@ -123,7 +123,8 @@ class Throttle:
             fn,
             lock=self.lock,
             now=self.clock.time,
-            ttl=capacity * interval + 60.0,
+            # a slow rate with a big burst can ask for more than a store keeps a key
+            ttl=min(capacity * interval + 60.0, MAX_TTL_S),
         )
         if not ok:
             raise Throttled(self.name, wait)
