@@ -435,6 +435,29 @@ async def test_deadline_guard_stops_a_retry_that_would_pass_it() -> None:
     assert len(fake.calls) == 2
 
 
+async def test_a_fallback_after_the_deadline_passed_never_starts_the_other_tool() -> None:
+    """A fallback has no back-off for the deadline guard to refuse: the attempt itself must
+    not start once the call's deadline has passed."""
+    clock = FakeClock()
+
+    def slow_failure(args: dict[str, Any]) -> Any:
+        clock.advance(3)  # the first attempt used up the whole 2 s deadline, and more
+        raise ToolError("down", kind="unavailable")
+
+    primary = FakeTool("primary", script=[slow_failure])
+    backup = FakeTool("backup", script=[{"from": "backup"}])
+    r = await make_kernel(
+        primary.tool, backup.tool, plugins=(Decider(Fallback("backup")),), clock=clock
+    ).call("primary", {}, timeout=2)
+    assert backup.calls == []
+    assert r.error is not None and r.error.kind == "timeout"
+    assert "deadline passed before the attempt started" in r.error.message
+    assert [(a.tool, a.error_kind) for a in r.meta.attempts] == [
+        ("primary", "unavailable"),
+        ("backup", "timeout"),
+    ]
+
+
 async def test_per_tool_timeout_gives_timeout_kind() -> None:
     fake = FakeTool("t", delay=5, timeout_s=0.05)
     with anyio.fail_after(3):
