@@ -73,8 +73,10 @@ async def test_on_in_flight_error_answers_conflict_at_once(env: Env) -> None:
     assert dup.error is not None and dup.error.kind == "conflict"
     assert dup.error.retryable is True and dup.error.retry_after_s
     assert dup.error.details["reason"] == "in_flight"
+    assert "is still running elsewhere" in dup.error.message  # not "after waiting"
     assert replay.meta.replayed and len(runs) == 1
     assert plugin.counters.in_flight == 1
+    assert plugin.counters.waits == 0  # at once: it never waited for the original
 
 
 async def test_waiting_is_bounded_then_conflict_retryable(env: Env) -> None:

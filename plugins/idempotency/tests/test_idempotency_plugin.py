@@ -13,6 +13,7 @@ from toolwire import (
     IMAGE_FILE_EXTRA,
     CallContext,
     Image,
+    Retry,
     Tool,
     ToolError,
     ToolResult,
@@ -346,6 +347,49 @@ async def test_cancellation_is_never_recorded_and_releases_the_claim(env: Env) -
         again = await kernel.call("send", {}, call_id="cx")
     assert len(runs) == 2 and not again.meta.replayed and not again.is_error
     assert plugin.counters.released == 1
+
+
+async def test_a_call_cancelled_after_a_failed_attempt_is_not_cached_as_an_error(
+    env: Env,
+) -> None:
+    """With cache_errors, a cancellation after an attempt ran (here: during the retry)
+    still releases the claim: caching 'cancelled' would answer every replay with it."""
+    gate = anyio.Event()
+    runs: list[int] = []
+
+    @tool
+    async def send() -> dict[str, int]:
+        """Fails once, then waits for the gate on its retry."""
+        runs.append(1)
+        if len(runs) == 1:
+            raise ToolError("busy", kind="unavailable")
+        if len(runs) == 2:
+            await gate.wait()
+        return {"ok": len(runs)}
+
+    class RetryOnce:
+        name, order = "retry_once", 400
+
+        @hookimpl
+        def on_error(self, error: Any) -> Any:
+            return Retry(0) if error.kind == "unavailable" else None
+
+    plugin = env.plugin(cache_errors=True)
+    async with env.kernel([send], [plugin, RetryOnce()]) as kernel:
+
+        async def call() -> None:
+            await kernel.call("send", {}, call_id="cr")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                while len(runs) < 2:  # noqa: ASYNC110
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        assert await kernel.state.get_entry(plugin.key_for("send", "cr")) is None
+        assert plugin.counters.errors_cached == 0
+        again = await kernel.call("send", {}, call_id="cr")
+    assert not again.is_error and not again.meta.replayed and again.content == {"ok": 3}
 
 
 async def test_oversized_result_leaves_a_marker_and_replays_get_an_error(env: Env) -> None:
