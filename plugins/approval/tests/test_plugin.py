@@ -6,12 +6,13 @@ from typing import Any
 
 import anyio
 import pytest
-from approval_testkit import Pending, Recorder, plugin, running_call
+from approval_testkit import ManualClock, Pending, Recorder, plugin, running_call
 
 from toolwire import Kernel, ToolwireConfig
 from toolwire.testing import FakeClock
 from toolwire_approval import (
     AlreadyDecidedError,
+    ApprovalExpiredError,
     ApprovalPlugin,
     ApprovalRequest,
     Approve,
@@ -241,6 +242,24 @@ async def test_one_approval_runs_the_call_once_and_a_rejection_stands() -> None:
         assert len(pending.events) == 2 and len(rec.runs) == 1
 
 
+async def test_two_duplicates_waiting_on_one_approval_run_the_call_once() -> None:
+    kernel, p, rec, pending = setup(default="REQUIRED")
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}, call_id="d") as first:
+        req = await pending.next()
+        async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="d") as second:
+            joined = await pending.next()
+            assert joined["id"] == req["id"]
+            assert pending.events[-1].data["resumed"] is True
+            await p.approve(req["id"])
+    results = [first(), second()]
+    assert len(rec.runs) == 1
+    [ok] = [r for r in results if not r.is_error]
+    [dup] = [r for r in results if r.is_error]
+    assert ok.content == {"sent": "a@x", "count": 1}
+    assert dup.error is not None and dup.error.kind == "conflict"
+    assert dup.error.details == {"reason": "approval_used", "request_id": req["id"]}
+
+
 async def test_callbacks_decide_sync_or_async_and_none_means_no_opinion() -> None:
     seen: list[ApprovalRequest] = []
 
@@ -390,6 +409,29 @@ async def test_the_calls_deadline_ends_the_wait_but_keeps_the_request() -> None:
         again = await kernel.call("send_email", {"to": "a@x"}, call_id="d")
     assert not again.is_error and len(rec.runs) == 1
     assert again.meta.approval is not None and again.meta.approval["request_id"] == req.id
+
+
+async def test_a_decision_after_the_request_expired_is_refused() -> None:
+    """Nobody waits on the request (its call was cancelled), so nothing timed it out:
+    approve/reject must still refuse it once its own timeout has passed."""
+    clock = ManualClock()
+    p = plugin(default="REQUIRED", required_timeout_s=60)
+    kernel = Kernel(plugins=[p], clock=clock)
+    rec = Recorder()
+    rec.add_to(kernel)
+    pending = Pending(kernel)
+    async with kernel:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kernel.call, "send_email", {"to": "a@x"})
+            req = await pending.next()
+            tg.cancel_scope.cancel()
+        assert [r.id for r in await p.pending()] == [req["id"]]  # still pending, unwatched
+        clock.advance(60)
+        with pytest.raises(ApprovalExpiredError, match="expired"):
+            await p.approve(req["id"])
+        with pytest.raises(ApprovalExpiredError, match="expired"):
+            await p.reject(req["id"], "too late")
+    assert rec.runs == []
 
 
 async def test_a_failing_store_refuses_the_call() -> None:
