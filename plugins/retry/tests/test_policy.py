@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ from toolwire import (
     CallContext,
     Kernel,
     Tool,
+    ToolAnnotations,
     ToolError,
     build_tool,
     hookimpl,
@@ -64,9 +67,11 @@ async def test_exponential_backoff_with_full_jitter() -> None:
         res = await k.call("busy", {})
     assert res.error is not None and res.error.kind == "unavailable"
     assert len(ft.calls) == 5 and len(clock.sleeps) == 4
-    for n, s in enumerate(clock.sleeps, 1):
-        assert 0 <= s <= min(3.0, 1.0 * 2 ** (n - 1))
-    assert len(set(clock.sleeps)) == 4  # jittered
+    # full jitter: attempt n sleeps uniform(0, min(cap_s, base_s * 2**(n-1))), from the seeded rng
+    rng = random.Random(3)
+    assert clock.sleeps == pytest.approx(
+        [rng.uniform(0, min(3.0, 2.0 ** (n - 1))) for n in (1, 2, 3, 4)]
+    )
     assert res.error.details["gave_up"] == "max_attempts (5, the retry policy's) reached"
     slept = [d.get("slept_ms") for d in res.meta.extra["attempt_details"]]
     assert slept[:4] == [round(s * 1000, 3) for s in clock.sleeps]
@@ -89,10 +94,27 @@ async def test_retry_after_is_honoured_and_bounded_by_cap_and_elapsed_budget() -
     assert res.error is not None and "time left" in res.error.details["gave_up"]
 
 
+async def test_a_spent_max_elapsed_budget_is_named_as_the_reason() -> None:
+    clock = FakeClock()
+
+    def slow_503(args: dict[str, Any]) -> Any:
+        clock.advance(11)  # the retry alone outlasts max_elapsed_s
+        raise BUSY
+
+    ft, t = fake("busy", [BUSY, slow_503], read_only=True)
+    async with kernel([t], retry={"max_elapsed_s": 10}, clock=clock) as k:
+        res = await k.call("busy", {})
+    assert len(clock.sleeps) == 1 and len(ft.calls) == 2
+    assert res.error is not None and res.error.details["gave_up"] == "max_elapsed_s reached"
+
+
 async def test_a_timed_out_side_effecting_tool_is_never_retried() -> None:
-    for read_only, idempotent, expected in [(None, None, 1), (True, None, 2), (None, True, 2)]:
+    cases = [(None, None, 1), (True, None, 2), (None, "config", 2), (None, "hint", 2)]
+    for read_only, idempotent, expected in cases:
         ft, t = fake("slow", [{"ok": 1}], read_only=read_only, delay=0.2, timeout_s=0.02)
-        retry = {"tools": {"slow": {"idempotent": True}}} if idempotent else {}
+        if idempotent == "hint":  # the tool's own MCP annotation
+            t = dataclasses.replace(t, annotations=ToolAnnotations(idempotentHint=True))
+        retry = {"tools": {"slow": {"idempotent": True}}} if idempotent == "config" else {}
         async with kernel([t], retry=retry) as k:
             res = await k.call("slow", {})
         assert res.error is not None and res.error.kind == "timeout"
