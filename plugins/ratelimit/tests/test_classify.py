@@ -351,6 +351,14 @@ def test_body_hints() -> None:
     assert classify(ToolError("rate limited, try again in 350ms", status=429))[3] == pytest.approx(
         0.35
     )
+    # a quota waits for its window's reset, never for a body's "try again in 20s"
+    assert classify(ToolError("insufficient_quota: please try again in 20s", status=429)) == (
+        "quota",
+        False,
+        "default.quota.insufficient_quota",
+        None,
+    )
+    assert classify(ToolError("x", status=402, details={"body": {"retry_after": 12}}))[3] is None
 
 
 # ------------------------------------------------------------ hostile input
