@@ -546,3 +546,54 @@ def test_tool_module_entries_may_be_module_refs() -> None:
 
     cfg = ToolsConfig(modules=[ModuleRef(module="toolwire.examples"), "x.y"])
     assert [r.module for r in cfg.refs()] == ["toolwire.examples", "x.y"]
+
+
+# ------------------------------------------- broken files and env vars: typed errors
+@pytest.mark.parametrize(
+    ("text", "var", "where"),
+    [
+        ("[plugins]\naudit = 5\n", "TOOLWIRE_PLUGINS__AUDIT__PATH", "plugins.audit"),
+        ('plugins = "x"\n', "TOOLWIRE_PLUGINS__AUDIT__PATH", "plugins"),
+        (
+            '[plugins.audit]\npath = "p"\n',
+            "TOOLWIRE_PLUGINS__" + "AUDIT__PATH__SUB",
+            "plugins.audit.path",
+        ),
+    ],
+)
+def test_plugin_env_var_under_a_value_that_is_not_a_table(
+    tmp_path: Path, text: str, var: str, where: str
+) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, env={var: "1"})
+    msg = str(ei.value)
+    assert msg.startswith(f"{p}: {where}: ") and var in msg and "not a table" in msg
+
+
+def test_config_file_that_is_not_utf8(tmp_path: Path) -> None:
+    p = tmp_path / "toolwire.toml"
+    p.write_bytes(b'state = "memory://\xe9"\n')
+    with pytest.raises(ConfigError, match=r"toolwire\.toml: .*not UTF-8"):
+        load_config(p, env={})
+
+
+def test_secrets_file_that_is_not_a_string(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"secrets_file: .*a path \(a string\)"):
+        load_config(write(tmp_path, "secrets_file = 5\n"), env={})
+
+
+@pytest.mark.parametrize("what", ["directory", "not utf-8"])
+def test_secrets_file_that_cannot_be_read(tmp_path: Path, what: str) -> None:
+    target = tmp_path / "app.secrets.env"
+    if what == "directory":
+        target.mkdir()
+    else:
+        target.write_bytes(b"A_KEY=\xff\xfe\n")
+    p = write(tmp_path, 'secrets_file = "app.secrets.env"\n')
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, env={})
+    assert "app.secrets.env" in str(ei.value) and "secrets_file" in str(ei.value)
+    # the env var's name is given when the path came from there
+    with pytest.raises(ConfigError, match="TOOLWIRE_SECRETS_FILE"):
+        load_config(write(tmp_path, ""), env={"TOOLWIRE_SECRETS_FILE": str(target)})

@@ -151,7 +151,18 @@ def _env_value(raw: str) -> Any:
         return raw
 
 
-def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
+_TOML_KINDS = {
+    str: "a string",
+    int: "an integer",
+    float: "a float",
+    bool: "a boolean",
+    list: "an array",
+}
+
+
+def _apply_env(
+    data: dict[str, Any], env: Mapping[str, str], file: str | None = None
+) -> dict[str, str]:
     """TOOLWIRE_* variables override file values (see docs/config.md).
 
     Returns ``dotted key -> variable`` for the values taken from the environment,
@@ -193,8 +204,24 @@ def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, str]:
             raise ConfigError(
                 f"environment variable {var}: expected TOOLWIRE_PLUGINS__<plugin>__<key>[__<subkey>]"
             )
+        path = ["plugins"]
         node = data.setdefault("plugins", {})
-        for p in [parts[0].lower(), *[x.lower() for x in parts[1:-1]]]:
+        for p in [parts[0].lower(), *[x.lower() for x in parts[1:-1]], None]:
+            if not isinstance(node, dict):
+                # a value is there (from the file, or another variable); a key needs a table
+                key = ".".join(path)
+                other = sources.get(key)
+                where = f"set by {other}" if other else "in the file"
+                kind = _TOML_KINDS.get(type(node), "a " + type(node).__name__)
+                raise ConfigError(
+                    f"is {kind} {where}, not a table, so the environment variable {var} "
+                    f"cannot set a key inside it; fix {other or 'the value'} or unset {var}",
+                    file=file,
+                    key=key,
+                )
+            if p is None:
+                break
+            path.append(p)
             node = node.setdefault(p, {})
         node[parts[-1].lower()] = _env_value(raw)
         sources[".".join(["plugins", *(x.lower() for x in parts)])] = var
@@ -222,9 +249,19 @@ def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
 
 
 def read_secrets_file(path: Path) -> dict[str, str]:
-    """Parse a ``NAME=value`` secrets file (``#`` comments, optional ``export``, quotes)."""
+    """Parse a ``NAME=value`` secrets file (``#`` comments, optional ``export``, quotes).
+
+    A file that cannot be read (a directory, no permission, not UTF-8) is a
+    ``ConfigError`` naming it.
+    """
     out: dict[str, str] = {}
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text: {exc}", file=str(path)) from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc}", file=str(path)) from exc
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -323,6 +360,8 @@ def load_config(
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"invalid TOML: {exc}", file=file) from exc
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"not UTF-8 text (TOML files are UTF-8): {exc}", file=file) from exc
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc}", file=file) from exc
     elif explicit if required is None else required:
@@ -337,9 +376,18 @@ def load_config(
                 key="plugins",
             )
         data["enabled_plugins"] = data.pop("plugins")
-    env_sources = _apply_env(data, env)
+    env_sources = _apply_env(data, env, file)
     secrets_path = data.get("secrets_file")
     secrets: dict[str, str] = {}
+    if secrets_path is not None and not isinstance(secrets_path, str):
+        raise ConfigError(
+            _problem(
+                "secrets_file",
+                f"must be a path (a string), not {type(secrets_path).__name__} {secrets_path!r}",
+                env_sources,
+            ),
+            file=file,
+        )
     if secrets_path:
         sp = Path(secrets_path)
         if file and not sp.is_absolute():
@@ -349,7 +397,13 @@ def load_config(
                 _problem("secrets_file", f"secrets file {str(sp)!r} not found", env_sources),
                 file=file,
             )
-        secrets = read_secrets_file(sp)
+        try:
+            secrets = read_secrets_file(sp)
+        except ConfigError as exc:
+            raise ConfigError(
+                _problem("secrets_file", f"secrets file {str(sp)!r}: {exc.detail}", env_sources),
+                file=file,
+            ) from exc
     found: dict[str, str] = {}
     data = resolve_secrets(data, env=env, secrets=secrets, file=file, found=found)
     try:
