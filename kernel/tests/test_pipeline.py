@@ -1008,3 +1008,57 @@ async def test_an_event_subscriber_never_makes_a_call_raise_on_odd_meta_extra() 
     extra = r.to_dict()["meta"]["extra"]
     assert extra["fine"] == 1 and extra["obj"].startswith("<not JSON: value of type object")
     assert seen and seen[-1]["result"]["meta"]["extra"]["fine"] == 1
+
+
+# ------------------------------------------- async hooks behind a plain decorator
+def _plain_decorator(fn: Any) -> Any:
+    """What many tracing/logging decorators do: a sync wrapper returning fn's coroutine."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+async def test_async_hooks_behind_a_sync_decorator_are_awaited() -> None:
+    seen: list[str] = []
+
+    class Wrapped:
+        name = "wrapped"
+
+        @hookimpl
+        @_plain_decorator
+        async def startup(self) -> None:
+            seen.append("startup")
+
+        @hookimpl
+        @_plain_decorator
+        async def before_call(self, call: ToolCall) -> None:
+            seen.append("before_call")
+
+        @hookimpl
+        @_plain_decorator
+        async def on_error(self, error: ErrorInfo) -> Recover:
+            seen.append("on_error")
+            return Recover({"recovered": error.message})
+
+        @hookimpl
+        @_plain_decorator
+        async def after_call(self, result: ToolResult) -> None:
+            seen.append("after_call")
+            result.meta.extra["wrapped"] = True
+
+        @hookimpl
+        @_plain_decorator
+        async def shutdown(self) -> None:
+            seen.append("shutdown")
+
+    flaky = FakeTool("flaky", script=[ToolError("boom")])
+    k = make_kernel(flaky.tool, plugins=(Wrapped(),))
+    async with k:
+        r = await k.call("flaky", {})
+    assert seen == ["startup", "before_call", "on_error", "after_call", "shutdown"]
+    assert r.content == {"recovered": "boom"} and r.meta.extra == {"wrapped": True}
+    assert r.meta.plugin_errors == []

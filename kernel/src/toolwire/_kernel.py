@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import difflib
+import inspect
 import logging
 import math
 import os
@@ -340,7 +341,7 @@ class Kernel:
         for impl in impls:
             try:
                 res = impl.invoke(self)
-                if impl.is_async:
+                if impl.is_async or inspect.isawaitable(res):
                     await res
             except Exception:
                 log.exception("plugin %r: shutdown failed", impl.plugin)
@@ -626,7 +627,7 @@ class Kernel:
     async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
         try:
             res = impl.invoke(*args)
-            if impl.is_async:
+            if impl.is_async or inspect.isawaitable(res):
                 res = await res
         except (KernelError, anyio.get_cancelled_exc_class()):
             raise
@@ -973,7 +974,7 @@ class Kernel:
             check = ctx.check_result
             try:
                 res = invoke(call, ctx)
-                if is_async:
+                if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
                 if ctx.check_result is not check:
                     ctx.check_result_by = plugin
@@ -1231,7 +1232,7 @@ class Kernel:
         for invoke, is_async, plugin in ctx.hooks[1]:
             try:
                 res = invoke(call, err, ctx)
-                if is_async:
+                if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
             except Exception as exc:
                 log.error("plugin %r: on_error failed for tool %r", plugin, call.name, exc_info=exc)
@@ -1251,7 +1252,7 @@ class Kernel:
             entered[0] += 1
             try:
                 res = invoke(call, result, ctx)
-                if is_async:
+                if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
             except Exception as exc:
                 log.error(
