@@ -146,3 +146,31 @@ async def test_a_failed_reopen_after_rotation_keeps_writing_to_the_old_file(
         await k.call("login", {"user": "c", "password": "x"})
     assert len(lines(rotated)) == 2  # a, and b while the new file could not be opened
     assert len(lines(log)) == 1  # c, once it could
+
+
+@tool
+def configure(settings: dict[str, object], note: str = "") -> str:
+    """Apply settings."""
+    return "ok"
+
+
+async def test_nested_credentials_and_known_secrets_are_not_written(tmp_path: Path) -> None:
+    """Before: only top-level argument keys were redacted; a password one level down,
+    or a configured secret's value in any argument, went to the audit file as is."""
+    k, log = kernel_for(tmp_path, "include_args = true\n")
+    k.add_tool(configure)
+    k.add_secret("sk-live-123456", "API_KEY")
+    args = {
+        "settings": {"db": {"password": "hunter2!"}, "hooks": [{"Token": "tok-abcdef"}]},
+        "note": "key is sk-live-123456",
+    }
+    async with k:
+        r = await k.call("configure", args)
+    assert r.content == {"result": "ok"}
+    (line,) = lines(log)
+    assert line["args"] == {
+        "settings": {"db": {"password": "***"}, "hooks": [{"Token": "***"}]},
+        "note": "key is [secret:API_KEY]",
+    }
+    text = log.read_text()
+    assert "hunter2!" not in text and "tok-abcdef" not in text and "sk-live-123456" not in text

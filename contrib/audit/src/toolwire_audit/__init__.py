@@ -24,6 +24,9 @@ __version__ = "0.1.0"
 
 log = logging.getLogger("toolwire.audit")
 
+#: Arguments nested deeper than this are not recorded (the line must always be written).
+_MAX_DEPTH = 64
+
 
 class AuditConfig(BaseModel):
     """``[plugins.audit]``."""
@@ -57,10 +60,12 @@ class AuditPlugin:
         self._stream: IO[str] | None = None
         self._path: Path | None = None
         self._lock = threading.Lock()
+        self._kernel: Kernel | None = None  # for its known secret values (kernel.redactor)
 
     # -- lifecycle
     @hookimpl
     def startup(self, kernel: Kernel) -> None:
+        self._kernel = kernel
         if self.config.path == "-":
             self._stream = sys.stderr
         else:
@@ -117,8 +122,28 @@ class AuditPlugin:
         return {"args": self._redact(call.args)} if self.config.include_args else {}
 
     def _redact(self, args: dict[str, Any]) -> dict[str, Any]:
-        keys = {k.lower() for k in self.config.redact_keys}
-        return {k: ("***" if k.lower() in keys else v) for k, v in args.items()}
+        keys = frozenset(k.lower() for k in self.config.redact_keys)
+        out: dict[str, Any] = self._redact_value(args, keys, 0)
+        return out
+
+    def _redact_value(self, value: Any, keys: frozenset[str], depth: int) -> Any:
+        """``value`` with ``redact_keys`` hidden at any depth and known secrets replaced."""
+        if isinstance(value, str):
+            return self._kernel.redactor.text(value) if self._kernel is not None else value
+        if isinstance(value, dict | list | tuple) and depth >= _MAX_DEPTH:
+            return f"[nested deeper than {_MAX_DEPTH} levels: not recorded]"
+        if isinstance(value, dict):
+            return {
+                k: (
+                    "***"
+                    if isinstance(k, str) and k.lower() in keys
+                    else self._redact_value(v, keys, depth + 1)
+                )
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [self._redact_value(v, keys, depth + 1) for v in value]
+        return value
 
     def _write(self, line: dict[str, Any]) -> None:
         if self._stream is None:
