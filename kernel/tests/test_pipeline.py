@@ -488,6 +488,37 @@ async def test_non_json_return_is_a_clear_tool_error() -> None:
     assert "not JSON-serializable" in r.error.message and "return a dict" in r.error.message
 
 
+async def test_non_json_return_says_what_inside_it_is_wrong() -> None:
+    """Before: a pydantic model holding non-UTF-8 bytes, or a list nested past the
+    encoder's limit, was 'a M / a list, which is not JSON-serializable; return ... a
+    pydantic model' - nothing said what inside it could not be encoded."""
+    import pydantic
+
+    class Blob(pydantic.BaseModel):
+        data: bytes
+
+    deep: Any = 1
+    for _ in range(5000):
+        deep = [deep]
+
+    @tool
+    def blob() -> Any:
+        """Returns a model holding bytes that are not UTF-8."""
+        return Blob(data=b"\xff\xfe")
+
+    @tool
+    def nested() -> Any:
+        """Returns a list nested 5000 deep."""
+        return deep
+
+    k = Kernel(tools=[blob, nested])
+    r = await k.call("blob")
+    assert r.error is not None and r.error.kind == "tool_error"
+    assert "utf-8" in r.error.message.lower()
+    r = await k.call("nested")
+    assert r.error is not None and "depth exceeded" in r.error.message
+
+
 async def test_on_error_classifier_mutates_error_before_the_decider() -> None:
     class Classify:
         name = "classify"

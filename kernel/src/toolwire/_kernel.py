@@ -1029,8 +1029,8 @@ class Kernel:
                 err = ErrorInfo(
                     ErrorKind.TOOL_ERROR,
                     f"tool {cur_tool.name!r} returned a {exc.type_name}, which is not "
-                    f"JSON-serializable; return a dict, a pydantic model, a dataclass or "
-                    f"JSON-compatible values",
+                    f"JSON-serializable ({exc.detail}); return a dict, a pydantic model, a "
+                    f"dataclass or JSON-compatible values",
                     source="kernel",
                     exception=exc,
                 )

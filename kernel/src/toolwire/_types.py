@@ -534,6 +534,8 @@ class NotJSONError(TypeError):
     def __init__(self, type_name: str, detail: str) -> None:
         super().__init__(f"value of type {type_name} is not JSON-serializable ({detail})")
         self.type_name = type_name
+        #: What the encoder found wrong (a type it cannot encode, bytes not UTF-8, a cycle...).
+        self.detail = detail
 
 
 def normalize_content(value: Any) -> JSON:
