@@ -1093,3 +1093,23 @@ async def test_async_hooks_behind_a_sync_decorator_are_awaited() -> None:
     assert seen == ["startup", "before_call", "on_error", "after_call", "shutdown"]
     assert r.content == {"recovered": "boom"} and r.meta.extra == {"wrapped": True}
     assert r.meta.plugin_errors == []
+
+
+@pytest.mark.parametrize(
+    ("kw", "named"),
+    [
+        ({"call_id": 5}, "call_id"),
+        ({"session_id": b"s"}, "session_id"),
+        ({"tenant": ["t"]}, "tenant"),
+        ({"metadata": "x"}, "metadata"),
+    ],
+)
+async def test_call_identity_and_metadata_of_the_wrong_type_are_named(
+    kw: dict[str, Any], named: str
+) -> None:
+    """Before: call_id=5 went through to plugins that key state by it, and
+    metadata='x' raised a bare 'dictionary update sequence element' ValueError."""
+    k = make_kernel()
+    with pytest.raises(TypeError, match=rf"kernel\.call\('add', {named}=\.\.\.\)"):
+        await k.call("add", {"a": 1, "b": 2}, **kw)
+    await k.close()

@@ -820,6 +820,17 @@ class Kernel:
                 f"kernel.call({name!r}, args=...): args must be a mapping of argument names to "
                 f"values (a dict), not {type(args).__name__}"
             )
+        for key, ident in (("call_id", call_id), ("session_id", session_id), ("tenant", tenant)):
+            if ident is not None and not isinstance(ident, str):
+                raise TypeError(
+                    f"kernel.call({name!r}, {key}=...): give a str or None, not "
+                    f"{type(ident).__name__} {ident!r} (plugins key state and records by it)"
+                )
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(
+                f"kernel.call({name!r}, metadata=...): give a dict (a mapping of names to "
+                f"values) or None, not {type(metadata).__name__}"
+            )
         if timeout is not None and (
             isinstance(timeout, bool)
             or not isinstance(timeout, int | float)
