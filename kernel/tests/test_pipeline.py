@@ -349,19 +349,33 @@ class Watcher:
         Retry(after_s=float("inf")),  # before: slept forever
         Retry(args=["x"]),  # type: ignore[arg-type]
         Fallback(tool=3),  # type: ignore[arg-type]
+        "retry please",
+        Recover({1, object()}),
     ],
-    ids=["after_s-str", "after_s-nan", "after_s-inf", "args-list", "tool-int"],
+    ids=[
+        "after_s-str",
+        "after_s-nan",
+        "after_s-inf",
+        "args-list",
+        "tool-int",
+        "not-a-decision",
+        "recover-not-json",
+    ],
 )
-async def test_a_malformed_decision_is_an_internal_error_and_after_call_still_runs(
+async def test_a_malformed_decision_leaves_the_tools_error_and_after_call_still_runs(
     decision: Any,
 ) -> None:
     """Before: Retry(after_s="1s") made kernel.call raise ValueError, and after_call never ran
-    (an idempotency claim stayed held for the life of the process)."""
+    (an idempotency claim stayed held for the life of the process); then it became an
+    `internal` error, which hid why the tool had failed."""
     seen: list[ToolResult] = []
-    fake = FakeTool("t", script=[ToolError("x")])
+    fake = FakeTool("t", script=[ToolError("x", kind="unavailable")])
     r = await make_kernel(fake.tool, plugins=(Decider(decision), Watcher(seen))).call("t", {})
-    assert r.error is not None and r.error.kind == "internal", r.error
-    assert r.error.message.startswith("plugin 'decider': on_error returned ")
+    assert r.error is not None and r.error.kind == "unavailable", r.error
+    assert r.error.message == "x"
+    assert r.error.details["gave_up"].startswith("plugin 'decider': on_error returned ")
+    assert [e["plugin"] for e in r.meta.plugin_errors] == ["decider"]
+    assert r.meta.plugin_errors[0]["hook"] == "on_error"
     assert seen == [r]
 
 

@@ -922,6 +922,18 @@ class Kernel:
         if own.plugin_errors and m.plugin_errors is not own.plugin_errors:
             m.plugin_errors[:0] = own.plugin_errors
 
+    def _bad_decision(self, err: ErrorInfo, ctx: CallContext, by: str, problem: str) -> ToolResult:
+        """A plugin's on_error decision the kernel cannot follow: the tool's own error stands.
+
+        A plugin bug must not hide why the tool failed (it once became ``internal``).
+        """
+        log.error("plugin %r: on_error returned %s; the tool's own error stands", by, problem)
+        ctx.meta.plugin_errors.append(
+            {"plugin": by, "hook": "on_error", "error": f"returned {problem}"}
+        )
+        err.details["gave_up"] = f"plugin {by!r}: on_error returned {problem} (ignored)"
+        return ToolResult.from_error(err, ctx.meta)
+
     def _fail(
         self, ctx: CallContext, kind: str, message: str, *, source: str = "kernel", **details: Any
     ) -> ToolResult:
@@ -1168,26 +1180,16 @@ class Kernel:
             try:
                 content = normalize_content(decision.result)
             except NotJSONError as exc:
-                return self._fail(
-                    ctx,
-                    ErrorKind.INTERNAL,
-                    f"plugin {by!r}: Recover value is not JSON-serializable: {exc}",
-                    source=by,
+                return self._bad_decision(
+                    err, ctx, by, f"a Recover value that is not JSON-serializable: {exc}"
                 )
             ctx.meta.served_by = f"recovered:{by}"
             return ToolResult(content, False, None, ctx.meta)
         if not isinstance(decision, (Retry, Fallback)):
-            return self._fail(
-                ctx,
-                ErrorKind.INTERNAL,
-                f"plugin {by!r}: on_error returned {type(decision).__name__}, not a Decision",
-                source=by,
-            )
+            return self._bad_decision(err, ctx, by, f"{type(decision).__name__}, not a Decision")
         problem = _decision_problem(decision)
         if problem is not None:
-            return self._fail(
-                ctx, ErrorKind.INTERNAL, f"plugin {by!r}: on_error returned {problem}", source=by
-            )
+            return self._bad_decision(err, ctx, by, problem)
         if ctx.attempt >= self.max_attempts:
             err.details["gave_up"] = f"max_attempts ({self.max_attempts}) reached"
             return ToolResult.from_error(err, ctx.meta)
