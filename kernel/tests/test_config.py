@@ -597,3 +597,16 @@ def test_secrets_file_that_cannot_be_read(tmp_path: Path, what: str) -> None:
     # the env var's name is given when the path came from there
     with pytest.raises(ConfigError, match="TOOLWIRE_SECRETS_FILE"):
         load_config(write(tmp_path, ""), env={"TOOLWIRE_SECRETS_FILE": str(target)})
+
+
+@pytest.mark.parametrize("deep_first", [True, False])
+def test_a_variable_inside_another_variables_value_is_an_error_in_any_order(
+    deep_first: bool,
+) -> None:
+    """Before: with the deeper variable first in the environment, the shallower one silently
+    overwrote it; the other order was an error."""
+    pairs = [("TOOLWIRE_PLUGINS__a__x__y", "1"), ("TOOLWIRE_PLUGINS__a__x", "2")]
+    env = dict(pairs if deep_first else pairs[::-1])
+    with pytest.raises(ConfigError, match=r"set by TOOLWIRE_PLUGINS__a__x, not a table") as exc:
+        load_config(None, env=env, required=False)
+    assert "TOOLWIRE_PLUGINS__a__x__y" in str(exc.value)

@@ -196,7 +196,9 @@ def _apply_env(
         # One entry per name ("disabled_plugins[x]"): the file's list and the variable's add up.
         sources.update((f"disabled_plugins[{p}]", "TOOLWIRE_DISABLE_PLUGINS") for p in extra)
     prefix = "TOOLWIRE_PLUGINS__"
-    for var, raw in env.items():
+    # shallow variables first: __A__X and __A__X__Y both set is an error whatever the
+    # environment's order (the deeper one used to be overwritten silently)
+    for var, raw in sorted(env.items(), key=lambda kv: kv[0].count("__")):
         if not var.startswith(prefix):
             continue
         parts = var[len(prefix) :].split("__")
