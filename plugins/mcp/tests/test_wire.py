@@ -504,6 +504,27 @@ async def test_a_head_that_never_ends_is_cut_off() -> None:
         await pool.close()
 
 
+async def test_a_head_arriving_with_a_large_body_in_one_read_is_no_endless_head() -> None:
+    """Before: the bytes of a read that completed the head were all counted as head bytes, so
+    an answer whose head and first 128+ KiB of body arrived in one read (a server writing a
+    large result at once) failed as "the response headers exceed 65536 bytes" about every
+    other time, and the upstream session was torn down as lost."""
+    size = 1024 * 1024
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        while await s.read_request(r) is not None:
+            w.write(answer(b"x" * size))  # head and body in one write
+            await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, read_s=5)
+        for _ in range(20):
+            status, _, body = await asyncio.wait_for(post(pool), 10)
+            assert status == 200 and len(body) == size
+        await pool.close()
+    assert srv.connections == 1
+
+
 async def test_close_names_the_client_as_the_one_that_closed() -> None:
     async def silent(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
         await s.read_request(r)

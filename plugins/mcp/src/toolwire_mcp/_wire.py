@@ -235,12 +235,6 @@ class _Conn(asyncio.Protocol):
             self._abort()
             return
         self._last_read = self.loop.time()
-        if self._head is not None:  # the head is not complete yet: bound what httptools buffers
-            self._pre_head += len(data)
-            if self._pre_head > MAX_HEAD + 65536:
-                self._failed(ProtocolError(f"the response headers exceed {MAX_HEAD} bytes"))
-                self._abort()
-                return
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError:
@@ -253,6 +247,14 @@ class _Conn(asyncio.Protocol):
             self._failed(ProtocolError(f"not a valid HTTP/1.1 response: {exc}"))
             self._abort()
         else:
+            if self._head is not None:  # still no complete head: bound what httptools buffers
+                # (counted after feeding: the bytes that completed a head, and the body
+                # arriving with it in the same read, are no head bytes)
+                self._pre_head += len(data)
+                if self._pre_head > MAX_HEAD + 65536:
+                    self._failed(ProtocolError(f"the response headers exceed {MAX_HEAD} bytes"))
+                    self._abort()
+                    return
             if (
                 not resp._done
                 and len(resp._chunks) > 1
