@@ -251,6 +251,57 @@ async def test_a_remote_tool_whose_name_mcp_refuses_is_left_out_with_a_warning(
     assert any("'bad name/with space'" in r.getMessage() for r in caplog.records)
 
 
+#: A raw stdio MCP server (the handshake era) listing ``TOOLS``; tools/call echoes the tool's
+#: description, so a test sees which of two same-named tools answered.
+RAW_SERVER = """
+import json, sys
+TOOLS = %s
+for line in sys.stdin:
+    msg = json.loads(line)
+    if 'id' not in msg:
+        continue
+    method, out = msg['method'], {'jsonrpc': '2.0', 'id': msg['id']}
+    if method == 'initialize':
+        out['result'] = {'protocolVersion': msg['params']['protocolVersion'], 'capabilities':
+                         {'tools': {}}, 'serverInfo': {'name': 'raw', 'version': '1'}}
+    elif method == 'tools/list':
+        out['result'] = {'tools': TOOLS}
+    elif method == 'tools/call':
+        said = next(t['description'] for t in TOOLS if t['name'] == msg['params']['name'])
+        out['result'] = {'content': [{'type': 'text', 'text': said}]}
+    else:
+        out['error'] = {'code': -32601, 'message': 'Method not found'}
+    print(json.dumps(out), flush=True)
+"""
+
+
+async def test_a_tool_name_listed_twice_by_one_server_keeps_the_first_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: both were adopted, and the kernel refused to start ("tool name 'dup_echo' is
+    provided by both source 'mcp:dup' and source 'mcp:dup'"): one upstream's bad listing
+    stopped every other tool."""
+    schema = {"type": "object"}
+    tools = [
+        {"name": "echo", "description": "first", "inputSchema": schema},
+        {"name": "echo", "description": "second", "inputSchema": schema},
+        {"name": "other", "description": "other", "inputSchema": schema},
+    ]
+    server = tmp_path / "twice.py"
+    server.write_text(RAW_SERVER % repr(tools))
+    entry = {"command": sys.executable, "args": [str(server)], "env": clean_env()}
+    with caplog.at_level(logging.WARNING, logger="toolwire.mcp"):
+        async with Kernel(plugins=[plugin({"dup": entry})]) as k:
+            assert [(t.name, t.description) for t in k.list_tools()] == [
+                ("dup_echo", "first"),
+                ("dup_other", "other"),
+            ]
+            r = await k.call("dup_echo", {})
+            assert r.content == {"result": "first"}
+    warned = [r.getMessage() for r in caplog.records if "more than one tool" in r.getMessage()]
+    assert len(warned) == 1 and "'dup'" in warned[0] and "'echo'" in warned[0], warned
+
+
 async def test_naming_include_exclude_and_many_servers() -> None:
     servers = {
         "a": upstream_entry(include=["forecast", "stats"], namespace="weather"),

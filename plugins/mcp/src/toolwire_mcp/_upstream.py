@@ -233,6 +233,7 @@ class Upstream:
         self._signature: tuple[Any, ...] = ()
         self._unknown_names: tuple[str, ...] = ()  # include/exclude names last warned about
         self._unfit_names: tuple[str, ...] = ()  # remote names MCP does not allow, last warned
+        self._twice_names: tuple[str, ...] = ()  # remote names listed twice, last warned
         self._client: Client[Any] | None = None
         self._stop = anyio.Event()
         self._wake = anyio.Event()
@@ -600,9 +601,26 @@ class Upstream:
         """
         include = set(self.cfg.include) if self.cfg.include is not None else None
         exclude = set(self.cfg.exclude)
-        keep = [
-            t for t in remote if (include is None or t.name in include) and t.name not in exclude
-        ]
+        keep: list[mcp_types.Tool] = []
+        seen: set[str] = set()
+        twice: list[str] = []
+        for t in remote:
+            if t.name in seen:  # one name, two tools: which one a call reaches is unknowable
+                if t.name not in twice:
+                    twice.append(t.name)
+                continue
+            seen.add(t.name)
+            if (include is None or t.name in include) and t.name not in exclude:
+                keep.append(t)
+        if twice and listed and tuple(twice) != self._twice_names:
+            log.warning(
+                "MCP server %r lists more than one tool named %s; the first listed of each "
+                "is kept, the others are left out (rename them on the server)",
+                self.name,
+                ", ".join(repr(n) for n in twice),
+            )
+        if listed:
+            self._twice_names = tuple(twice)
         unfit = [
             t.name
             for t in keep
