@@ -52,6 +52,24 @@ def test_server_transport_is_inferred_like_mcp_servers() -> None:
     assert "tok" not in repr(secret) and secret.target() == "https://h/mcp"
 
 
+def test_secrets_of_an_http_entry_stay_out_of_messages() -> None:
+    """Before: a header value or token with a trailing newline (a secret file's) failed every
+    connection with httpx2's "Illegal header value b'<the secret>\\n'", quoted in each log
+    line, error and status; a password or key in the URL was in every message naming it."""
+    for entry, needle in [
+        ({"headers": {"X-Api-Key": "hunter2\n"}}, "header 'X-Api-Key': its value contains"),
+        ({"headers": {"X Key": "v"}}, "header name 'X Key'"),
+        ({"auth": "hunter2\r\n"}, "the token contains a line break"),
+    ]:
+        with pytest.raises(pydantic.ValidationError, match=needle) as info:
+            ServerConfig.model_validate({"url": "https://h/mcp", **entry})
+        msgs = " ".join(str(e["msg"]) for e in info.value.errors())  # what toolwire shows
+        assert "hunter2" not in msgs
+    cfg = ServerConfig(url="https://me:hunter2@h:8/mcp?api_key=hunter3&debug#top")
+    assert cfg.target() == "https://***@h:8/mcp?api_key=***&debug#top"
+    assert ServerConfig(url="https://hunter2@h/mcp").target() == "https://***@h/mcp"
+
+
 def test_plugin_config_names_and_template() -> None:
     cfg = MCPConfig.model_validate(
         {"servers": {"a": {"command": "x"}, "b": {"command": "y", "namespace": "bee"}}}

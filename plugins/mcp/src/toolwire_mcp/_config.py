@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -30,6 +31,22 @@ AUTH_TOKEN_ENV = "TOOLS_AUTH_TOKEN"
 _SERVER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 #: What MCP allows as a tool name (the kernel's MCP export checks the same).
 TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+#: An HTTP header name (RFC 9110 token).
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_BREAKS = ("\r", "\n", "\0")
+
+
+def _redacted_url(url: str) -> str:
+    """``url`` without what may be a credential: its userinfo, the values of its query."""
+    parts = urllib.parse.urlsplit(url)
+    netloc = parts.netloc
+    if "@" in netloc:  # user:password, or a token as the user name
+        netloc = "***@" + netloc.rpartition("@")[2]
+    query = "&".join(
+        f"{k}=***" if sep else k
+        for k, sep, _ in (item.partition("=") for item in parts.query.split("&") if item)
+    )
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 class ServerConfig(BaseModel):
@@ -86,6 +103,31 @@ class ServerConfig(BaseModel):
             raise ValueError(f"namespace {v!r}: use letters, digits, '_', '-' or '.' (max 64)")
         return v
 
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, v: dict[str, str]) -> dict[str, str]:
+        # The value is never quoted: it may be a secret (and the HTTP stack's own error,
+        # "Illegal header value b'...'", did quote it in every log line and error).
+        for name, value in v.items():
+            if not _HEADER_NAME.fullmatch(name):
+                raise ValueError(f"header name {name!r}: use letters, digits and '-'")
+            if any(c in value for c in _BREAKS):
+                raise ValueError(
+                    f"header {name!r}: its value contains a line break or NUL, which HTTP "
+                    "does not allow (a secret read with its trailing newline?); remove it"
+                )
+        return v
+
+    @field_validator("auth")
+    @classmethod
+    def _auth(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is not None and any(c in v.get_secret_value() for c in _BREAKS):
+            raise ValueError(
+                "the token contains a line break or NUL, which HTTP does not allow (a secret "
+                "read with its trailing newline?); remove it"
+            )
+        return v
+
     @model_validator(mode="after")
     def _check_shape(self) -> ServerConfig:
         kind = self.transport or self.type
@@ -134,10 +176,11 @@ class ServerConfig(BaseModel):
         return self.timeout / 1000.0 if self.timeout else None
 
     def target(self) -> str:
-        """What to connect to, for messages (never includes secrets)."""
+        """What to connect to, for messages (never includes secrets: the userinfo of the
+        URL and the values of its query are shown as ``***``)."""
         if self.command:
             return " ".join([self.command, *self.args])
-        return str(self.url)
+        return _redacted_url(str(self.url))
 
 
 class MCPConfig(BaseModel):
