@@ -343,6 +343,19 @@ async def test_a_server_that_cannot_start_does_not_stop_the_kernel(tmp_path: Pat
         assert status["up"]["status"] == "up"
 
 
+async def test_no_stderr_reader_thread_outlives_the_kernel() -> None:
+    """Before: the thread reading a stdio server's stderr was still running when the kernel
+    had shut down (it ended some time later, once the child's end of the pipe closed)."""
+    import threading
+
+    async with Kernel(plugins=[plugin({"up": upstream_entry()})]) as k:
+        assert (await k.call("up_forecast", {"city": "Oslo"})).content == {
+            "result": "sunny in Oslo"
+        }
+    left = [t.name for t in threading.enumerate() if t.name.startswith("toolwire-mcp-stderr-")]
+    assert left == []
+
+
 async def test_known_tools_are_remembered_across_restarts(tmp_path: Path) -> None:
     state = f"sqlite:///{tmp_path / 'state.db'}"
     async with Kernel(state=state, plugins=[plugin({"srv": upstream_entry()})]) as k:

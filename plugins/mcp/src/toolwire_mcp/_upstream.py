@@ -127,12 +127,25 @@ class _StderrTap:
         rfd, wfd = os.pipe()
         self.writer = os.fdopen(wfd, "w", buffering=1)
         self._reader = os.fdopen(rfd, "r", errors="replace")
+        self._lock = threading.Lock()
+        self._ended = False
+        self._on_end: Callable[[], object] | None = None
         self._thread = threading.Thread(
             target=self._pump, name=f"toolwire-mcp-stderr-{server}", daemon=True
         )
         self._thread.start()
 
     def _pump(self) -> None:
+        try:
+            self._read_lines()
+        finally:
+            with self._lock:
+                self._ended = True
+                if self._on_end is not None:
+                    with contextlib.suppress(RuntimeError):  # the loop is closed
+                        self._on_end()
+
+    def _read_lines(self) -> None:
         lg = logging.getLogger(f"toolwire.mcp.stderr.{self.server}")
         with self._reader:
             while line := self._reader.readline(_MAX_STDERR_LINE):
@@ -157,6 +170,32 @@ class _StderrTap:
         """Close our end; the reader stops once the children have exited."""
         with contextlib.suppress(OSError):
             self.writer.close()
+
+    async def aclose(self, wait_s: float = _STOP_WAIT_S) -> None:
+        """``close()``, then wait (bounded) for the reader thread to end: once the server's
+        processes are gone their end of the pipe is closed too, so it ends at once."""
+        self.close()
+        loop = asyncio.get_running_loop()
+        ended: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if not self._ended:
+
+                def settle() -> None:
+                    if not ended.done():
+                        ended.set_result(None)
+
+                self._on_end = lambda: loop.call_soon_threadsafe(settle)
+        if self._on_end is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(wait_s):
+                await ended
+        if self._ended:
+            self._thread.join(1.0)  # it is returning from _pump: a moment at most
+        else:
+            log.warning(
+                "MCP server %r: a process it started still holds its stderr open; the "
+                "thread reading it ends when that process exits",
+                self.server,
+            )
 
 
 #: A stdio server's stderr line is kept (logged, quoted in errors) up to this many characters.
@@ -304,7 +343,7 @@ class Upstream:
             http, self._http = self._http, None
             await http.close()
         if self._stderr is not None:
-            self._stderr.close()
+            await self._stderr.aclose()
 
     # -------------------------------------------------------------- client
     def _transport(self) -> ClientTransport:
