@@ -468,3 +468,14 @@ def test_timed_http_protocol_takes_a_finite_positive_deadline() -> None:
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="finite number of seconds > 0"):
             timed_http_protocol(bad)
+
+
+def test_upstream_json_with_a_lone_surrogate_is_read() -> None:
+    """Before: the direct HTTP path failed such an answer as a parse error (tool_error)."""
+    from toolwire_mcp._lenient import from_json
+
+    assert from_json(b'{"text": "caf\\udce9"}') == {"text": "caf\udce9"}
+    assert from_json(b'{"ok": 1}') == {"ok": 1}
+    for bad in (b"{not json", b'{"a": 1', b'{"a": "\\udce9" NaN}'):
+        with pytest.raises(ValueError):
+            from_json(bad)

@@ -302,6 +302,24 @@ async def test_a_tool_name_listed_twice_by_one_server_keeps_the_first_with_a_war
     assert len(warned) == 1 and "'dup'" in warned[0] and "'echo'" in warned[0], warned
 
 
+async def test_a_stdio_answer_with_a_lone_surrogate_is_read_not_dropped(tmp_path: Path) -> None:
+    """Before: the MCP SDK's stdio reader refused the line ("\\udce9" is valid JSON text, but an
+    unpaired surrogate), logged it and dropped it: the listing failed, and a call waited for
+    its timeout (for ever without one)."""
+    mangled = b"caf\xe9".decode("utf-8", "surrogateescape")  # text cut mid-character
+    tools = [{"name": "echo", "description": mangled, "inputSchema": {"type": "object"}}]
+    server = tmp_path / "mangled.py"
+    server.write_text(RAW_SERVER % repr(tools))
+    entry = {"command": sys.executable, "args": [str(server)], "env": clean_env()}
+    entry["timeout"] = 20_000
+    async with Kernel(plugins=[plugin({"raw": entry})]) as k:
+        assert [t.name for t in k.list_tools()] == ["raw_echo"]
+        with anyio.fail_after(30):
+            r = await k.call("raw_echo", {})
+    assert not r.is_error, r.error
+    assert r.content == {"result": mangled}
+
+
 async def test_naming_include_exclude_and_many_servers() -> None:
     servers = {
         "a": upstream_entry(include=["forecast", "stats"], namespace="weather"),

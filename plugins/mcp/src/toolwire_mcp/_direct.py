@@ -47,6 +47,7 @@ from mcp.shared.inbound import (
 )
 from pydantic import ValidationError
 
+from ._lenient import from_json
 from ._wire import Pool, Response, WireError
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
@@ -308,7 +309,7 @@ class DirectCaller:
         if ctype.startswith("application/json"):
             raw = await resp.read()
             try:
-                msg = pydantic_core.from_json(raw)
+                msg = from_json(raw)
             except ValueError as exc:
                 raise MCPError(
                     code=mcp_types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
@@ -398,7 +399,7 @@ class DirectCaller:
         self, data: bytes, name: str, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult | None:
         try:
-            msg = pydantic_core.from_json(data)
+            msg = from_json(data)
         except ValueError as exc:
             raise MCPError(
                 code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE message: {exc}"

@@ -32,6 +32,7 @@ import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
 import mcp_types
+import pydantic_core
 from fastmcp import Client
 from fastmcp.client.messages import MessageHandler
 from fastmcp.client.transports import (
@@ -64,6 +65,7 @@ from ._convert import (
     quick_check,
     remote_error,
     remote_value,
+    utf8_safe,
 )
 from ._direct import (
     CLIENT_INFO,
@@ -74,6 +76,7 @@ from ._direct import (
     ProgressFn,
     refused,
 )
+from ._lenient import install_stdio_reader
 from ._wire import ConnectError, WireError
 
 __all__ = ["Upstream"]
@@ -349,6 +352,7 @@ class Upstream:
     def _transport(self) -> ClientTransport:
         cfg = self.cfg
         if cfg.kind == "stdio":
+            install_stdio_reader()  # lines with lone surrogates: read, not dropped
             return StdioTransport(
                 command=str(cfg.command),
                 args=list(cfg.args),
@@ -690,7 +694,15 @@ class Upstream:
             )
         if listed:
             self._unknown_names = tuple(unknown)
-        signature = tuple((t.model_dump_json(by_alias=True, exclude_none=True)) for t in keep)
+        try:
+            signature = tuple(t.model_dump_json(by_alias=True, exclude_none=True) for t in keep)
+        except pydantic_core.PydanticSerializationError:
+            # a lone surrogate in a description or schema (text cut mid-character): U+FFFD
+            keep = [
+                type(t).model_validate(utf8_safe(t.model_dump(by_alias=True, exclude_none=True)))
+                for t in keep
+            ]
+            signature = tuple(t.model_dump_json(by_alias=True, exclude_none=True) for t in keep)
         if signature == self._signature:
             return False
         self._signature = signature
