@@ -174,6 +174,41 @@ async def test_failed_flush_keeps_the_figures_for_the_next_one(
     assert p.get_statistics("t")["count"] == 2
 
 
+class GatedStore(MemoryStore):
+    """A store whose compare-and-set of one key waits for ``gate``."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held = held
+        self.gate = anyio.Event()
+        self.waiting = anyio.Event()
+
+    async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+        if key == self.held:
+            self.waiting.set()
+            await self.gate.wait()
+        return await super().compare_and_set(key, value, **kw)
+
+
+async def test_figures_read_during_a_flush_are_not_counted_twice() -> None:
+    # A flush writes tool after tool; a tool already stored must not also be counted
+    # from the figures still being written (it read twice its count meanwhile).
+    store = GatedStore("profiling:v1:b")
+    p = ProfilingPlugin(cfg(), store=store)
+    for _ in range(10):
+        p.record_execution("a", 10.0)
+        p.record_execution("b", 20.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(p.flush)
+        await store.waiting.wait()  # "a" is stored, "b" is being written
+        a, b = p.get_statistics("a"), p.get_statistics("b")
+        est = p.estimate("a")
+        store.gate.set()
+    assert (a["count"], a["calls"], b["count"]) == (10, 10, 10)
+    assert est.samples == 10
+    assert p.get_statistics("a")["count"] == 10 and p.get_statistics("b")["count"] == 10
+
+
 async def test_retention_expires_idle_tools() -> None:
     clock = FakeClock()
     p = ProfilingPlugin(cfg(retention_s=60))

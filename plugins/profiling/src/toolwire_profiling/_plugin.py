@@ -721,7 +721,9 @@ class ProfilingPlugin:
         assert store is not None
         pending, self._pending = self._pending, {}
         if pending:
-            self._inflight = pending
+            # A copy: each tool leaves it the moment its merged figures are stored, so a
+            # reader between two tools counts a stored delta once (not stored + in flight).
+            self._inflight = dict(pending)
             self._gen += 1
             now = time.time()
             failed: dict[str, ToolStats] = {}
@@ -729,7 +731,10 @@ class ProfilingPlugin:
             try:
                 for tool, delta in pending.items():
                     try:
-                        self._stored[tool] = await self._cas_merge(store, tool, delta, now)
+                        merged = await self._cas_merge(store, tool, delta, now)
+                        self._stored[tool] = merged
+                        self._inflight.pop(tool, None)
+                        self._gen += 1
                     except (StateStoreError, OSError, ValueError) as exc:
                         failed[tool] = delta
                         problem = exc
