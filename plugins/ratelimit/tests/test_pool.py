@@ -93,15 +93,65 @@ async def test_cooldown_is_the_larger_of_retry_after_and_an_exponential_step_cap
             await pool.acquire()
         assert exc.value.kind == "rate_limit" and exc.value.retry_after_s == 2
         assert exc.value.details["pattern"] == "pool.cooling"
+        clock.advance(2.1)  # half-open: the next rate limit is the next strike
+        now = clock.time()
         await pool.report("only", "rate_limit")  # strike 2: 4 s
         assert (await pool.availability()).retry_at == now + 4
+        clock.advance(4.1)
+        now = clock.time()
         await pool.report("only", "rate_limit", retry_after_s=10)  # strike 3: max(10, 8)
         assert (await pool.availability()).retry_at == now + 10
         for _ in range(5):
+            clock.advance(31)
             await pool.report("only", "rate_limit")
+        now = clock.time()
         assert (await pool.availability()).retry_at == now + 30  # capped
+        clock.advance(31)
+        now = clock.time()
         await pool.report("only", "rate_limit", retry_after_s=10_000)
         assert (await pool.availability()).retry_at == now + 30  # a huge retry-after is capped too
+
+
+async def test_rate_limits_of_requests_in_flight_together_are_one_strike() -> None:
+    # 17 requests on one key were in flight when it started answering 429 with
+    # Retry-After: 2. Each 429 used to add a strike: 2**16 s, capped at an hour.
+    clock = FakeClock()
+    cfg = config(cooldown_seconds=1, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        now = clock.time()
+        leases = [await pool.acquire() for _ in range(17)]
+        for lease in leases:
+            await lease.failure(kind="rate_limit", retry_after_s=2)
+        status = await pool.status()
+        assert status["keys"]["only"]["strikes"] == 1
+        assert status["keys"]["only"]["cool_until"] == now + 2
+        # a longer retry-after of one of them still extends the cooldown
+        await pool.report("only", "rate_limit", retry_after_s=5)
+        assert (await pool.availability()).retry_at == now + 5
+        clock.advance(5.1)
+        assert (await pool.acquire()).probe
+
+
+async def test_a_success_from_before_a_rate_limit_keeps_the_cooldown() -> None:
+    # A request leased before the key's 429 that succeeds afterwards says nothing about
+    # the key now: the cooldown the provider asked for stands.
+    clock = FakeClock()
+    cfg = config(cooldown_seconds=1, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        now = clock.time()
+        early, late = await pool.acquire(), await pool.acquire()
+        await early.failure(kind="rate_limit", retry_after_s=30)
+        await late.success()
+        av = await pool.availability()
+        assert (av.available, av.retry_at) == (False, now + 30)
+        clock.advance(30.1)
+        probe = await pool.acquire()
+        assert probe.probe
+        await probe.success()  # the probe closes the key again
+        status = await pool.status()
+        assert status["keys"]["only"]["strikes"] == 0 and status["state"] == "ok"
 
 
 async def test_one_half_open_probe_per_key_after_a_cooldown() -> None:

@@ -417,6 +417,10 @@ class KeyPool:
             ks = dict(keys.get(a) or {}) if a is not None else {}
             before = dict(ks)
             if outcome == "success":
+                if _num(ks, "cool_until") > now:
+                    # No lease is handed out while a key cools: this one was taken before
+                    # the rate limit and says nothing about the key now.
+                    return None, NOCHANGE
                 q = ks.get("q")
                 ks = (
                     {"q": q}
@@ -426,10 +430,16 @@ class KeyPool:
                     else {}
                 )
             elif outcome == "rate_limit":
-                strikes = min(int(_num(ks, "strikes")) + 1, _MAX_STRIKES)
+                until = _num(ks, "cool_until")
+                strikes = int(_num(ks, "strikes"))
+                if until <= now or strikes == 0:
+                    strikes = min(strikes + 1, _MAX_STRIKES)
+                # else: the key already cools; this rate limit comes from a request that
+                # was in flight with the one that started it: the same strike (only a
+                # longer retry-after extends the cooldown).
                 step = s.cooldown_s * (2 ** (strikes - 1))
                 cool = min(s.max_cooldown_s, max(ra or 0.0, step))
-                ks.update(strikes=strikes, cool_until=now + cool)
+                ks.update(strikes=strikes, cool_until=max(until, now + cool))
                 ks.pop("probe_until", None)
                 logged.append(f"cooling down for {cool:.3f}s (strike {strikes})")
             elif outcome == "quota":
