@@ -26,6 +26,8 @@ __all__ = ["Telemetry", "provider_is_configured"]
 
 SCOPE = "toolwire_profiling"
 OPERATION = "execute_tool"
+#: The tool name of spans and metrics for calls of tools that do not exist.
+UNKNOWN_TOOL = "_unknown"
 #: Histogram buckets (seconds): 1 ms to ~80 s, doubling from 10 ms like the GenAI conventions.
 DURATION_BUCKETS = (
     0.001,
@@ -141,11 +143,26 @@ class Telemetry:
         return base
 
     def start_late(
-        self, tool: str, call_id: str | None, session_id: str | None, started_at: float | None
+        self,
+        tool: str,
+        call_id: str | None,
+        session_id: str | None,
+        started_at: float | None,
+        *,
+        unknown: bool = False,
     ) -> Any:
-        """A span for a call this plugin saw only at its end (not started in before_call)."""
-        name, attrs = self.span_base(tool)
-        attrs = dict(attrs)
+        """A span for a call this plugin saw only at its end (not started in before_call).
+
+        ``unknown``: no such tool. Its span is named ``execute_tool _unknown`` (span
+        names must stay few; a model inventing names would make them unbounded), the
+        requested name kept in ``gen_ai.tool.name``.
+        """
+        if unknown:
+            name = f"{OPERATION} {UNKNOWN_TOOL}"
+            attrs = {"gen_ai.operation.name": OPERATION, "gen_ai.tool.name": tool}
+        else:
+            name, base = self.span_base(tool)
+            attrs = dict(base)
         if call_id is not None:
             attrs["gen_ai.tool.call.id"] = call_id
         if session_id is not None:

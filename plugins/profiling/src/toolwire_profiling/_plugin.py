@@ -39,7 +39,7 @@ from toolwire import (
 from toolwire.state import StateStoreError
 
 from ._config import ProfilingConfig
-from ._otel import Telemetry, provider_is_configured
+from ._otel import UNKNOWN_TOOL, Telemetry, provider_is_configured
 from ._sketch import Sketch
 from ._stats import ToolStats, args_signature
 
@@ -57,7 +57,6 @@ STATE_KEY = "profiling"
 KEY_VERSION = "v1"
 _CAS_TRIES = 16
 #: gen_ai.tool.name on the metrics of calls to unknown tools (keeps their cardinality bounded).
-UNKNOWN_TOOL = "_unknown"
 _CANCELLED = str(ErrorKind.CANCELLED)
 
 
@@ -371,7 +370,9 @@ class ProfilingPlugin:
                 st.span = st.token = None
                 otel_context.detach(token)
             else:
-                span = tel.start_late(name, call.call_id, call.session_id, meta.started_at)
+                span = tel.start_late(
+                    name, call.call_id, call.session_id, meta.started_at, unknown=tool is None
+                )
                 ends = None
             if span.is_recording():
                 if replayed:
