@@ -183,6 +183,30 @@ async def test_one_half_open_probe_per_key_after_a_cooldown() -> None:
         assert (await pool.acquire()).probe
 
 
+@pytest.mark.parametrize("ending", ["release", "timeout", "unavailable"])
+async def test_a_lease_from_before_the_cooldown_does_not_end_anothers_probe(ending: str) -> None:
+    """Before: its release (or timeout) cleared the probe marker of the request probing the key
+    now, and a second probe of a key that had just been rate-limited started at once."""
+    clock = FakeClock()
+    cfg = config(cooldown_seconds=5, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        stale = await pool.acquire()  # taken while the key was healthy
+        await pool.report("only", "rate_limit")  # another request's 429
+        clock.advance(5.1)
+        probe = await pool.acquire()
+        assert probe.probe and not stale.probe
+        if ending == "release":
+            await stale.release()
+        else:
+            await stale.failure(kind=ending)
+        with pytest.raises(PoolUnavailable) as exc:  # still one probe in flight
+            await pool.acquire()
+        assert exc.value.availability.keys == {"only": "probing"}
+        await probe.release()  # the probe's own end does end it
+        assert (await pool.acquire()).probe
+
+
 async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with kernel_with(config(), state=url) as kernel:

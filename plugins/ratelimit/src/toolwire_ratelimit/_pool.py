@@ -552,11 +552,16 @@ class KeyLease:
         await self.pool.report(self.alias, "success")
 
     async def release(self) -> None:
-        """Neither success nor a key failure (cancelled, provider-side error): end a probe."""
+        """Neither success nor a key failure (cancelled, provider-side error): end a probe.
+
+        Only this lease's own probe: a lease taken before the key cooled must not end
+        the half-open probe another request holds now (a second one would start).
+        """
         if self._done:
             return
         self._done = True
-        await self.pool.report(self.alias, "release")
+        if self.probe:
+            await self.pool.report(self.alias, "release")
 
     async def failure(
         self,
@@ -586,7 +591,8 @@ class KeyLease:
                 self.alias, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
             )
         elif c.kind in ("unavailable", "timeout"):
-            await self.pool.report(self.alias, "release")
+            if self.probe:  # only this lease's own probe ends (see release)
+                await self.pool.report(self.alias, "release")
         else:  # the key worked; the request itself failed (bad query, denied...)
             await self.pool.report(self.alias, "success")
 
