@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import shutil
+import ssl
 import threading
 import urllib.parse
 import urllib.request
@@ -44,7 +46,7 @@ from fastmcp.client.transports import (
 from mcp.client.subscriptions import ToolsListChanged, listen
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from toolwire import (
@@ -246,6 +248,23 @@ def _describe(exc: BaseException) -> str:
         return "; ".join(_describe(e) for e in exc.exceptions)
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, RuntimeError) else text
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc``, what caused it and the members of exception groups, depth first (bounded)."""
+    out: list[BaseException] = []
+    todo = [exc]
+    while todo and len(out) < 32:
+        e = todo.pop()
+        if any(e is seen for seen in out):
+            continue
+        out.append(e)
+        if isinstance(e, BaseExceptionGroup):
+            todo.extend(reversed(e.exceptions))
+        for nxt in (e.__context__, e.__cause__):
+            if nxt is not None:
+                todo.append(nxt)
+    return out
 
 
 class Upstream:
@@ -595,6 +614,9 @@ class Upstream:
             msg = f"HTTP {status}: {self._auth_hint()} ({msg})"
         elif status is not None:
             msg = f"HTTP {status} ({msg})"
+        hint = None if was_up else self._connect_hint(exc, status)
+        if hint:
+            msg = f"{msg}; {hint}"
         if self._stderr is not None and self._stderr.tail:
             msg = f"{msg} (server stderr: {self._stderr.recent()})"
         self.last_error = msg
@@ -607,6 +629,113 @@ class Upstream:
             )
         else:
             log.info("MCP server %r still unavailable: %s", self.name, msg)
+
+    def _connect_hint(self, exc: BaseException, status: int | None) -> str | None:
+        """What to change when a connection attempt failed for a reason the config explains:
+        a stdio `command` or `cwd` that cannot be used, an HTTP `url` or `transport` the
+        server does not answer, TLS to a plain-HTTP port, no protocol version in common."""
+        entry = f"[plugins.mcp.servers.{self.name}]"
+        causes = _causes(exc)
+        for e in causes:
+            if isinstance(e, MCPError) and e.code == mcp_types.UNSUPPORTED_PROTOCOL_VERSION:
+                return self._version_hint(e)
+            if isinstance(e, RuntimeError) and str(e).startswith(
+                "Unsupported protocol version from the server"
+            ):
+                offered = str(e).rpartition(":")[2].strip()
+                return (
+                    f"the server answered the initialize handshake with protocol version "
+                    f"{offered!r}, which toolwire does not speak (it speaks "
+                    f"{', '.join(KNOWN_PROTOCOL_VERSIONS)}); upgrade the server"
+                    + (
+                        ', or set [plugins.mcp] protocol = "auto" if it also speaks 2026-07-28'
+                        if self.plugin_cfg.protocol == "legacy"
+                        else ""
+                    )
+                )
+        cfg = self.cfg
+        if cfg.kind == "stdio":
+            if not any(isinstance(e, OSError) for e in causes):
+                return None
+            cwd = cfg.cwd
+            if cwd is not None and not os.path.isdir(cwd):
+                what = "is not a directory" if os.path.exists(cwd) else "does not exist"
+                return f"`cwd` {cwd!r} of {entry} {what}: create it or fix `cwd`"
+            command = str(cfg.command)
+            if os.sep in command or (os.altsep and os.altsep in command):
+                path: str | None = os.path.join(cwd, command) if cwd else command
+            else:
+                search = cfg.env.get("PATH", os.environ.get("PATH", os.defpath))
+                path = shutil.which(command, path=search)
+                if path is None:
+                    return (
+                        f"`command` {command!r} of {entry} is not found on PATH: give its "
+                        "full path, or add its directory to PATH (or to `env.PATH`)"
+                    )
+            assert path is not None
+            if os.path.isdir(path):
+                return f"`command` {command!r} of {entry} is a directory, not a program"
+            if not os.path.exists(path):
+                return f"`command` {command!r} of {entry} does not exist: fix `command`"
+            if not os.access(path, os.X_OK):
+                return (
+                    f"`command` {command!r} of {entry} is not executable: make it so "
+                    "(chmod +x), or run it through its interpreter (`command` = "
+                    '"python", `args` = ["script.py"])'
+                )
+            return None
+        if any(isinstance(e, ssl.SSLError) for e in causes):
+            if any(isinstance(e, ssl.SSLCertVerificationError) for e in causes):
+                return (
+                    f"the server's TLS certificate is not trusted: check `url` of {entry} "
+                    "(the host name must match the certificate), or add its CA to the "
+                    "system's trust store (SSL_CERT_FILE)"
+                )
+            return (
+                f"TLS to {cfg.target()} failed: if the server speaks plain HTTP on that "
+                f"port, write `url` of {entry} with http://"
+            )
+        if status == 404:
+            path = urllib.parse.urlsplit(str(cfg.url)).path or "/"
+            return (
+                f"nothing answers MCP at the path {path!r}: check `url` of {entry} "
+                "(FastMCP servers serve Streamable HTTP at /mcp and SSE at /sse)"
+            )
+        if status in (400, 405, 406, 415):
+            other = "http" if cfg.kind == "sse" else "sse"
+            return (
+                f"the server refused the {cfg.kind} transport's request: check `transport` "
+                f'of {entry} (transport = "{other}"?)'
+            )
+        return None
+
+    def _version_hint(self, exc: MCPError) -> str:
+        data = exc.error.data if isinstance(exc.error.data, dict) else {}
+        supported = data.get("supported")
+        theirs = (
+            ", ".join(str(v) for v in supported)
+            if isinstance(supported, list) and supported
+            else "versions it did not name"
+        )
+        if (
+            self.plugin_cfg.protocol == "legacy"
+            and isinstance(supported, list)
+            and any(v in MODERN_PROTOCOL_VERSIONS for v in supported)
+        ):
+            return (
+                f"the server speaks only protocol {theirs}, and [plugins.mcp] protocol = "
+                '"legacy" asks for the initialize handshake: set protocol = "auto"'
+            )
+        return (
+            f"no protocol version in common: the server speaks {theirs}, toolwire "
+            f"{', '.join(KNOWN_PROTOCOL_VERSIONS)}"
+            + (
+                ' (with [plugins.mcp] protocol = "legacy", only the handshake-era ones)'
+                if self.plugin_cfg.protocol == "legacy"
+                else ""
+            )
+            + "; upgrade the side that is behind"
+        )
 
     def _auth_hint(self) -> str:
         return (

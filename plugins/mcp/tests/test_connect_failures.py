@@ -1,0 +1,133 @@
+"""A server that cannot be reached because of its configuration: the error says what to change.
+
+Real servers: stdio children (a raw JSON-RPC server speaking one protocol era), the
+FastMCP test upstream over HTTP on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from toolwire_mcp_testkit import HttpUpstream, clean_env
+
+from toolwire import Kernel
+from toolwire_mcp import MCPConfig, MCPPlugin
+
+pytestmark = pytest.mark.anyio
+
+#: A raw stdio server speaking only the 2026-07-28 protocol (``server/discover``);
+#: ``initialize`` gets -32022 naming the versions it speaks. ``SUPPORTED`` is filled in.
+MODERN_ONLY = """
+import json, sys
+SUPPORTED = %s
+EXTRA = {'resultType': 'complete', 'ttlMs': 0, 'cacheScope': 'private'}
+for line in sys.stdin:
+    msg = json.loads(line)
+    if 'id' not in msg:
+        continue
+    method, out = msg['method'], {'jsonrpc': '2.0', 'id': msg['id']}
+    unsupported = {'code': -32022, 'message': 'Unsupported protocol version',
+                   'data': {'supported': SUPPORTED, 'requested': '?'}}
+    if method == 'server/discover':
+        if '2026-07-28' in SUPPORTED:
+            out['result'] = {'supportedVersions': SUPPORTED, 'capabilities': {'tools': {}}, **EXTRA}
+        else:
+            out['error'] = unsupported
+    elif method == 'initialize':
+        out['error'] = unsupported
+    elif method == 'tools/list':
+        out['result'] = {'tools': [{'name': 'echo', 'inputSchema': {'type': 'object'}}], **EXTRA}
+    elif method == 'tools/call':
+        out['result'] = {'content': [{'type': 'text', 'text': 'echoed'}], **EXTRA}
+    else:
+        out['error'] = {'code': -32601, 'message': 'Method not found'}
+    print(json.dumps(out), flush=True)
+"""
+
+
+def plugin(entry: dict[str, Any], **extra: Any) -> MCPPlugin:
+    cfg = {
+        "servers": {"s": {"include": ["echo"], **entry}},
+        "reconnect_initial_s": 0.05,
+        "reconnect_max_s": 0.2,
+        "connect_timeout_s": 5,
+        **extra,
+    }
+    return MCPPlugin(MCPConfig.model_validate(cfg))
+
+
+async def down_message(mcp: MCPPlugin) -> str:
+    """The error a call of the server's tool gets (the server being down)."""
+    async with Kernel(plugins=[mcp]) as k:
+        r = await k.call("s_echo", {})
+        assert r.error is not None, r.content
+        assert "MCP server 's'" in r.error.message
+        status = mcp.servers()["s"]
+        assert status["status"] == "down"
+        assert status["last_error"] in r.error.message
+        return r.error.message
+
+
+def modern_only(tmp_path: Path, supported: list[str]) -> dict[str, Any]:
+    server = tmp_path / "modern.py"
+    server.write_text(MODERN_ONLY % json.dumps(supported))
+    return {"command": sys.executable, "args": [str(server)], "env": clean_env()}
+
+
+async def test_a_server_speaking_only_the_new_protocol_works_with_auto(tmp_path: Path) -> None:
+    async with Kernel(plugins=[plugin(modern_only(tmp_path, ["2026-07-28"]))]) as k:
+        r = await k.call("s_echo", {})
+        assert r.content == {"result": "echoed"}, r.error
+
+
+async def test_protocol_legacy_against_a_new_only_server_names_the_setting(
+    tmp_path: Path,
+) -> None:
+    """Before: "MCP error -32022: Unsupported protocol version", nothing more."""
+    msg = await down_message(plugin(modern_only(tmp_path, ["2026-07-28"]), protocol="legacy"))
+    assert 'set protocol = "auto"' in msg and "[plugins.mcp]" in msg, msg
+
+
+async def test_no_protocol_version_in_common_says_so(tmp_path: Path) -> None:
+    msg = await down_message(plugin(modern_only(tmp_path, ["2099-01-01"])))
+    assert "no protocol version in common" in msg and "2099-01-01" in msg, msg
+    assert "2026-07-28" in msg, msg
+
+
+async def test_a_cwd_that_does_not_exist_is_named_as_the_cwd(tmp_path: Path) -> None:
+    """Before: "[Errno 2] No such file or directory: '/.../gone'", which reads as if the
+    command were missing."""
+    entry = {"command": sys.executable, "args": ["-c", "pass"], "cwd": str(tmp_path / "gone")}
+    msg = await down_message(plugin(entry))
+    assert f"`cwd` {str(tmp_path / 'gone')!r} of [plugins.mcp.servers.s] does not exist" in msg
+
+
+async def test_a_command_that_is_a_directory_or_not_on_path_says_what_to_fix(
+    tmp_path: Path,
+) -> None:
+    """Before: "[Errno 13] Permission denied" for a directory."""
+    msg = await down_message(plugin({"command": str(tmp_path)}))
+    assert "is a directory, not a program" in msg and "[plugins.mcp.servers.s]" in msg, msg
+    msg = await down_message(plugin({"command": "toolwire-no-such-program"}))
+    assert "is not found on PATH" in msg, msg
+    script = tmp_path / "server.py"
+    script.write_text("print('hi')\n")
+    msg = await down_message(plugin({"command": str(script)}))
+    assert "is not executable" in msg, msg
+
+
+async def test_http_path_transport_and_scheme_mistakes_say_what_to_fix() -> None:
+    up = HttpUpstream().start()
+    try:
+        msg = await down_message(plugin({"url": up.url.replace("/mcp", "/nope")}))
+        assert "nothing answers MCP at the path '/nope'" in msg, msg
+        msg = await down_message(plugin({"url": up.url, "transport": "sse"}))
+        assert "check `transport` of [plugins.mcp.servers.s]" in msg, msg
+        msg = await down_message(plugin({"url": up.url.replace("http://", "https://")}))
+        assert "write `url` of [plugins.mcp.servers.s] with http://" in msg, msg
+    finally:
+        up.stop()
