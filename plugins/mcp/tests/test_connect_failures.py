@@ -7,12 +7,13 @@ FastMCP test upstream over HTTP on 127.0.0.1.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from toolwire_mcp_testkit import HttpUpstream, clean_env
+from toolwire_mcp_testkit import HttpUpstream, clean_env, write_config
 
 from toolwire import Kernel
 from toolwire_mcp import MCPConfig, MCPPlugin
@@ -131,3 +132,47 @@ async def test_http_path_transport_and_scheme_mistakes_say_what_to_fix() -> None
         assert "write `url` of [plugins.mcp.servers.s] with http://" in msg, msg
     finally:
         up.stop()
+
+
+async def test_a_secret_in_args_or_the_url_stays_out_of_logs_status_and_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `--token <value of a $secretRef>` was in every "is unavailable" warning and in
+    servers()' target (only the call's error was scrubbed, by the kernel), and a URL query
+    secret in the text of an HTTP status error ("Client error '400 Bad Request' for url
+    'http://...?key=<secret>'"): in the warning, the status and the error."""
+    up = HttpUpstream().start()
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"state": "memory://", "enabled_plugins": ["mcp"]},
+        {
+            "plugins.mcp": {"connect_timeout_s": 5, "reconnect_initial_s": 0.05},
+            "plugins.mcp.servers.s": {
+                "command": str(tmp_path / "no-such-server"),
+                "args": ["--token", {"$secretRef": "S_TOKEN"}],
+                "include": ["echo"],
+            },
+            "plugins.mcp.servers.h": {
+                "url": f"{up.url}?key=url-secret-1234",
+                "transport": "sse",  # the server speaks Streamable HTTP: 400
+                "include": ["echo"],
+            },
+        },
+    )
+    monkeypatch.setenv("S_TOKEN", "args-secret-5678")
+    try:
+        with caplog.at_level(logging.INFO, logger="toolwire.mcp"):
+            async with Kernel.from_config(tmp_path / "toolwire.toml") as k:
+                for name in ("s_echo", "h_echo"):
+                    r = await k.call(name, {})
+                    assert r.error is not None and r.error.kind == "unavailable"
+                    assert "secret-" not in r.error.message, r.error.message
+                status = k.get_plugin("mcp").servers()
+    finally:
+        up.stop()
+    assert "--token [secret:S_TOKEN]" in status["s"]["target"]
+    assert "key=***" in status["h"]["target"] and "HTTP 400" in status["h"]["last_error"]
+    assert "secret-" not in json.dumps(status), status
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("toolwire")]
+    assert any("is unavailable" in m for m in logged), logged
+    assert not [m for m in logged if "secret-" in m]

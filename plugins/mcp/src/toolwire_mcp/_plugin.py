@@ -105,7 +105,7 @@ class MCPPlugin:
             name: {
                 "status": up.status,
                 "transport": up.cfg.kind,
-                "target": up.cfg.target(),
+                "target": up.target,
                 "tools": [t.name for t in up.tools],
                 "last_error": up.last_error,
             }

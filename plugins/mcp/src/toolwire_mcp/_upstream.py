@@ -244,6 +244,9 @@ def _answer_text(result: mcp_types.CallToolResult) -> str:
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, MCPError):
         return f"MCP error {exc.code}: {exc.message}"
+    if isinstance(exc, httpx2.HTTPStatusError):  # its text quotes the URL, query and all
+        response = exc.response
+        return f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
     text = str(exc) or type(exc).__name__
@@ -574,7 +577,7 @@ class Upstream:
             why = (
                 f"no answer within connect_timeout_s={limit}s"
                 if isinstance(exc, TimeoutError)
-                else _describe(exc)
+                else self.shown(_describe(exc))
             )
             self._want_relist = True
             self._relist_at = monotonic() + min(limit, 5.0)
@@ -619,12 +622,13 @@ class Upstream:
             msg = f"{msg}; {hint}"
         if self._stderr is not None and self._stderr.tail:
             msg = f"{msg} (server stderr: {self._stderr.recent()})"
+        msg = self.shown(msg)
         self.last_error = msg
         if was_up or not quiet:
             log.warning(
                 "MCP server %r (%s) is unavailable: %s; reconnecting with backoff",
                 self.name,
-                self.cfg.target(),
+                self.target,
                 msg,
             )
         else:
@@ -692,7 +696,7 @@ class Upstream:
                     "system's trust store (SSL_CERT_FILE)"
                 )
             return (
-                f"TLS to {cfg.target()} failed: if the server speaks plain HTTP on that "
+                f"TLS to {self.target} failed: if the server speaks plain HTTP on that "
                 f"port, write `url` of {entry} with http://"
             )
         if status == 404:
@@ -736,6 +740,21 @@ class Upstream:
             )
             + "; upgrade the side that is behind"
         )
+
+    @property
+    def target(self) -> str:
+        """What the server runs or where it is, for messages, logs and the status: the URL's
+        credentials as ``***``, and the values of ``$secretRef``s (an ``args`` token, say)
+        as ``[secret:NAME]``."""
+        return self.shown(self.cfg.target())
+
+    def shown(self, text: str) -> str:
+        """``text`` fit for messages and logs: the raw URL replaced by its redacted form,
+        known secrets (``kernel.add_secret``, ``$secretRef``) hidden."""
+        url = self.cfg.url
+        if url and url in text:
+            text = text.replace(url, self.cfg.target())
+        return self.kernel.redactor.text(text)
 
     def _auth_hint(self) -> str:
         return (
@@ -937,7 +956,7 @@ class Upstream:
             why = f"; the previous attempt failed: {self.last_error}" if self.last_error else ""
         when = f"; next reconnect attempt in {wait:.1f}s" if wait is not None else ""
         return ToolError(
-            f"MCP server {self.name!r} ({self.cfg.target()}) {state}{why}{when}",
+            f"MCP server {self.name!r} ({self.target}) {state}{why}{when}",
             kind=self.down_kind if self.status == "down" else ErrorKind.UNAVAILABLE,
             retry_after_s=wait,
             details={"server": self.name, "remote_tool": remote_tool, "status": self.status},
@@ -946,7 +965,7 @@ class Upstream:
     async def _lost(self, client: Client[Any], remote_tool: str, exc: BaseException) -> ToolError:
         self._lost_client = client
         self._wake.set()
-        msg = _describe(exc)
+        msg = self.shown(_describe(exc))
         if self._session_client is client:
             # The supervisor notes why the session ended (with the server's last stderr lines).
             down = self._session_down
@@ -1137,7 +1156,8 @@ class Upstream:
             self._lost_client = client
             self._wake.set()
             return ToolError(
-                f"{prefix}: cannot connect to {self.cfg.target()} ({exc}); the call was not sent",
+                f"{prefix}: cannot connect to {self.target} ({self.shown(str(exc))}); "
+                "the call was not sent",
                 kind=ErrorKind.UNAVAILABLE,
                 details={**where, "in_flight": False},
             )
