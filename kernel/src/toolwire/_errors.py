@@ -50,9 +50,20 @@ class ToolCollisionError(KernelError):
     """Two tool sources contributed the same tool name."""
 
     def __init__(self, name: str, first: str, second: str) -> None:
+        hints = []
+        for source in (first, second):
+            kind, _, rest = source.partition(":")
+            if kind == "mcp" and rest:  # an upstream MCP server of the mcp plugin
+                hint = (
+                    f"`namespace` of [plugins.mcp.servers.{rest}] (or [plugins.mcp] name_template)"
+                )
+            else:
+                hint = "tools.modules = [{module = ..., namespace = ...}]"
+            if hint not in hints:
+                hints.append(hint)
         super().__init__(
             f"tool name {name!r} is provided by both source {first!r} and source {second!r}; "
-            f"give one of them a namespace (e.g. tools.modules = [{{module = ..., namespace = ...}}]) "
+            f"give one of them a namespace (e.g. {' or '.join(hints)}) "
             f"or exclude the tool from one source"
         )
         self.name = name

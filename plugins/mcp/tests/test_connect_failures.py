@@ -176,3 +176,23 @@ async def test_a_secret_in_args_or_the_url_stays_out_of_logs_status_and_errors(
     logged = [r.getMessage() for r in caplog.records if r.name.startswith("toolwire")]
     assert any("is unavailable" in m for m in logged), logged
     assert not [m for m in logged if "secret-" in m]
+
+
+async def test_two_servers_claiming_one_name_at_startup_point_at_the_mcp_settings() -> None:
+    """Before: the startup error advised `tools.modules = [{module = ..., namespace = ...}]`,
+    a setting of local tool modules, for two MCP servers."""
+    from toolwire import ToolCollisionError
+
+    up = HttpUpstream().start()
+    try:
+        entry = {"url": up.url, "include": ["forecast"]}
+        cfg = {"servers": {"a": entry, "b": entry}, "name_template": "{tool}"}
+        mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+        with pytest.raises(ToolCollisionError) as ei:
+            async with Kernel(plugins=[mcp]):
+                pass
+    finally:
+        up.stop()
+    msg = str(ei.value)
+    assert "`namespace` of [plugins.mcp.servers.a]" in msg, msg
+    assert "tools.modules" not in msg, msg
