@@ -164,6 +164,9 @@ async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools
     that never answered it left the session's health watch stuck for good."""
     mcp = plugin({"up": upstream_entry()}, connect_timeout_s=1.5)
     async with Kernel(plugins=[mcp]) as k:
+        # on a busy machine the server may take over 1.5 s to start: it is retried with
+        # backoff, and until its first listing its tools are unknown (not_found)
+        await eventually(lambda: mcp.servers()["up"]["status"] == "up", 60)
         await call_until_back(k, "up_forecast", {"city": "Oslo"})
         before = {t.name for t in k.list_tools()}
         with caplog.at_level(logging.WARNING, logger="toolwire"):
