@@ -207,6 +207,33 @@ async def test_a_lease_from_before_the_cooldown_does_not_end_anothers_probe(endi
         assert (await pool.acquire()).probe
 
 
+@pytest.mark.parametrize("ending", ["success", "tool_error"])
+async def test_a_success_from_before_the_cooldown_does_not_end_anothers_probe(ending: str) -> None:
+    """Before: a lease taken while the key was healthy, succeeding once the cooldown was over,
+    wiped the strikes and the probe in flight: every request went to the key the provider had
+    just rate-limited, and the probe's next 429 was strike 1 again (no longer backoff)."""
+    clock = FakeClock()
+    cfg = config(cooldown_seconds=5, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        stale = await pool.acquire()  # taken while the key was healthy
+        await pool.report("only", "rate_limit")  # another request's 429
+        clock.advance(5.1)
+        probe = await pool.acquire()
+        assert probe.probe and not stale.probe
+        if ending == "success":
+            await stale.success()
+        else:
+            await stale.failure(kind=ending)  # the key worked, the request did not
+        with pytest.raises(PoolUnavailable) as exc:  # still one probe in flight
+            await pool.acquire()
+        assert exc.value.availability.keys == {"only": "probing"}
+        assert (await pool.status())["keys"]["only"]["strikes"] == 1
+        await probe.failure(kind="rate_limit")  # the probe's 429 is the next, longer step
+        av = await pool.availability()
+        assert av.state == "cooling" and av.retry_after_s == pytest.approx(10.0)
+
+
 async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with kernel_with(config(), state=url) as kernel:

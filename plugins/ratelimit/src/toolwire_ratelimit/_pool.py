@@ -391,6 +391,7 @@ class KeyPool:
         retry_after_s: float | None = None,
         pattern: str | None = None,
         reason: str | None = None,
+        probe: bool | None = None,
     ) -> None:
         """Record what happened with a key (``alias=None``: the provider as a whole).
 
@@ -399,6 +400,10 @@ class KeyPool:
         ``quota`` (suspend the whole pool, or cool only this key when
         ``suspend_on_monthly_exhausted`` is off), ``auth`` (sticky quarantine of
         the key), anything else (``release``) only ends a half-open probe.
+        ``probe``: whether the lease reporting was the key's half-open probe
+        (``KeyLease`` passes it); a ``success`` of a lease that was not, while
+        the key has strikes, changes nothing: only probes are handed out once a
+        key was rate-limited, so that lease was taken before.
         """
         s = self.settings
         if alias is None:
@@ -417,9 +422,10 @@ class KeyPool:
             ks = dict(keys.get(a) or {}) if a is not None else {}
             before = dict(ks)
             if outcome == "success":
-                if _num(ks, "cool_until") > now:
-                    # No lease is handed out while a key cools: this one was taken before
-                    # the rate limit and says nothing about the key now.
+                if _num(ks, "cool_until") > now or (probe is False and _num(ks, "strikes") > 0):
+                    # No lease is handed out while a key cools, and only the probe once it
+                    # is half-open: this one was taken before the rate limit and says
+                    # nothing about the key now (it must not end the probe in flight).
                     return None, NOCHANGE
                 q = ks.get("q")
                 ks = (
@@ -549,7 +555,7 @@ class KeyLease:
         if self._done:
             return
         self._done = True
-        await self.pool.report(self.alias, "success")
+        await self.pool.report(self.alias, "success", probe=self.probe)
 
     async def release(self) -> None:
         """Neither success nor a key failure (cancelled, provider-side error): end a probe.
@@ -594,7 +600,7 @@ class KeyLease:
             if self.probe:  # only this lease's own probe ends (see release)
                 await self.pool.report(self.alias, "release")
         else:  # the key worked; the request itself failed (bad query, denied...)
-            await self.pool.report(self.alias, "success")
+            await self.pool.report(self.alias, "success", probe=self.probe)
 
 
 class LeaseContext:
