@@ -194,6 +194,42 @@ async def test_long_text_fields_are_cut_at_max_field_chars(
     assert any("max_field_chars" in w for w in res.content["warnings"])
 
 
+async def test_the_cut_warning_survives_the_warnings_cap(mock: respx.MockRouter) -> None:
+    """Before: the note that fields were cut came last and fell off the 20 warnings kept when
+    many SearXNG engines failed: the answer was altered with nothing saying so."""
+    body = load("searxng_search_200.json")
+    body["results"][0]["content"] = "c" * 5000
+    body["unresponsive_engines"] = [[f"engine{i}", "timeout"] for i in range(30)]
+    mock.get(SEARX_URL).mock(return_value=httpx.Response(200, json=body))
+    kernel = make_kernel(environ={"SEARXNG_URL": SEARX})
+    async with kernel:
+        res = await kernel.call("web_search_searxng", {"query": "q"})
+    assert not res.is_error, res.error
+    warnings = res.content["warnings"]
+    assert len(warnings) == 20
+    assert any("max_field_chars" in w for w in warnings), warnings
+
+
+async def test_a_key_echoed_in_a_long_field_is_redacted_before_the_cut(
+    mock: respx.MockRouter,
+) -> None:
+    """Before: the cut came first, so a key straddling the cut no longer matched and its first
+    characters went out in the answer."""
+    title = "t" * 1990 + B1  # the key's first 9 characters fall inside the 2,000 kept
+    mock.get(BRAVE_URL).mock(
+        return_value=httpx.Response(
+            200, json={"web": {"results": [{"url": "https://a.test", "title": title}]}}
+        )
+    )
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1})
+    async with kernel:
+        res = await kernel.call("web_search_brave", {"query": "q"})
+    assert not res.is_error, res.error
+    text = json.dumps(res.to_dict())
+    assert B1[:9] not in text
+    assert res.content["results"][0]["title"].endswith("…")
+
+
 async def test_searxng_instance_from_the_environment(mock: respx.MockRouter) -> None:
     route = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
     kernel = make_kernel(environ={"SEARXNG_URL": SEARX + "/"})

@@ -583,23 +583,35 @@ class SearchPlugin:
         warnings.extend(req.warnings)
         warnings.extend(page.warnings)
         metadata: Any = {b.name: page.metadata}
+        if secret and not b.key_is_base_url:
+            # a provider echoing the key in a success body; before any cut, which could
+            # leave a part of the key that no longer matches
+            echoed = {"results": results, "warnings": warnings, "metadata": metadata}
+            if secret in json.dumps(echoed, default=str):
+                echoed = rl.redactor.value(echoed)
+                results, warnings, metadata = (
+                    echoed["results"],
+                    echoed["warnings"],
+                    echoed["metadata"],
+                )
+        shown = warnings[:_MAX_WARNINGS]
         limit = self.config.max_field_chars
         if limit is not None:
             results, cut = cut_long_text(results, limit)
             metadata, cut_meta = cut_long_text(metadata, limit)
             if cut + cut_meta:
-                warnings.append(
+                # kept whatever the cap: the answer was altered, and it must say so
+                shown = [
+                    *warnings[: _MAX_WARNINGS - 1],
                     f"{who}: {cut + cut_meta} text fields longer than {limit} characters were "
-                    "cut ([plugins.search] max_field_chars)"
-                )
+                    "cut ([plugins.search] max_field_chars)",
+                ]
         out: dict[str, Any] = {
             "results": results,
             "served_by": b.name,
-            "warnings": warnings[:_MAX_WARNINGS],
+            "warnings": shown,
             "provider_metadata": metadata,
         }
-        if secret and not b.key_is_base_url and secret in json.dumps(out, default=str):
-            out = rl.redactor.value(out)  # a provider echoing the key in a success body
         if not results:
             self._soft_failure(tool, b, page.failure, out, ctx)
         return out
