@@ -108,3 +108,21 @@ def test_parse_retry_after_reads_both_forms_and_refuses_what_float_would_take() 
 
     ahead = parse_retry_after(formatdate(time.time() + 60, usegmt=True))  # from the wall clock
     assert ahead is not None and 55 < ahead <= 60
+
+
+def test_parse_retry_after_reads_all_three_http_date_formats() -> None:
+    """RFC 9110 § 5.6.7: a recipient MUST accept all three; the asctime form has no zone (it
+    is UTC) and was taken for no hint. A date with no zone that is no HTTP-date still is."""
+    from toolwire import parse_retry_after
+
+    now = 784_111_777.0 - 30  # 30 s before Sun, 06 Nov 1994 08:49:37 GMT
+    for text in (
+        "Sun, 06 Nov 1994 08:49:37 GMT",  # IMF-fixdate
+        "Sunday, 06-Nov-94 08:49:37 GMT",  # obsolete RFC 850
+        "Sun Nov  6 08:49:37 1994",  # obsolete asctime
+        "Sun Nov 16 08:49:37 1994",
+    ):
+        expected = 30.0 if "16" not in text else 30.0 + 10 * 86400
+        assert parse_retry_after(text, now) == expected, text
+    for junk in ("Sun, 06 Nov 1994 08:49:37", "Sun, 06 Nov 1994 08:49:37 -0000"):
+        assert parse_retry_after(junk, now) is None, junk
