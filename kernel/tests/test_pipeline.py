@@ -1127,3 +1127,34 @@ async def test_call_identity_and_metadata_of_the_wrong_type_are_named(
     with pytest.raises(TypeError, match=rf"kernel\.call\('add', {named}=\.\.\.\)"):
         await k.call("add", {"a": 1, "b": 2}, **kw)
     await k.close()
+
+
+async def test_tracing_an_async_hook_behind_a_sync_decorator_reports_its_outcome(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the trace wrapper, sync like the hook, logged the coroutine it got back as the
+    hook's outcome ('-> coroutine' in no time) and never saw the hook raise."""
+    monkeypatch.setenv("TOOLWIRE_TRACE_PLUGINS", "wrapped")
+
+    class Wrapped:
+        name = "wrapped"
+
+        @hookimpl
+        @_plain_decorator
+        async def before_call(self, call: ToolCall) -> None:
+            raise RuntimeError("hook broke")
+
+        @hookimpl
+        @_plain_decorator
+        async def after_call(self, result: ToolResult) -> ToolResult:
+            return result
+
+    k = make_kernel(plugins=(Wrapped(),))
+    caplog.set_level(logging.INFO, logger="toolwire.trace")
+    async with k:
+        r = await k.call("add", {"a": 1, "b": 2})
+    assert r.error is not None and "hook broke" in r.error.message
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "toolwire.trace"]
+    assert any("before_call" in m and "raised RuntimeError: hook broke" in m for m in lines)
+    assert any("after_call" in m and "-> ToolResult" in m for m in lines), lines
+    assert not any("coroutine" in m for m in lines), lines

@@ -101,6 +101,15 @@ def _traced(plugin: str, hook: str, invoke: Callable[..., Any], is_async: bool) 
 
         return run_async
 
+    async def settle(args: tuple[Any, ...], t0: float, pending: Any) -> Any:
+        try:
+            res = await pending
+        except BaseException as exc:
+            note(args, t0, f"raised {type(exc).__name__}: {exc}")
+            raise
+        note(args, t0, _outcome(res))
+        return res
+
     def run(*args: Any) -> Any:
         t0 = perf_counter()
         try:
@@ -108,6 +117,10 @@ def _traced(plugin: str, hook: str, invoke: Callable[..., Any], is_async: bool) 
         except BaseException as exc:
             note(args, t0, f"raised {type(exc).__name__}: {exc}")
             raise
+        if res is not None and inspect.isawaitable(res):
+            # an async hook behind a sync decorator: the kernel awaits it (see _kernel),
+            # and its outcome is what that gives, not the coroutine
+            return settle(args, t0, res)
         note(args, t0, _outcome(res))
         return res
 
