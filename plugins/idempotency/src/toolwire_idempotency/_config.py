@@ -70,8 +70,9 @@ class IdempotencyConfig(BaseModel):
         None,
         gt=0,
         description="results kept per ttl_secs window, in all; beyond it results are not "
-        "kept (replays get an error, as for max_result_bytes). Bounds the store at about "
-        "twice this. None: bounded by ttl_secs alone",
+        "kept (replays get an error, as for max_result_bytes). Bounds the results kept at "
+        "about twice this (each one not kept still leaves a ~200-byte marker). None: "
+        "bounded by ttl_secs alone",
     )
     exempt_tools: list[str] = Field(
         default_factory=list, description="tools never de-duplicated (no store access)"
