@@ -610,3 +610,11 @@ def test_a_variable_inside_another_variables_value_is_an_error_in_any_order(
     with pytest.raises(ConfigError, match=r"set by TOOLWIRE_PLUGINS__a__x, not a table") as exc:
         load_config(None, env=env, required=False)
     assert "TOOLWIRE_PLUGINS__a__x__y" in str(exc.value)
+
+
+def test_two_spellings_of_one_variable_are_an_error() -> None:
+    """Before: keys are lower-cased, so one silently overwrote the other, and which one won
+    depended on the environment's order."""
+    env = {"TOOLWIRE_PLUGINS__a__x": "1", "TOOLWIRE_PLUGINS__A__X": "2"}
+    with pytest.raises(ConfigError, match=r"plugins\.a\.x: environment variables .* both set it"):
+        load_config(None, env=env, required=False)

@@ -225,8 +225,18 @@ def _apply_env(
                 break
             path.append(p)
             node = node.setdefault(p, {})
+        dotted = ".".join(["plugins", *(x.lower() for x in parts)])
+        twin = sources.get(dotted)
+        if twin is not None and twin != var:
+            # keys are lower-cased: which of two spellings won depended on the environment
+            raise ConfigError(
+                f"environment variables {twin} and {var} both set it (keys are lower-cased); "
+                "unset one",
+                file=file,
+                key=dotted,
+            )
         node[parts[-1].lower()] = _env_value(raw)
-        sources[".".join(["plugins", *(x.lower() for x in parts)])] = var
+        sources[dotted] = var
     return sources
 
 
