@@ -615,6 +615,6 @@ def test_a_variable_inside_another_variables_value_is_an_error_in_any_order(
 def test_two_spellings_of_one_variable_are_an_error() -> None:
     """Before: keys are lower-cased, so one silently overwrote the other, and which one won
     depended on the environment's order."""
-    env = {"TOOLWIRE_PLUGINS__a__x": "1", "TOOLWIRE_PLUGINS__A__X": "2"}
+    env = {"TOOLWIRE_PLUGINS__a__x": "1", "TOOLWIRE_PLUGINS__a__X": "2"}
     with pytest.raises(ConfigError, match=r"plugins\.a\.x: environment variables .* both set it"):
         load_config(None, env=env, required=False)
