@@ -146,6 +146,31 @@ def test_stdio_reads_requests_from_a_file_and_ends_at_its_end(tmp_path: Path, lo
     assert proc.returncode == 0 and proc.stdout == b"", proc.stderr.decode()[-2000:]
 
 
+def test_stdio_answers_every_request_read_before_the_end_of_input(tmp_path: Path) -> None:
+    """Before: at the end of stdin the server waited a fixed 50 ms for the last requests
+    to reach their handlers; a call piped right after a listing (`printf ... | toolwire
+    serve`) was then dropped without an answer."""
+    frames = [
+        INIT,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        rpc(10, "tools/list"),
+    ]
+    frames += [rpc(2, "tools/call", {"name": "add", "arguments": {"a": 2, "b": 40}})]
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "serve"],
+        input="".join(json.dumps(f) + "\n" for f in frames).encode(),
+        capture_output=True,
+        cwd=tmp_path,
+        env=clean_env(),  # every installed plugin: the listings are the slow part
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    by_id = {m.get("id"): m for m in map(json.loads, proc.stdout.decode().splitlines())}
+    assert 10 in by_id, sorted(by_id, key=str)
+    assert by_id[2]["result"]["structuredContent"] == {"result": 42.0}, sorted(by_id, key=str)
+
+
 async def test_stdio_client_lists_and_calls(tmp_path: Path) -> None:
     transport = StdioTransport(
         command=sys.executable,

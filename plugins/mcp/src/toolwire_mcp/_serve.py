@@ -15,6 +15,7 @@ import ipaddress
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import stat
@@ -905,11 +906,35 @@ class _StdoutFrames:
         self._wire = os.dup(1)
         os.dup2(2, 1)
         self._lock = anyio.Lock()
+        #: ids of the requests read and not answered yet (for the end of input)
+        self._unanswered: set[str | int] = set()
+        self._all_answered: anyio.Event | None = None
+
+    def expect(self, request_id: str | int) -> None:
+        """A request was read: its answer is awaited at the end of input."""
+        self._unanswered.add(request_id)
+
+    def forget(self, request_id: str | int) -> None:
+        """A request will get no answer (the client cancelled it)."""
+        self._unanswered.discard(request_id)
+        if not self._unanswered and self._all_answered is not None:
+            self._all_answered.set()
+
+    async def answered(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` until every request read has been answered."""
+        if self._unanswered:
+            self._all_answered = anyio.Event()
+            with anyio.move_on_after(timeout_s):
+                await self._all_answered.wait()
 
     async def write(self, text: str) -> None:
         data = text.encode("utf-8")
         async with self._lock:
             await anyio.to_thread.run_sync(self._write_all, data)
+        if self._unanswered:
+            rid = _response_id(text)
+            if rid is not None:
+                self.forget(rid)
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -953,23 +978,64 @@ class _StdinFrames:
         while True:
             line = await self._reader.readline()
             if not line:
-                await anyio.sleep(0.05)  # let the last requests reach their handlers
-                await self._gate.drain(self._grace_s)
+                # Every request read gets its answer (one still on its way to its handler
+                # included), then the calls in flight drain, within one grace period.
+                start = anyio.current_time()
+                await self._out.answered(self._grace_s)
+                left = max(0.0, self._grace_s - (anyio.current_time() - start))
+                await self._gate.drain(left)
                 raise StopAsyncIteration
             text = line.decode("utf-8", errors="replace")
             if not text.strip():
                 continue
-            problem = _frame_problem(text)
+            problem, data = _check_frame(text)
             if problem is None:
+                self._track(data)
                 return text
             code, message, rid = problem
             log.warning("stdio: rejected a malformed frame: %s", message)
             reply = {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
             await self._out.write(json.dumps(reply) + "\n")
 
+    def _track(self, data: Any) -> None:
+        """Note a request the server owes an answer; a cancelled one is owed none."""
+        if not isinstance(data, dict) or "method" not in data:
+            return  # a response to one of the server's own requests
+        if "id" in data:
+            self._out.expect(data["id"])  # a valid id: _check_frame checked it
+        elif data["method"] == "notifications/cancelled":
+            params = data.get("params")
+            rid = params.get("requestId") if isinstance(params, dict) else None
+            if isinstance(rid, (str, int)) and not isinstance(rid, bool):
+                self._out.forget(rid)
 
-def _frame_problem(text: str) -> tuple[int, str, str | int | None] | None:
-    """(code, message, id) of the JSON-RPC error a malformed line gets, or None when it is fine.
+
+#: The head of a response as the MCP SDK writes it: ``{"jsonrpc":"2.0","id":...,"result"``.
+_RESPONSE_HEAD = re.compile(r'\{"jsonrpc":"2\.0","id":(-?\d+|"(?:[^"\\]|\\.)*"),"(?:result|error)"')
+
+
+def _response_id(text: str) -> str | int | None:
+    """The id of the request a frame written to stdout answers; None for another frame."""
+    head = _RESPONSE_HEAD.match(text)
+    if head is not None:
+        rid = json.loads(head.group(1))
+        return rid if isinstance(rid, (str, int)) else None
+    if text.startswith('{"jsonrpc":"2.0","method"'):
+        return None  # a notification or a request of the server's: no parse needed
+    try:
+        data = pydantic_core.from_json(text)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and ("result" in data or "error" in data):
+        rid = data.get("id")
+        if isinstance(rid, (str, int)) and not isinstance(rid, bool):
+            return rid
+    return None
+
+
+def _check_frame(text: str) -> tuple[tuple[int, str, str | int | None] | None, Any]:
+    """((code, message, id) of the JSON-RPC error a malformed line gets, or None when it is
+    fine; the parsed line, or None when it is not JSON).
 
     The line is read as the MCP SDK reads it (pydantic's JSON parser, whose
     nesting limit and rejection of lone surrogates differ from ``json``'s), so
@@ -978,7 +1044,12 @@ def _frame_problem(text: str) -> tuple[int, str, str | int | None] | None:
     try:
         data = pydantic_core.from_json(text)
     except (ValueError, RecursionError) as exc:
-        return -32700, f"Parse error: {exc}", None
+        return (-32700, f"Parse error: {exc}", None), None
+    return _frame_problem(data, text), data
+
+
+def _frame_problem(data: Any, text: str) -> tuple[int, str, str | int | None] | None:
+    """(code, message, id) of the JSON-RPC error the parsed line ``data`` gets, or None."""
     rid = data.get("id") if isinstance(data, dict) else None
     valid_id = isinstance(rid, (str, int)) and not isinstance(rid, bool)
     if isinstance(data, dict) and "method" in data and "id" in data and not valid_id:
