@@ -90,6 +90,13 @@ def test_explicit_missing_file_is_an_error(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.toml", env={})
 
 
+def test_a_missing_file_named_by_toolwire_config_names_the_variable(tmp_path: Path) -> None:
+    """Before: only the path was named, not where it came from (a stale export)."""
+    env = {"TOOLWIRE_CONFIG": str(tmp_path / "nope.toml")}
+    with pytest.raises(ConfigError, match=r"config file not found.*TOOLWIRE_CONFIG"):
+        load_config(None, env=env)
+
+
 # ------------------------------------------------------------------- env
 def test_env_overrides(tmp_path: Path) -> None:
     p = write(tmp_path, 'state = "memory://"\nmax_attempts = 2\n[plugins.a]\nx = 1\n')
@@ -436,7 +443,7 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
         ('["toolwire.examples", "toolwire.examples"]', r"tools\.modules\[1\]: tool name 'add'"),
         (
             '[{module = "toolwire.examples", namespace = "bad name"}]',
-            r"namespace 'bad name': use 1-100 letters",
+            r"tools\.modules: entry 0: namespace 'bad name': use 1-100 letters[^;]*$",
         ),
         (
             '[{module = "toolwire.examples", extra = 1}]',

@@ -41,6 +41,16 @@ SECRET_REF = "$secretRef"
 DEFAULT_CONFIG_FILE = "toolwire.toml"
 
 
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
+def _namespace_problem(ns: str) -> str:
+    return (
+        f"namespace {ns!r}: use 1-100 letters, digits, '_', '-' or '.' "
+        "(tool names become <namespace>_<name>)"
+    )
+
+
 class ModuleRef(BaseModel):
     """A module whose ``@tool`` functions become tools, optionally namespaced."""
 
@@ -51,11 +61,8 @@ class ModuleRef(BaseModel):
     @field_validator("namespace")
     @classmethod
     def _namespace_fits_tool_names(cls, v: str | None) -> str | None:
-        if v is not None and not re.fullmatch(r"[A-Za-z0-9_.-]{1,100}", v):
-            raise ValueError(
-                f"namespace {v!r}: use 1-100 letters, digits, '_', '-' or '.' "
-                "(tool names become <namespace>_<name>)"
-            )
+        if v is not None and not _NAMESPACE.fullmatch(v):
+            raise ValueError(_namespace_problem(v))
         return v
 
 
@@ -79,6 +86,9 @@ class ToolsConfig(BaseModel):
                             f'entry {i}: {what}; an entry is "package.module" or '
                             '{module = "package.module", namespace = "ns"}'
                         )
+                    ns = item.get("namespace")
+                    if isinstance(ns, str) and not _NAMESPACE.fullmatch(ns):
+                        raise ValueError(f"entry {i}: {_namespace_problem(ns)}")
                 elif not isinstance(item, str | ModuleRef):
                     raise ValueError(
                         f"entry {i}: {item!r} is not a module name (a string) or a table"
@@ -377,7 +387,8 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc}", file=file) from exc
     elif explicit if required is None else required:
-        raise ConfigError("config file not found", file=str(p))
+        where = "" if path is not None else " (named by the environment variable TOOLWIRE_CONFIG)"
+        raise ConfigError(f"config file not found{where}", file=str(p))
     if isinstance(data.get("plugins"), list):
         # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
         if "enabled_plugins" in data:
