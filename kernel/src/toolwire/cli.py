@@ -233,7 +233,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    sp = sub.add_parser("plugins", help="list loaded plugins as JSON (name, version, order, hooks)")
+    sp = sub.add_parser(
+        "plugins", help="list loaded plugins as JSON (name, version, distribution, order, hooks)"
+    )
     sp.set_defaults(fn=_cmd_plugins)
 
     st = sub.add_parser("tools", help="list the tools (JSON), or search them with --query")
