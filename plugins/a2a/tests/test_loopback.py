@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -22,13 +23,14 @@ pytestmark = pytest.mark.anyio
 class LoopbackAgent:
     """An a2a-sdk agent served by uvicorn on 127.0.0.1 in a thread of its own."""
 
-    def __init__(self) -> None:
+    def __init__(self, wrap: Any = None) -> None:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = int(self.sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.agent: Agent = make_agent(self.url, name="Loopback Specialist")
-        config = uvicorn.Config(self.agent.app, log_level="warning", lifespan="off")
+        app = self.agent.app if wrap is None else wrap(self.agent.app)
+        config = uvicorn.Config(app, log_level="critical", lifespan="off")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
@@ -176,3 +178,62 @@ async def test_calls_and_scheduled_refresh_under_trio(
     hits = loopback.agent.card_requests
     await anyio.sleep(0.2)
     assert loopback.agent.card_requests == hits
+
+
+class StreamCutter:
+    """Wraps an agent: the SSE connection is cut right after the first artifact event;
+    with ``refuse_reads`` the agent also answers HTTP 503 to every later request."""
+
+    def __init__(self, refuse_reads: bool = False) -> None:
+        self.refuse_reads = refuse_reads
+        self.cut = False
+
+    def __call__(self, inner: Any) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or scope["path"] != "/a2a/jsonrpc":
+                await inner(scope, receive, send)
+                return
+            if self.cut and self.refuse_reads:
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+                await send({"type": "http.response.body", "body": b"down"})
+                return
+
+            async def cutting_send(msg: Any) -> None:
+                await send(msg)
+                if msg["type"] == "http.response.body" and b"artifactUpdate" in msg["body"]:
+                    self.cut = True
+                    raise RuntimeError("the connection is cut")  # uvicorn drops it
+
+            await inner(scope, receive, cutting_send)
+
+        return app
+
+
+@pytest.mark.parametrize("refuse_reads", [False, True])
+async def test_a_stream_cut_after_an_artifact_keeps_the_artifact(
+    tmp_path: Path, refuse_reads: bool
+) -> None:
+    """Before: the broken stream was an `unavailable` error without task_id or artifact,
+    although the agent had taken (and here finished) the task: the artifact was lost, and
+    the error invited sending the message again."""
+    cutter = StreamCutter(refuse_reads)
+    agent = LoopbackAgent(wrap=cutter).start()
+    try:
+        kernel = kernel_from_toml(tmp_path, f'agents = ["{agent.url}"]\n')
+        async with kernel:
+            res = await kernel.call("agent_loopback_specialist", {"query": "stream"})
+    finally:
+        agent.stop()
+    assert cutter.cut
+    if not refuse_reads:  # the task is read instead: the whole answer
+        assert not res.is_error, res.content
+        assert res.content["state"] == "completed"
+        assert res.content["text"] == "part one;\npart two"
+        return
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE
+    details = res.error.details
+    assert details["task_id"] == res.meta.extra["a2a"]["task_id"]
+    assert details["artifacts"] == [{"name": "report", "text": "part one;"}]
+    assert "agent_loopback_specialist_task" in res.error.message
+    assert "do not send the message again" in res.error.message

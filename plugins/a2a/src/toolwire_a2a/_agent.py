@@ -332,7 +332,17 @@ class AgentHandle:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            raise self._fail(exc, action) from exc
+            err = self._fail(exc, action)
+            if not (
+                streaming
+                and agg.task_id
+                and err.kind == ErrorKind.UNAVAILABLE
+                and "status" not in err.details
+            ):
+                raise err from exc
+            # The connection broke after the agent took the task: it may have finished it
+            # (its artifacts are on the agent's side), so read the task rather than fail.
+            return await self._after_broken_stream(agg, err)
         self.status, self.last_error = "up", None
         if streaming and agg.task_id and agg.state in RUNNING:
             # The stream ended before the task did (connection dropped): read its state.
@@ -344,6 +354,40 @@ class AgentHandle:
         except ValueError as exc:
             raise ToolError(f"agent {nick!r}: {exc}", details={"agent": nick}) from exc
         return self._check_outcome(result)
+
+    async def _after_broken_stream(self, agg: StreamAggregator, err: ToolError) -> dict[str, Any]:
+        """The task's outcome after its stream broke; if it cannot be read, an error that
+        keeps what the stream delivered and says how to get the rest."""
+        nick = str(self.nickname)
+        task_id = str(agg.task_id)
+        try:
+            task = await self._get(task_id, "reading the task after its stream broke")
+        except ToolError as again:
+            got = agg.result(nick)
+            details: dict[str, Any] = {
+                **err.details,
+                "task_id": task_id,
+                "context_id": agg.context_id,
+                "state": got["state"],
+                "artifacts": got["artifacts"],
+                "partial_text": got["text"],
+            }
+            raise ToolError(
+                f"{err}; the agent had already taken the task {task_id!r} (state "
+                f"{got['state']!r}, {len(got['artifacts'])} artifact(s) received: in details) "
+                f"and reading it failed too ({again}); do not send the message again: get its "
+                f"outcome later with agent_{nick}_task and task_id={task_id!r}",
+                kind=err.kind,
+                retry_after_s=err.retry_after_s,
+                details=details,
+            ) from again
+        log.warning(
+            "plugin 'a2a': agent %r: the stream of task %s broke (%s); read the task instead",
+            nick,
+            task_id,
+            err,
+        )
+        return await self._task_outcome(task)
 
     def _check_outcome(self, result: dict[str, Any], *, cancel_ok: bool = False) -> dict[str, Any]:
         """Raise for tasks that ended badly; return the others."""
