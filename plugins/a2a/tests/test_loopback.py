@@ -143,6 +143,36 @@ async def test_without_a_stream_a_blocking_call_cut_by_its_deadline_keeps_the_ta
         await cut_by_its_deadline_then_found_again(kernel, loopback)
 
 
+@pytest.mark.parametrize("where", ["plugin", "agent", "kernel"])
+async def test_without_a_stream_a_call_cut_by_its_attempt_timeout_keeps_the_task_id(
+    tmp_path: Path, loopback: LoopbackAgent, where: str
+) -> None:
+    """Before: only a deadline made the call poll; cut by a per-attempt timeout
+    (plugins.a2a.timeout_s, the agent's timeout_s, the kernel's default_timeout_s) the
+    single blocking request lost the task id of the task that kept running."""
+    agent = (
+        f'{{url = "{loopback.url}", timeout_s = 1}}' if where == "agent" else f'"{loopback.url}"'
+    )
+    body = f"agents = [{agent}]\npoll_interval_s = 0.05\nstreaming = false\n"
+    if where == "plugin":
+        body += "timeout_s = 1\n"
+    cfg = tmp_path / "toolwire.toml"
+    top = "default_timeout_s = 1\n" if where == "kernel" else ""
+    cfg.write_text(top + 'enabled_plugins = ["a2a"]\n\n[plugins.a2a]\n' + body)
+    kernel = Kernel.from_config(str(cfg))
+    async with kernel:
+        loopback.agent.executor.hold()
+        cut = await kernel.call("agent_loopback_specialist", {"query": "wait"})
+        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
+        running = cut.meta.extra["a2a"].get("task_id")
+        assert running, cut.meta.extra
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 0.9}
+        )
+        assert done.content["text"] == "Findings on: wait", done.content
+
+
 async def test_nothing_listening_at_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

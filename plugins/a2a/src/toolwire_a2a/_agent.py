@@ -128,6 +128,17 @@ def _to_dict(msg: Any) -> dict[str, Any]:
     return out
 
 
+def _time_bounded(ctx: CallContext) -> bool:
+    """Whether the kernel will cut this attempt: a deadline or any per-attempt timeout."""
+    tool = ctx.current_tool or ctx.tool
+    return (
+        ctx.time_left() is not None
+        or ctx.attempt_timeout_s is not None
+        or (tool is not None and tool.timeout_s is not None)
+        or ctx.kernel.default_timeout_s is not None
+    )
+
+
 class AgentHandle:
     """A remote agent offered as ``agent_<nickname>`` and ``agent_<nickname>_task``.
 
@@ -307,9 +318,9 @@ class AgentHandle:
         nick = str(self.nickname)
         streaming = self.streaming and not hands_off
         # A blocking call without a stream learns the task id only with the final answer:
-        # cut by its deadline, it would lose the task. With a deadline it is sent to
-        # return at once and the task is polled, so the id is known from the start.
-        poll = not streaming and not hands_off and ctx.time_left() is not None
+        # cut by its deadline or its attempt timeout, it would lose the task. With either
+        # it is sent to return at once and the task is polled, so the id is known at once.
+        poll = not streaming and not hands_off and _time_bounded(ctx)
         client = self._require(streaming)
         request = SendMessageRequest(
             message=self._message(query, context_id, task_id),
