@@ -21,7 +21,12 @@ from typing import Any
 
 import anyio
 import httpx
-from a2a.helpers import new_task_from_user_message, new_text_message, new_text_part
+from a2a.helpers import (
+    new_data_part,
+    new_task_from_user_message,
+    new_text_message,
+    new_text_part,
+)
 from a2a.server.agent_execution import AgentExecutor, RequestContext
 from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
@@ -67,6 +72,7 @@ class ScriptedExecutor(AgentExecutor):
     - ``login``: needs auth.
     - ``fail``: the task fails with a reason.
     - ``partial``: an artifact ("chapter 1 written"), then the task fails with a reason.
+    - ``reject``: a data artifact (``{"rows": 3}``), then the task is rejected with a reason.
     - ``wait``: works until ``gate`` is set, then completes.
     - ``stream``: a status message, then an artifact in two appended chunks.
     - anything else: one artifact "Findings on: <text>".
@@ -139,6 +145,9 @@ class ScriptedExecutor(AgentExecutor):
         elif text == "partial":
             await up.add_artifact([new_text_part("chapter 1 written")], name="draft")
             await up.failed(up.new_agent_message([new_text_part("ran out of budget")]))
+        elif text == "reject":
+            await up.add_artifact([new_data_part({"rows": 3})], name="sample")
+            await up.reject(up.new_agent_message([new_text_part("not my field")]))
         elif text == "stream":
             await up.update_status(
                 TaskState.TASK_STATE_WORKING,

@@ -148,6 +148,22 @@ async def test_a_failed_task_keeps_its_artifacts_and_gives_the_agents_reason(
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+async def test_a_rejected_task_with_a_data_artifact_gives_the_agents_reason(
+    make_kernel: KernelFactory, streaming: bool
+) -> None:
+    """Before: with no text in the artifacts the reason ("not my field") was reported as
+    "no reason given" and filed under details.partial_text as if the agent had produced it."""
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "reject"})
+    assert res.is_error and res.error is not None
+    assert "rejected the task: not my field" in res.error.message, res.error.message
+    details = res.error.details
+    assert details["artifacts"] == [{"name": "sample", "data": [{"rows": 3}]}]
+    assert details["partial_text"] == ""
+    assert details["state"] == "rejected"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
 async def test_input_required_is_surfaced_and_context_id_continues(
     make_kernel: KernelFactory, router: Router, streaming: bool
 ) -> None:

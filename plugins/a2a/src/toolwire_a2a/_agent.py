@@ -407,7 +407,9 @@ class AgentHandle:
             # The reason is the agent's status message; ``text`` holds the artifacts' text
             # when there are artifacts, which is what the agent produced, not why it stopped.
             artifacts = result.get("artifacts") or []
-            said = result.get("status_message") or (None if artifacts else result.get("text"))
+            produced = "\n\n".join(a["text"] for a in artifacts if "text" in a)
+            # Without artifact text, ``text`` is the status message (task_result's fallback).
+            said = result.get("status_message") or (None if produced else result.get("text"))
             verb = {"failed": "failed", "rejected": "rejected", "canceled": "canceled"}[state]
             details: dict[str, Any] = {
                 "agent": result["agent"],
@@ -417,7 +419,7 @@ class AgentHandle:
             }
             if artifacts:  # what the agent produced before it stopped is kept
                 details["artifacts"] = artifacts
-                details["partial_text"] = result.get("text")
+                details["partial_text"] = produced
             kept = (
                 f" (it produced {len(artifacts)} artifact(s) first: in details)"
                 if artifacts
