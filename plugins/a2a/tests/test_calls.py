@@ -227,6 +227,21 @@ async def test_hands_off_then_get_the_task(make_kernel: KernelFactory, research:
     assert later.content["context_id"] == c["context_id"]
 
 
+async def test_waiting_for_a_task_stops_in_time_to_answer_before_the_deadline(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    """Before: wait_s longer than the time the call had ended in a `timeout` error telling
+    to use hands_off, instead of the task's state."""
+    kernel, _ = await make_kernel({**AGENTS, "poll_interval_s": 0.05})
+    res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
+    args = {"task_id": res.content["task_id"], "wait_s": 30}
+    with anyio.fail_after(5):
+        now = await kernel.call("agent_research_task", args, timeout=1.0)
+    assert not now.is_error, now.error
+    assert now.content["state"] == "working" and "agent_research_task" in now.content["next"]
+    research.executor.gate.set()
+
+
 async def test_cancel_a_handed_off_task(make_kernel: KernelFactory, research: Agent) -> None:
     kernel, _ = await make_kernel(AGENTS)
     res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})

@@ -128,15 +128,26 @@ def _to_dict(msg: Any) -> dict[str, Any]:
     return out
 
 
+def _attempt_limit(ctx: CallContext) -> float | None:
+    """Seconds before the kernel cuts this attempt (its deadline or its timeout), or None.
+
+    Measured from now; called as the attempt starts, so the attempt timeout applies whole.
+    """
+    tool = ctx.current_tool or ctx.tool
+    timeout = ctx.attempt_timeout_s
+    if timeout is None:
+        timeout = tool.timeout_s if tool is not None else None
+    if timeout is None:
+        timeout = ctx.kernel.default_timeout_s
+    left = ctx.time_left()
+    if left is None:
+        return timeout
+    return left if timeout is None else min(left, timeout)
+
+
 def _time_bounded(ctx: CallContext) -> bool:
     """Whether the kernel will cut this attempt: a deadline or any per-attempt timeout."""
-    tool = ctx.current_tool or ctx.tool
-    return (
-        ctx.time_left() is not None
-        or ctx.attempt_timeout_s is not None
-        or (tool is not None and tool.timeout_s is not None)
-        or ctx.kernel.default_timeout_s is not None
-    )
+    return _attempt_limit(ctx) is not None
 
 
 class AgentHandle:
@@ -470,6 +481,9 @@ class AgentHandle:
             return await self._task_outcome(task, cancel_ok=True)
         wait_s = float(args.get("wait_s") or 0.0)
         wait_s = min(wait_s, self.config.max_wait_s) if math.isfinite(wait_s) else 0.0
+        limit = _attempt_limit(ctx)
+        if limit is not None:  # stop waiting in time to answer with the state, not a timeout
+            wait_s = min(wait_s, max(0.0, limit - min(1.0, limit / 5)))
         deadline = anyio.current_time() + wait_s
         task = await self._get(task_id, "reading task")
         polls = 0
