@@ -32,7 +32,15 @@ from a2a.server.events import EventQueue
 from a2a.server.request_handlers import DefaultRequestHandler
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
 from a2a.server.tasks import InMemoryTaskStore, TaskUpdater
-from a2a.types import AgentCapabilities, AgentCard, AgentInterface, AgentSkill, Role, TaskState
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    Part,
+    Role,
+    TaskState,
+)
 from google.protobuf.json_format import MessageToDict
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -41,6 +49,8 @@ from starlette.routing import Route
 
 FIXTURES = Path("/work/shared/fixtures/a2a")
 RESEARCH = "http://research.test"
+#: The file the ``file`` command returns (256 KiB).
+BLOB = bytes(range(256)) * 1024
 
 Scope = dict[str, Any]
 KernelFactory = Callable[..., Any]
@@ -74,6 +84,7 @@ class ScriptedExecutor(AgentExecutor):
     - ``partial``: an artifact ("chapter 1 written"), then the task fails with a reason.
     - ``reject``: a data artifact (``{"rows": 3}``), then the task is rejected with a reason.
     - ``wait``: works until ``gate`` is set, then completes.
+    - ``file``: an artifact with a 256 KiB file (``BLOB``), inline.
     - ``stream``: a status message, then an artifact in two appended chunks.
     - anything else: one artifact "Findings on: <text>".
     """
@@ -148,6 +159,10 @@ class ScriptedExecutor(AgentExecutor):
         elif text == "reject":
             await up.add_artifact([new_data_part({"rows": 3})], name="sample")
             await up.reject(up.new_agent_message([new_text_part("not my field")]))
+        elif text == "file":
+            part = Part(raw=BLOB, media_type="application/octet-stream", filename="blob.bin")
+            await up.add_artifact([part], name="blob")
+            await up.complete()
         elif text == "stream":
             await up.update_status(
                 TaskState.TASK_STATE_WORKING,

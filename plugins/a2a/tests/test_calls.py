@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
 import anyio
 import pytest
-from toolwire_a2a_testkit import RESEARCH, Agent, KernelFactory, Router, fixture, make_agent
+from toolwire_a2a_testkit import BLOB, RESEARCH, Agent, KernelFactory, Router, fixture, make_agent
 
 from toolwire import ErrorKind
 
@@ -145,6 +146,23 @@ async def test_a_failed_task_keeps_its_artifacts_and_gives_the_agents_reason(
     assert details["partial_text"] == "chapter 1 written"
     assert [a.get("name") for a in details["artifacts"]] == ["draft"]
     assert details["state"] == "failed" and details["task_id"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_large_file_artifact_is_returned_whole(
+    make_kernel: KernelFactory, streaming: bool
+) -> None:
+    """Before: inline files over 64 KiB of base64 were replaced by "too large to return",
+    and agent_<nickname>_task read them the same way: the agent's output was lost."""
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "file"})
+    assert not res.is_error, res.error
+    [artifact] = res.content["artifacts"]
+    [f] = artifact["files"]
+    assert f["name"] == "blob.bin" and f["media_type"] == "application/octet-stream"
+    assert base64.b64decode(f["base64"]) == BLOB
+    again = await kernel.call("agent_research_task", {"task_id": res.content["task_id"]})
+    assert base64.b64decode(again.content["artifacts"][0]["files"][0]["base64"]) == BLOB
 
 
 @pytest.mark.parametrize("streaming", [False, True])

@@ -18,9 +18,6 @@ TERMINAL = frozenset({"completed", "failed", "canceled", "rejected"})
 INTERRUPTED = frozenset({"input-required", "auth-required"})
 RUNNING = frozenset({"submitted", "working", "unknown"})
 
-#: Inline file bytes (base64) larger than this are left out of the result.
-MAX_INLINE_BASE64 = 65536
-
 
 def state_name(raw: Any) -> str:
     """``TASK_STATE_INPUT_REQUIRED`` (1.0) or ``input-required`` (0.3) -> ``input-required``."""
@@ -52,12 +49,8 @@ def _parts(parts: Any) -> tuple[list[str], list[Any], list[dict[str, Any]]]:
                 f["media_type"] = p["mediaType"]
             if "url" in p:
                 f["url"] = p["url"]
-            else:
-                raw = p.get("raw") or ""
-                if len(raw) <= MAX_INLINE_BASE64:
-                    f["base64"] = raw
-                else:
-                    f["omitted"] = f"{len(raw) * 3 // 4} bytes inline; too large to return"
+            else:  # whatever its size: the agent produced it and nothing else holds it
+                f["base64"] = p.get("raw") or ""
             files.append(f)
     return texts, data, files
 
