@@ -406,3 +406,38 @@ async def test_per_agent_settings_and_timeout_reach_the_call_tool(
     assert call.settings["approval"] == "REQUIRED" and call.timeout_s == 42
     assert call.settings["a2a"]["agent"] == "research"
     assert "approval" not in task.settings  # polling a task needs no approval
+
+
+async def test_a_call_cancelled_mid_stream_closes_the_stream_at_once(
+    make_kernel: KernelFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a call cancelled while it handed progress on left the agent's event stream
+    suspended, its connection held until garbage collection."""
+    from a2a.client.base_client import BaseClient
+
+    closed: list[bool] = []
+    real = BaseClient.send_message
+
+    async def send_message(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            async for event in real(self, *args, **kwargs):
+                yield event
+        finally:
+            closed.append(True)
+
+    monkeypatch.setattr(BaseClient, "send_message", send_message)
+    kernel, _ = await make_kernel(AGENTS)
+    stuck = anyio.Event()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        stuck.set()
+        await anyio.sleep_forever()  # a caller slow to take progress
+
+    with anyio.move_on_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: kernel.call("agent_research", {"query": "stream"}, progress=progress)
+            )
+            await stuck.wait()
+            tg.cancel_scope.cancel()
+    assert closed == [True]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import logging
 import math
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -343,14 +345,17 @@ class AgentHandle:
         agg = StreamAggregator()
         action = "sending the message" + (" (hands-off)" if hands_off else "")
         try:
-            async for event in client.send_message(request, context=call_ctx):
-                note = agg.apply(_to_dict(event))
-                if agg.task_id:
-                    info["task_id"] = agg.task_id
-                if agg.context_id:
-                    info["context_id"] = agg.context_id
-                if streaming and note:
-                    await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
+            # closed on every way out (a cancelled call too), not when it is collected: an
+            # open stream holds its connection
+            async with _closing(client.send_message(request, context=call_ctx)) as events:
+                async for event in events:
+                    note = agg.apply(_to_dict(event))
+                    if agg.task_id:
+                        info["task_id"] = agg.task_id
+                    if agg.context_id:
+                        info["context_id"] = agg.context_id
+                    if streaming and note:
+                        await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
@@ -551,3 +556,14 @@ class AgentHandle:
                 await kernel.state.delete(self._key(context_id))
         except Exception as exc:
             log.warning("plugin 'a2a': cannot update the state store: %s", exc)
+
+
+@contextlib.asynccontextmanager
+async def _closing(events: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    """``events``, closed (``aclose``, when it has one) however the block is left."""
+    try:
+        yield events
+    finally:
+        close = getattr(events, "aclose", None)
+        if close is not None:
+            await close()
