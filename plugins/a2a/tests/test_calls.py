@@ -441,3 +441,28 @@ async def test_a_call_cancelled_mid_stream_closes_the_stream_at_once(
             await stuck.wait()
             tg.cancel_scope.cancel()
     assert closed == [True]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_an_answer_that_is_not_a2a_json_rpc_says_what_to_check(
+    make_kernel: KernelFactory, router: Router, streaming: bool
+) -> None:
+    """Before: "JSON Decode Error: Expecting value ..." and nothing about what to do."""
+    from starlette.responses import HTMLResponse
+
+    agent = router.hosts["research.test"]
+
+    async def html_for_rpc(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":  # a proxy's error page
+            await HTMLResponse("<html><body>Welcome to nginx!</body></html>")(scope, receive, send)
+        else:
+            await agent(scope, receive, send)
+
+    router.hosts["research.test"] = html_for_rpc
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "hello"})
+    assert res.error is not None and res.error.kind == ErrorKind.TOOL_ERROR, res.error
+    assert res.error.message.startswith("agent 'research': sending the message")
+    assert "is not A2A 1.0 JSON-RPC" in res.error.message
+    assert "plugins.a2a.agents" in res.error.message
+    assert res.error.details["reason"] == "malformed_answer"

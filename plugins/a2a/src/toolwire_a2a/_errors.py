@@ -155,6 +155,18 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
         m = _RPC_CODE.match(text)
         if m:
             details["code"] = int(m.group(1))
-            text = m.group(2)
-        return ToolError(f"{where}: {text}", details=details)
+            return ToolError(f"{where}: {m.group(2)}", details=details)
+        details["reason"] = "malformed_answer"
+        return ToolError(f"{where}: {text}; {_MALFORMED_HINT}", details=details)
+    if isinstance(exc, ValueError):  # the SDK could not make sense of what the agent sent
+        details["reason"] = "malformed_answer"
+        return ToolError(
+            f"{where}: {type(exc).__name__}: {exc}; {_MALFORMED_HINT}", details=details
+        )
     return ToolError(f"{where}: {type(exc).__name__}: {exc}", details=details)
+
+
+_MALFORMED_HINT = (
+    "the agent's answer is not A2A 1.0 JSON-RPC as its card promised: check that the card's "
+    "URL (plugins.a2a.agents) points at the agent's A2A endpoint, or tell the agent's owner"
+)
