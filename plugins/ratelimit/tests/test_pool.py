@@ -234,6 +234,44 @@ async def test_a_success_from_before_the_cooldown_does_not_end_anothers_probe(en
         assert av.state == "cooling" and av.retry_after_s == pytest.approx(10.0)
 
 
+@pytest.mark.parametrize("ending", ["release", "timeout", "success"])
+async def test_a_probe_that_outlived_its_timeout_does_not_end_the_next_probe(ending: str) -> None:
+    """Before: a probe whose holder outlived probe_timeout_seconds (another lease took over the
+    probe) was still 'the probe' when it ended: its release or timeout let a second probe start
+    at once, and its success - after the next probe had been rate-limited - wiped the strikes
+    and the probe in flight."""
+    clock = FakeClock()
+    cfg = config(
+        cooldown_seconds=5, probe_timeout_seconds=10, keys=[{"alias": "only", "secret": SECRET_A}]
+    )
+    async with kernel_with(cfg, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("only", "rate_limit")
+        clock.advance(5.1)
+        slow = await pool.acquire()
+        clock.advance(10.1)  # its probe expired: the next lease probes
+        current = await pool.acquire()
+        assert slow.probe and current.probe
+        strikes = 1
+        if ending == "success":
+            await current.failure(kind="rate_limit")  # strike 2: cooled 10 s
+            clock.advance(10.1)
+            current = await pool.acquire()
+            assert current.probe
+            strikes = 2
+            await slow.success()
+        elif ending == "timeout":
+            await slow.failure(kind="timeout")
+        else:
+            await slow.release()
+        with pytest.raises(PoolUnavailable) as exc:  # still one probe in flight
+            await pool.acquire()
+        assert exc.value.availability.keys == {"only": "probing"}
+        assert (await pool.status())["keys"]["only"]["strikes"] == strikes
+        await current.success()  # the current probe's own end does settle the key
+        assert (await pool.availability()).keys == {"only": "ok"}
+
+
 async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     async with kernel_with(config(), state=url) as kernel:

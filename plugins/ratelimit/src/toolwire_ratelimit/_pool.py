@@ -8,6 +8,7 @@ holds everything replicas must agree on; keys appear in it by alias only::
      "keys": {alias: {"strikes": n,             # rate limits in a row
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
+                      "probe_id": id,           # which lease holds that probe
                       "q": {...}}},             # sticky quarantine (auth failure)
      "suspended": {"until": t, ...} | null}     # whole pool (quota/budget)
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -146,6 +148,11 @@ def _norm(value: Any) -> dict[str, Any]:
         if isinstance(value.get("suspended"), dict):
             rec["suspended"] = value["suspended"]
     return rec
+
+
+def _end_probe(ks: dict[str, Any]) -> None:
+    ks.pop("probe_until", None)
+    ks.pop("probe_id", None)
 
 
 def _num(d: Mapping[str, Any], k: str) -> float:
@@ -345,7 +352,7 @@ class KeyPool:
                 raise PoolUnavailable(av, f"outbound.providers.{self.provider}") from None
         probe_ttl = self.settings.probe_timeout_s
 
-        def pick(rec: dict[str, Any], now: float) -> tuple[tuple[str, bool], Any]:
+        def pick(rec: dict[str, Any], now: float) -> tuple[tuple[str, str | None], Any]:
             av = self._describe(rec, now)
             if not av.available:
                 raise PoolUnavailable(av)
@@ -368,16 +375,27 @@ class KeyPool:
                 if a not in self._keys:
                     del rr[a]
             rec["picks"][best] = int(_num(rec["picks"], best)) + 1
-            probe = self._key_state(rec, best, now) == "half_open"
-            if probe:
+            probe_id = None
+            if self._key_state(rec, best, now) == "half_open":
+                # A fresh id per probe: a probe whose holder outlived probe_timeout_s must not
+                # end (or settle) the probe that took over from it.
+                probe_id = secrets.token_hex(8)
                 ks = dict(rec["keys"].get(best) or {})
                 ks["probe_until"] = now + probe_ttl
+                ks["probe_id"] = probe_id
                 rec["keys"][best] = ks
-            return (best, probe), rec
+            return (best, probe_id), rec
 
-        alias, probe = await self._update(pick)
+        alias, probe_id = await self._update(pick)
         key = self._keys[alias]
-        lease = KeyLease(self, None if self._implicit else alias, key.secret, probe, ctx)
+        lease = KeyLease(
+            self,
+            None if self._implicit else alias,
+            key.secret,
+            probe_id is not None,
+            ctx,
+            probe_id=probe_id,
+        )
         if ctx is not None:
             self._plugin._note_lease(ctx, lease, waited)
         return lease
@@ -392,6 +410,7 @@ class KeyPool:
         pattern: str | None = None,
         reason: str | None = None,
         probe: bool | None = None,
+        probe_id: str | None = None,
     ) -> None:
         """Record what happened with a key (``alias=None``: the provider as a whole).
 
@@ -403,7 +422,10 @@ class KeyPool:
         ``probe``: whether the lease reporting was the key's half-open probe
         (``KeyLease`` passes it); a ``success`` of a lease that was not, while
         the key has strikes, changes nothing: only probes are handed out once a
-        key was rate-limited, so that lease was taken before.
+        key was rate-limited, so that lease was taken before. ``probe_id``: which
+        probe (``KeyLease`` passes it); a ``success`` or ``release`` of a probe that
+        is no longer the key's current one (its holder outlived
+        ``probe_timeout_s`` and another lease took over) is treated the same way.
         """
         s = self.settings
         if alias is None:
@@ -421,8 +443,10 @@ class KeyPool:
             keys = rec["keys"]
             ks = dict(keys.get(a) or {}) if a is not None else {}
             before = dict(ks)
+            # a probe that is not the key's current one is no better than a lease from before
+            stale = probe is False or (probe_id is not None and ks.get("probe_id") != probe_id)
             if outcome == "success":
-                if _num(ks, "cool_until") > now or (probe is False and _num(ks, "strikes") > 0):
+                if _num(ks, "cool_until") > now or (stale and _num(ks, "strikes") > 0):
                     # No lease is handed out while a key cools, and only the probe once it
                     # is half-open: this one was taken before the rate limit and says
                     # nothing about the key now (it must not end the probe in flight).
@@ -446,11 +470,11 @@ class KeyPool:
                 step = s.cooldown_s * (2 ** (strikes - 1))
                 cool = min(s.max_cooldown_s, max(ra or 0.0, step))
                 ks.update(strikes=strikes, cool_until=max(until, now + cool))
-                ks.pop("probe_until", None)
+                _end_probe(ks)
                 logged.append(f"cooling down for {cool:.3f}s (strike {strikes})")
             elif outcome == "quota":
                 dur = min(s.max_retry_after_s, ra if ra is not None else s.suspend_s)
-                ks.pop("probe_until", None)
+                _end_probe(ks)
                 if s.suspend_on_monthly_exhausted or a is None:
                     rec["suspended"] = {
                         "until": now + dur,
@@ -464,7 +488,7 @@ class KeyPool:
                     ks.update(cool_until=now + dur, strikes=int(_num(ks, "strikes")) + 1)
                     logged.append(f"key exhausted, cooling for {dur:.0f}s")
             elif outcome == "auth" and not self._implicit and a is not None:
-                ks.pop("probe_until", None)
+                _end_probe(ks)
                 ks["q"] = {
                     "since": now,
                     "reason": reason or "authentication failed",
@@ -474,8 +498,8 @@ class KeyPool:
                 logged.append(
                     "quarantined until the key changes in the configuration or is cleared"
                 )
-            else:
-                ks.pop("probe_until", None)
+            elif not stale:
+                _end_probe(ks)
             if a is not None:
                 if ks == before:
                     if outcome != "quota":
@@ -528,16 +552,34 @@ class KeyLease:
     ``alias`` and ``secret`` are None for a provider without keys.
     """
 
-    __slots__ = ("_done", "_secret", "alias", "attempt", "ctx", "pool", "probe", "provider")
+    __slots__ = (
+        "_done",
+        "_probe_id",
+        "_secret",
+        "alias",
+        "attempt",
+        "ctx",
+        "pool",
+        "probe",
+        "provider",
+    )
 
     def __init__(
-        self, pool: KeyPool, alias: str | None, secret: str, probe: bool, ctx: CallContext | None
+        self,
+        pool: KeyPool,
+        alias: str | None,
+        secret: str,
+        probe: bool,
+        ctx: CallContext | None,
+        *,
+        probe_id: str | None = None,
     ) -> None:
         self.pool = pool
         self.provider = pool.provider
         self.alias = alias
         self._secret = secret
         self.probe = probe
+        self._probe_id = probe_id
         self.ctx = ctx
         self.attempt = ctx.attempt if ctx is not None else None
         self._done = False
@@ -555,7 +597,7 @@ class KeyLease:
         if self._done:
             return
         self._done = True
-        await self.pool.report(self.alias, "success", probe=self.probe)
+        await self.pool.report(self.alias, "success", probe=self.probe, probe_id=self._probe_id)
 
     async def release(self) -> None:
         """Neither success nor a key failure (cancelled, provider-side error): end a probe.
@@ -567,7 +609,7 @@ class KeyLease:
             return
         self._done = True
         if self.probe:
-            await self.pool.report(self.alias, "release")
+            await self.pool.report(self.alias, "release", probe_id=self._probe_id)
 
     async def failure(
         self,
@@ -598,9 +640,9 @@ class KeyLease:
             )
         elif c.kind in ("unavailable", "timeout"):
             if self.probe:  # only this lease's own probe ends (see release)
-                await self.pool.report(self.alias, "release")
+                await self.pool.report(self.alias, "release", probe_id=self._probe_id)
         else:  # the key worked; the request itself failed (bad query, denied...)
-            await self.pool.report(self.alias, "success", probe=self.probe)
+            await self.pool.report(self.alias, "success", probe=self.probe, probe_id=self._probe_id)
 
 
 class LeaseContext:
