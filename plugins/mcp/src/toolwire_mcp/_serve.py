@@ -894,6 +894,12 @@ def _loop_name() -> str:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
+_UNANSWERED = (
+    "toolwire is shutting down: the request was still unanswered when the shutdown grace "
+    "period ([server] shutdown_grace_s) ended; its outcome is unknown"
+)
+
+
 class _StdoutFrames:
     """The protocol's stdout: frames go to a private copy of fd 1, stray output to stderr.
 
@@ -926,6 +932,21 @@ class _StdoutFrames:
             self._all_answered = anyio.Event()
             with anyio.move_on_after(timeout_s):
                 await self._all_answered.wait()
+
+    async def answer_the_rest(self) -> None:
+        """Answer each request read and still unanswered with an error (the SDK is done)."""
+        rest, self._unanswered = self._unanswered, set()
+        frames = [
+            json.dumps(
+                {"jsonrpc": "2.0", "id": rid, "error": {"code": -32000, "message": _UNANSWERED}}
+            )
+            + "\n"
+            for rid in rest
+        ]
+        if frames:
+            data = "".join(frames).encode("utf-8")
+            async with self._lock:
+                await anyio.to_thread.run_sync(self._write_all, data)
 
     async def write(self, text: str) -> None:
         data = text.encode("utf-8")
@@ -983,7 +1004,19 @@ class _StdinFrames:
                 start = anyio.current_time()
                 await self._out.answered(self._grace_s)
                 left = max(0.0, self._grace_s - (anyio.current_time() - start))
-                await self._gate.drain(left)
+                cut = await self._gate.drain(left)
+                if cut:
+                    # as on SIGTERM: each call still running is answered `cancelled`, rather
+                    # than cut off with the transport (no answer, or "Connection closed")
+                    log.warning(
+                        "end of input: %d calls still running after %.1fs: cancelling them",
+                        cut,
+                        self._grace_s,
+                    )
+                    self._gate.cancel_all()
+                # the calls cut are answered `cancelled`, those not started yet `unavailable`
+                # (the gate drains); what is still unanswered then, _run_stdio answers
+                await self._out.answered(_CUT_SETTLE_S)
                 raise StopAsyncIteration
             text = line.decode("utf-8", errors="replace")
             if not text.strip():
@@ -1136,6 +1169,13 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
                 low = mcp._mcp_server
                 await low.run(read_stream, write_stream, low.create_initialization_options())
     finally:
+        # every request read gets an answer, if only that it got none in time
+        with (
+            anyio.CancelScope(shield=True),
+            anyio.move_on_after(_CUT_SETTLE_S),
+            contextlib.suppress(OSError),
+        ):
+            await out.answer_the_rest()
         if feeder is not None:
             feeder.cancel()
         reset_transport(token)
