@@ -230,6 +230,23 @@ async def test_a_key_echoed_in_a_long_field_is_redacted_before_the_cut(
     assert res.content["results"][0]["title"].endswith("…")
 
 
+async def test_a_key_echoed_url_encoded_in_a_result_is_redacted(mock: respx.MockRouter) -> None:
+    """Before: only the key as configured was looked for in a success body; a key with a '+',
+    '/' or '=' echoed in a result's URL (percent-encoded) went out in the answer."""
+    key = "BSA+k3y/with=signs0123"
+    url = "https://a.test/?key=BSA%2Bk3y%2Fwith%3Dsigns0123"
+    mock.get(BRAVE_URL).mock(
+        return_value=httpx.Response(200, json={"web": {"results": [{"url": url, "title": "x"}]}})
+    )
+    kernel = make_kernel(environ={"BRAVE_API_KEY": key})
+    async with kernel:
+        res = await kernel.call("web_search_brave", {"query": "q"})
+    assert not res.is_error, res.error
+    text = json.dumps(res.to_dict())
+    assert "k3y%2Fwith" not in text
+    assert res.content["results"][0]["url"].startswith("https://a.test/?key=[key:")
+
+
 async def test_searxng_instance_from_the_environment(mock: respx.MockRouter) -> None:
     route = mock.get(SEARX_URL).mock(return_value=ok("searxng_search_200.json"))
     kernel = make_kernel(environ={"SEARXNG_URL": SEARX + "/"})

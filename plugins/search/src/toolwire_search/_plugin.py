@@ -587,7 +587,8 @@ class SearchPlugin:
             # a provider echoing the key in a success body; before any cut, which could
             # leave a part of the key that no longer matches
             echoed = {"results": results, "warnings": warnings, "metadata": metadata}
-            if secret in json.dumps(echoed, default=str):
+            # the redactor's test: the key URL-encoded (echoed in a result's URL) too
+            if rl.redactor.contains(json.dumps(echoed, default=str)):
                 echoed = rl.redactor.value(echoed)
                 results, warnings, metadata = (
                     echoed["results"],
