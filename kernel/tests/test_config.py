@@ -619,6 +619,17 @@ def test_a_variable_inside_another_variables_value_is_an_error_in_any_order(
     assert "TOOLWIRE_PLUGINS__a__x__y" in str(exc.value)
 
 
+@pytest.mark.parametrize("table", ['{"y": 1}', '{"z": 1}'])
+def test_a_variable_inside_another_variables_table_is_an_error(table: str) -> None:
+    """Before: a variable holding a JSON object took the deeper variable's key silently
+    ({"y": 1} became y = 2, {"z": 1} grew a y), where any other value is an error."""
+    env = {"TOOLWIRE_PLUGINS__a__x": table, "TOOLWIRE_PLUGINS__a__x__y": "2"}
+    with pytest.raises(
+        ConfigError, match=r"plugins\.a\.x: is a table set by TOOLWIRE_PLUGINS__a__x"
+    ):
+        load_config(None, env=env, required=False)
+
+
 def test_two_spellings_of_one_variable_are_an_error() -> None:
     """Before: keys are lower-cased, so one silently overwrote the other, and which one won
     depended on the environment's order."""

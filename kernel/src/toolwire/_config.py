@@ -235,6 +235,16 @@ def _apply_env(
                 break
             path.append(p)
             node = node.setdefault(p, {})
+            other = sources.get(".".join(path))
+            if other is not None and isinstance(node, dict):
+                # a JSON object from another variable: a key set both in it and by this one,
+                # or merged into it, is no clearer than a key inside a string
+                raise ConfigError(
+                    f"is a table set by {other}, so the environment variable {var} cannot "
+                    f"set a key inside it too; set that key in {other}'s value or unset {var}",
+                    file=file,
+                    key=".".join(path),
+                )
         dotted = ".".join(["plugins", *(x.lower() for x in parts)])
         twin = sources.get(dotted)
         if twin is not None and twin != var:
