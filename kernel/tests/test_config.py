@@ -445,6 +445,10 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
             '[{module = "toolwire.examples", namespace = "bad name"}]',
             r"tools\.modules: entry 0: namespace 'bad name': use 1-100 letters[^;]*$",
         ),
+        (  # before: pydantic's pair of errors for the two union branches
+            '[{module = "toolwire.examples", namespace = 5}]',
+            r"tools\.modules: entry 0: namespace 5 is an integer, not a string; [^;]*$",
+        ),
         (
             '[{module = "toolwire.examples", extra = 1}]',
             r"tools\.modules: entry 0: unknown key\(s\) \['extra'\]; an entry is",

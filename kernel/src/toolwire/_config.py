@@ -44,11 +44,13 @@ DEFAULT_CONFIG_FILE = "toolwire.toml"
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,100}")
 
 
+_NAMESPACE_RULE = (
+    "use 1-100 letters, digits, '_', '-' or '.' (tool names become <namespace>_<name>)"
+)
+
+
 def _namespace_problem(ns: str) -> str:
-    return (
-        f"namespace {ns!r}: use 1-100 letters, digits, '_', '-' or '.' "
-        "(tool names become <namespace>_<name>)"
-    )
+    return f"namespace {ns!r}: {_NAMESPACE_RULE}"
 
 
 class ModuleRef(BaseModel):
@@ -89,6 +91,12 @@ class ToolsConfig(BaseModel):
                     ns = item.get("namespace")
                     if isinstance(ns, str) and not _NAMESPACE.fullmatch(ns):
                         raise ValueError(f"entry {i}: {_namespace_problem(ns)}")
+                    if ns is not None and not isinstance(ns, str):
+                        kind = _TOML_KINDS.get(type(ns), "a " + type(ns).__name__)
+                        raise ValueError(
+                            f"entry {i}: namespace {ns!r} is {kind}, not a string; "
+                            + _NAMESPACE_RULE
+                        )
                 elif not isinstance(item, str | ModuleRef):
                     raise ValueError(
                         f"entry {i}: {item!r} is not a module name (a string) or a table"
