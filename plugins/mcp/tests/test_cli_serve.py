@@ -196,6 +196,37 @@ def _serve_piped(tmp_path: Path, grace_s: float, calls: dict[int, float]) -> lis
     return list(map(json.loads, proc.stdout.decode().splitlines()))
 
 
+def test_stdio_a_line_too_long_to_read_is_answered_and_skipped(tmp_path: Path) -> None:
+    """Before: a line over the 64 MiB read limit ended the server with a traceback (exit
+    1), leaving the requests after it unanswered."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml", {"enabled_plugins": []}, {"tools": {"modules": ["napping"]}}
+    )
+    nap = {"name": "nap", "arguments": {"seconds": 0}}
+    huge = rpc(2, "tools/call", {**nap, "_meta": {"pad": "x" * (65 << 20)}})
+    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, huge]
+    frames += [rpc(3, "tools/call", nap)]
+    text = "".join(json.dumps(f) + "\n" for f in frames)
+    for tail in ("", json.dumps(huge)):  # the huge line last, without its newline, too
+        proc = subprocess.run(
+            [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+            input=(text + tail).encode(),
+            capture_output=True,
+            cwd=tmp_path,
+            env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+        answers = list(map(json.loads, proc.stdout.decode().splitlines()))
+        by_id = {m.get("id"): m for m in answers}
+        assert len(answers) == 3 + bool(tail), answers
+        assert by_id[3]["result"]["structuredContent"] == {"result": "rested"}
+        assert by_id[None]["error"]["code"] == -32600
+        assert "longer than 64 MiB" in by_id[None]["error"]["message"]
+
+
 def test_stdio_a_call_outliving_the_grace_period_at_eof_is_answered_cancelled(
     tmp_path: Path,
 ) -> None:

@@ -894,6 +894,14 @@ def _loop_name() -> str:
     return "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
 
 
+#: The longest stdin line read (a longer one is answered with an error and skipped).
+_MAX_FRAME = 64 * 1024 * 1024
+
+_TOO_LONG = (
+    f"Invalid Request: the line is longer than {_MAX_FRAME >> 20} MiB, the most toolwire "
+    "reads in one message; it was skipped (send large data by reference, e.g. a path or URL)"
+)
+
 _UNANSWERED = (
     "toolwire is shutting down: the request was still unanswered when the shutdown grace "
     "period ([server] shutdown_grace_s) ended; its outcome is unknown"
@@ -997,7 +1005,14 @@ class _StdinFrames:
 
     async def __anext__(self) -> str:
         while True:
-            line = await self._reader.readline()
+            line = await self._readline()
+            if line is None:
+                # too long to read: skipped whole, and answered (its id is unknown)
+                log.warning("stdio: rejected a frame of more than %d bytes", _MAX_FRAME)
+                too_long = {"code": -32600, "message": _TOO_LONG}
+                frame = {"jsonrpc": "2.0", "id": None, "error": too_long}
+                await self._out.write(json.dumps(frame) + "\n")
+                continue
             if not line:
                 # Every request read gets its answer (one still on its way to its handler
                 # included), then the calls in flight drain, within one grace period.
@@ -1029,6 +1044,22 @@ class _StdinFrames:
             log.warning("stdio: rejected a malformed frame: %s", message)
             reply = {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
             await self._out.write(json.dumps(reply) + "\n")
+
+    async def _readline(self) -> bytes | None:
+        """The next line (b"" at the end of input), or None for one longer than
+        ``_MAX_FRAME``, which is skipped to its end rather than ending the server."""
+        too_long = False
+        while True:
+            try:
+                line = await self._reader.readuntil(b"\n")
+            except asyncio.IncompleteReadError as exc:
+                line = exc.partial  # the last line has no newline; b"" at the end
+            except asyncio.LimitOverrunError as exc:
+                # drop what is buffered of the line (up to its newline, when it came)
+                await self._reader.readexactly(exc.consumed)
+                too_long = True
+                continue
+            return None if too_long else line
 
     def _track(self, data: Any) -> None:
         """Note a request the server owes an answer; a cancelled one is owed none."""
@@ -1132,7 +1163,7 @@ async def _stdin_reader() -> tuple[asyncio.StreamReader, asyncio.Task[None] | No
     if asyncio._get_running_loop() is None:
         return None
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
+    reader = asyncio.StreamReader(limit=_MAX_FRAME)
     try:
         fd = os.dup(sys.stdin.fileno())
         pollable = _pollable(fd)
