@@ -449,6 +449,10 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
             '[{module = "toolwire.examples", namespace = 5}]',
             r"tools\.modules: entry 0: namespace 5 is an integer, not a string; [^;]*$",
         ),
+        (  # before: "is a dict", Python's name, not TOML's
+            '[{module = "toolwire.examples", namespace = {a = 1}}]',
+            r"tools\.modules: entry 0: namespace \{'a': 1\} is a table, not a string; [^;]*$",
+        ),
         (
             '[{module = "toolwire.examples", extra = 1}]',
             r"tools\.modules: entry 0: unknown key\(s\) \['extra'\]; an entry is",

@@ -175,6 +175,7 @@ _TOML_KINDS = {
     float: "a float",
     bool: "a boolean",
     list: "an array",
+    dict: "a table",
 }
 
 
