@@ -260,6 +260,33 @@ async def test_waiting_for_a_task_stops_in_time_to_answer_before_the_deadline(
     research.executor.gate.set()
 
 
+async def test_waiting_for_a_task_answers_in_time_when_the_agent_reads_slowly(
+    make_kernel: KernelFactory, research: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the wait ended 0.4s before the limit, but a GetTask still running then (a
+    slow agent) ran past it: a `timeout` error instead of the state read before."""
+    from toolwire_a2a._agent import AgentHandle
+
+    real = AgentHandle._get
+    reads: list[str] = []
+
+    async def slow_get(self: AgentHandle, task_id: str, action: str) -> Any:
+        reads.append(task_id)
+        if len(reads) > 1:
+            await anyio.sleep(0.7)
+        return await real(self, task_id, action)
+
+    kernel, _ = await make_kernel({**AGENTS, "poll_interval_s": 0.05})
+    res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
+    monkeypatch.setattr(AgentHandle, "_get", slow_get)
+    args = {"task_id": res.content["task_id"], "wait_s": 30}
+    with anyio.fail_after(5):
+        now = await kernel.call("agent_research_task", args, timeout=2.0)
+    assert not now.is_error, now.error
+    assert now.content["state"] == "working" and len(reads) > 2
+    research.executor.gate.set()
+
+
 async def test_cancel_a_handed_off_task(make_kernel: KernelFactory, research: Agent) -> None:
     kernel, _ = await make_kernel(AGENTS)
     res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
