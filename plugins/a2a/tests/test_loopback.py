@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import socket
 import threading
 import time
@@ -212,10 +213,13 @@ async def test_calls_and_scheduled_refresh_under_trio(
 
 class StreamCutter:
     """Wraps an agent: the SSE connection is cut right after the first artifact event;
-    with ``refuse_reads`` the agent also answers HTTP 503 to every later request."""
+    with ``refuse_reads`` the agent also answers HTTP 503 to every later request; with
+    ``forget_artifacts`` its later answers (GetTask) hold no artifacts, as an agent that
+    streams them without keeping them."""
 
-    def __init__(self, refuse_reads: bool = False) -> None:
+    def __init__(self, refuse_reads: bool = False, forget_artifacts: bool = False) -> None:
         self.refuse_reads = refuse_reads
+        self.forget_artifacts = forget_artifacts
         self.cut = False
 
     def __call__(self, inner: Any) -> Any:
@@ -227,6 +231,25 @@ class StreamCutter:
                 await send({"type": "http.response.start", "status": 503, "headers": []})
                 await send({"type": "http.response.body", "body": b"down"})
                 return
+            if self.cut and self.forget_artifacts:
+                held: list[Any] = []
+
+                async def forgetting_send(msg: Any) -> None:
+                    held.append(msg)
+                    if msg["type"] != "http.response.body" or msg.get("more_body"):
+                        return
+                    body = b"".join(m.get("body", b"") for m in held[1:])
+                    answer = json.loads(body)
+                    if isinstance(answer.get("result"), dict):
+                        answer["result"].pop("artifacts", None)
+                    body = json.dumps(answer).encode()
+                    headers = [(k, v) for k, v in held[0]["headers"] if k != b"content-length"]
+                    headers.append((b"content-length", str(len(body)).encode()))
+                    await send({**held[0], "headers": headers})
+                    await send({"type": "http.response.body", "body": body})
+
+                await inner(scope, receive, forgetting_send)
+                return
 
             async def cutting_send(msg: Any) -> None:
                 await send(msg)
@@ -237,6 +260,24 @@ class StreamCutter:
             await inner(scope, receive, cutting_send)
 
         return app
+
+
+async def test_a_stream_cut_keeps_the_artifacts_the_agent_did_not_keep(tmp_path: Path) -> None:
+    """Before: the task read after the cut replaced the answer; an agent that streams its
+    artifacts without keeping them answered it with none, and the artifact received was lost."""
+    cutter = StreamCutter(forget_artifacts=True)
+    agent = LoopbackAgent(wrap=cutter).start()
+    try:
+        kernel = kernel_from_toml(tmp_path, f'agents = ["{agent.url}"]\n')
+        async with kernel:
+            res = await kernel.call("agent_loopback_specialist", {"query": "stream"})
+    finally:
+        agent.stop()
+    assert cutter.cut
+    assert not res.is_error, res.content
+    assert res.content["state"] == "completed"
+    assert res.content["artifacts"] == [{"name": "report", "text": "part one;"}]
+    assert res.content["text"] == "part one;"
 
 
 @pytest.mark.parametrize("refuse_reads", [False, True])

@@ -276,3 +276,12 @@ def test_unknown_json_rpc_codes_keep_their_code() -> None:
     err = map_error(A2AClientError("JSON-RPC Error -32050: quota gone"), "r", "x")
     assert err.kind == ErrorKind.TOOL_ERROR and err.details["code"] == -32050
     assert "quota gone" in str(err)
+
+
+def test_a_client_error_that_is_not_about_the_answer_gets_no_malformed_hint() -> None:
+    """Before: every A2AClientError without a JSON-RPC code was labelled malformed_answer,
+    "HTTP client is closed" (an agent dropped mid-call) included, with a misleading hint."""
+    closed = map_error(A2AClientError("HTTP client is closed"), "r", "sending the message")
+    assert "reason" not in closed.details and "card's" not in str(closed)
+    bad = map_error(A2AClientError("JSON Decode Error: Expecting value"), "r", "sending")
+    assert bad.details["reason"] == "malformed_answer" and "card's URL" in str(bad)

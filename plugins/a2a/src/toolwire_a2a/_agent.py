@@ -414,7 +414,15 @@ class AgentHandle:
             task_id,
             err,
         )
-        return await self._task_outcome(task)
+        result = task_result(nick, _to_dict(task))
+        if not result.get("artifacts"):
+            # an agent that streams its artifacts need not keep them: what the stream
+            # delivered is the computed result, not to be dropped for the task's copy
+            got = agg.result(nick)
+            if got["artifacts"]:
+                result["artifacts"] = got["artifacts"]
+                result["text"] = got["text"]  # the artifacts' text, as when they come whole
+        return self._check_outcome(result)
 
     def _check_outcome(self, result: dict[str, Any], *, cancel_ok: bool = False) -> dict[str, Any]:
         """Raise for tasks that ended badly; return the others."""

@@ -156,6 +156,8 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
         if m:
             details["code"] = int(m.group(1))
             return ToolError(f"{where}: {m.group(2)}", details=details)
+        if not _UNREADABLE.search(text):  # e.g. "HTTP client is closed": not the answer's fault
+            return ToolError(f"{where}: {text}", details=details)
         details["reason"] = "malformed_answer"
         return ToolError(f"{where}: {text}; {_MALFORMED_HINT}", details=details)
     if isinstance(exc, ValueError):  # the SDK could not make sense of what the agent sent
@@ -165,6 +167,9 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
         )
     return ToolError(f"{where}: {type(exc).__name__}: {exc}", details=details)
 
+
+#: The SDK's words for an answer it could not read (JSON decode errors, bad JSON-RPC or SSE).
+_UNREADABLE = re.compile(r"json|decod|pars|invalid|neither|unexpected", re.IGNORECASE)
 
 _MALFORMED_HINT = (
     "the agent's answer is not A2A 1.0 JSON-RPC as its card promised: check that the card's "
