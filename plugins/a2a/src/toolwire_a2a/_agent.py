@@ -497,8 +497,9 @@ class AgentHandle:
         limit = _attempt_limit(ctx)
         start = anyio.current_time()
         # a read still running this close to the kernel's cut is given up for the state read
-        # before it, so the call answers with that state rather than a timeout
-        cut_at = math.inf if limit is None else start + limit - min(0.25, limit / 20)
+        # before it, so the call answers with that state rather than a timeout (the margin
+        # leaves a busy machine time to write the answer)
+        cut_at = math.inf if limit is None else start + limit - min(0.5, limit / 4)
         if limit is not None:  # stop waiting in time to answer with the state, not a timeout
             wait_s = min(wait_s, max(0.0, limit - min(1.0, limit / 5)))
         deadline = start + wait_s
