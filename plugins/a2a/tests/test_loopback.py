@@ -217,9 +217,12 @@ class StreamCutter:
     ``forget_artifacts`` its later answers (GetTask) hold no artifacts, as an agent that
     streams them without keeping them."""
 
-    def __init__(self, refuse_reads: bool = False, forget_artifacts: bool = False) -> None:
+    def __init__(
+        self, refuse_reads: bool = False, forget_artifacts: bool = False, end: bool = False
+    ) -> None:
         self.refuse_reads = refuse_reads
         self.forget_artifacts = forget_artifacts
+        self.end = end
         self.cut = False
 
     def __call__(self, inner: Any) -> Any:
@@ -251,21 +254,35 @@ class StreamCutter:
                 await inner(scope, receive, forgetting_send)
                 return
 
+            ended = False
+
             async def cutting_send(msg: Any) -> None:
+                nonlocal ended
+                if ended:
+                    return  # the stream was ended: the agent's later events go nowhere
                 await send(msg)
                 if msg["type"] == "http.response.body" and b"artifactUpdate" in msg["body"]:
                     self.cut = True
+                    if self.end:  # the stream ends (a proxy ending it), without an error
+                        ended = True
+                        return
                     raise RuntimeError("the connection is cut")  # uvicorn drops it
 
             await inner(scope, receive, cutting_send)
+            if ended:  # once the agent is done, so that the task read finds it done
+                await send({"type": "http.response.body", "body": b""})
 
         return app
 
 
-async def test_a_stream_cut_keeps_the_artifacts_the_agent_did_not_keep(tmp_path: Path) -> None:
+@pytest.mark.parametrize("end", [False, True])
+async def test_a_stream_cut_keeps_the_artifacts_the_agent_did_not_keep(
+    tmp_path: Path, end: bool
+) -> None:
     """Before: the task read after the cut replaced the answer; an agent that streams its
-    artifacts without keeping them answered it with none, and the artifact received was lost."""
-    cutter = StreamCutter(forget_artifacts=True)
+    artifacts without keeping them answered it with none, and the artifact received was lost.
+    A stream that ends (no error) before the task did is read the same way."""
+    cutter = StreamCutter(forget_artifacts=True, end=end)
     agent = LoopbackAgent(wrap=cutter).start()
     try:
         kernel = kernel_from_toml(tmp_path, f'agents = ["{agent.url}"]\n')
@@ -280,14 +297,16 @@ async def test_a_stream_cut_keeps_the_artifacts_the_agent_did_not_keep(tmp_path:
     assert res.content["text"] == "part one;"
 
 
+@pytest.mark.parametrize("end", [False, True])
 @pytest.mark.parametrize("refuse_reads", [False, True])
 async def test_a_stream_cut_after_an_artifact_keeps_the_artifact(
-    tmp_path: Path, refuse_reads: bool
+    tmp_path: Path, refuse_reads: bool, end: bool
 ) -> None:
     """Before: the broken stream was an `unavailable` error without task_id or artifact,
     although the agent had taken (and here finished) the task: the artifact was lost, and
-    the error invited sending the message again."""
-    cutter = StreamCutter(refuse_reads)
+    the error invited sending the message again. So was a stream that ended (no error)
+    before the task did, when the task could not be read."""
+    cutter = StreamCutter(refuse_reads, end=end)
     agent = LoopbackAgent(wrap=cutter).start()
     try:
         kernel = kernel_from_toml(tmp_path, f'agents = ["{agent.url}"]\n')

@@ -372,8 +372,14 @@ class AgentHandle:
             return await self._after_broken_stream(agg, err)
         self.status, self.last_error = "up", None
         if streaming and agg.task_id and agg.state in RUNNING:
-            # The stream ended before the task did (connection dropped): read its state.
-            return await self._task_outcome(await self._get(agg.task_id, "reading the task"))
+            # The stream ended before the task did (connection dropped): read its state,
+            # keeping what the stream delivered, as after a stream that broke.
+            ended = ToolError(
+                f"agent {nick!r}: {action}: the stream ended before the task did",
+                kind=ErrorKind.UNAVAILABLE,
+                details={"agent": nick},
+            )
+            return await self._after_broken_stream(agg, ended)
         if poll and agg.task_id and agg.state in RUNNING:
             return await self._until_settled(agg.task_id)
         try:
