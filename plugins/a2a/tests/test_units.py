@@ -285,3 +285,25 @@ def test_a_client_error_that_is_not_about_the_answer_gets_no_malformed_hint() ->
     assert "reason" not in closed.details and "card's" not in str(closed)
     bad = map_error(A2AClientError("JSON Decode Error: Expecting value"), "r", "sending")
     assert bad.details["reason"] == "malformed_answer" and "card's URL" in str(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "malformed"),
+    [
+        ("HTTP client is closed", False),
+        ("gRPC Error INVALID_ARGUMENT: the JSON field 'x' is unexpected", False),
+        ("Invalid JSON-RPC response: it has neither 'result' nor 'error'", True),
+        ("Invalid response type: <class 'list'>", True),
+        ("SSE stream error: quota exhausted", True),
+        ("SSE stream error event received: quota exhausted", True),
+    ],
+)
+def test_the_malformed_hint_follows_the_sdks_words_not_the_agents(
+    text: str, malformed: bool
+) -> None:
+    """Before: the words were looked for anywhere in the message, the agent's own text
+    included: an SSE error event saying "quota exhausted" got no hint, one saying "invalid
+    key" got it; a gRPC status naming JSON got it."""
+    err = map_error(A2AClientError(text), "r", "sending")
+    assert (err.details.get("reason") == "malformed_answer") is malformed, err
+    assert ("card's URL" in str(err)) is malformed

@@ -156,7 +156,7 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
         if m:
             details["code"] = int(m.group(1))
             return ToolError(f"{where}: {m.group(2)}", details=details)
-        if not _UNREADABLE.search(text):  # e.g. "HTTP client is closed": not the answer's fault
+        if not _UNREADABLE.match(text):  # e.g. "HTTP client is closed": not the answer's fault
             return ToolError(f"{where}: {text}", details=details)
         details["reason"] = "malformed_answer"
         return ToolError(f"{where}: {text}; {_MALFORMED_HINT}", details=details)
@@ -168,8 +168,12 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     return ToolError(f"{where}: {type(exc).__name__}: {exc}", details=details)
 
 
-#: The SDK's words for an answer it could not read (JSON decode errors, bad JSON-RPC or SSE).
-_UNREADABLE = re.compile(r"json|decod|pars|invalid|neither|unexpected", re.IGNORECASE)
+#: How the SDK's messages about an answer it could not read begin (JSON decode errors, bad
+#: JSON-RPC or SSE). Only the beginning: what follows may be the agent's own words (an SSE
+#: error event's data), which must not decide whether the answer was readable.
+_UNREADABLE = re.compile(
+    r"JSON Decode Error|Invalid JSON-RPC response|Invalid response type|SSE stream error"
+)
 
 _MALFORMED_HINT = (
     "the agent's answer is not A2A 1.0 JSON-RPC as its card promised: check that the card's "
