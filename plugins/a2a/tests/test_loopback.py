@@ -259,18 +259,17 @@ class StreamCutter:
             async def cutting_send(msg: Any) -> None:
                 nonlocal ended
                 if ended:
-                    return  # the stream was ended: the agent's later events go nowhere
+                    return  # the stream was ended or cut: the agent's later events go nowhere
                 await send(msg)
                 if msg["type"] == "http.response.body" and b"artifactUpdate" in msg["body"]:
-                    self.cut = True
-                    if self.end:  # the stream ends (a proxy ending it), without an error
-                        ended = True
-                        return
-                    raise RuntimeError("the connection is cut")  # uvicorn drops it
+                    self.cut = ended = True
 
             await inner(scope, receive, cutting_send)
-            if ended:  # once the agent is done, so that the task read finds it done
+            # once the agent is done, so that the task read finds it done (not a race)
+            if ended and self.end:  # the stream ends (a proxy ending it), without an error
                 await send({"type": "http.response.body", "body": b""})
+            elif ended:
+                raise RuntimeError("the connection is cut")  # uvicorn drops it
 
         return app
 
