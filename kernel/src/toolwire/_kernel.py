@@ -1019,6 +1019,18 @@ class Kernel:
                     source=plugin,
                 )
 
+        if ctx.before_first_attempt:
+            for plugin, fn in ctx.before_first_attempt:
+                try:
+                    await fn()
+                except CallRejected as rej:
+                    info = ErrorInfo(
+                        rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+                    )
+                    return ToolResult.from_error(info, ctx.meta)
+                except Exception as exc:
+                    return self._before_failed(ctx, plugin, exc)
+
         # Step 4: the attempt loop, the only retry loop in the system.
         attempts = ctx.attempts
         cur_tool, cur_call = tool, call

@@ -428,6 +428,12 @@ class CallContext:
     check_result: Callable[[Tool, JSON], ToolError | None] | None = None
     #: The plugin whose ``before_call`` set ``check_result`` (named when it crashes).
     check_result_by: str | None = None
+    #: ``(plugin, fn)`` pairs a plugin adds while the call is still in ``before_call`` (e.g.
+    #: waiting in a later plugin's hook): the kernel awaits each ``fn()`` once, after the
+    #: last ``before_call`` let the call through and before the tool's first attempt. A
+    #: ``CallRejected`` (or another exception) ends the call as in ``before_call``: the tool
+    #: is not run. The idempotency plugin uses it to record that a parked call now runs.
+    before_first_attempt: list[tuple[str, Callable[[], Awaitable[None]]]] | None = None
     #: The kernel's (before_call, on_error, after_call) lists as the call started:
     #: a plugin added or removed meanwhile does not change this call's hooks.
     hooks: tuple[list[Any], list[Any], list[Any]] = field(

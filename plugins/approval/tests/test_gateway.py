@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +23,7 @@ from pydantic import SecretStr
 
 from toolwire import Kernel
 from toolwire_approval import ApprovalPlugin
-from toolwire_mcp import ERROR_META_KEY, ServeConfig, create_server, run_server
+from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY, ServeConfig, create_server, run_server
 
 pytestmark = pytest.mark.anyio
 
@@ -263,3 +269,117 @@ async def test_the_http_api_refuses_unknown_body_keys_instead_of_ignoring_them()
         assert ok.status_code == 200, ok.text
     assert result().content == {"sent": "b@x", "count": 1}
     assert rec.runs == [{"to": "b@x", "body": "hi", "count": 1}]
+
+
+# ------------------------------------------- a gateway killed while a call waits
+TOOLS = '''
+import asyncio, json, os
+from toolwire import tool
+
+@tool
+async def send(to: str, seconds: float = 0.0) -> dict:
+    """Send a message (a side effect: every run is logged)."""
+    with open(os.environ["RUNS_LOG"], "a") as f:
+        f.write(json.dumps({"to": to}) + "\\n")
+    await asyncio.sleep(seconds)
+    return {"sent": to}
+'''
+
+
+def start_serve(tmp_path: Path, log: Any) -> subprocess.Popen[bytes]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOOLWIRE_", "TOOLS_AUTH_"))}
+    env.update(PYTHONPATH=str(tmp_path), RUNS_LOG=str(tmp_path / "runs.jsonl"))
+    cmd = [sys.executable, "-m", "toolwire.cli", "serve", "--config", "tw.toml"]
+    return subprocess.Popen(
+        [*cmd, "--transport", "http", "--port", "0"],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
+
+
+@asynccontextmanager
+async def serve_process(tmp_path: Path) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`toolwire serve --transport http` in a subprocess; yields (MCP URL, process)."""
+    log_path = tmp_path / "serve.log"
+    with log_path.open("ab") as log:
+        start = log.tell()
+        proc = start_serve(tmp_path, log)
+    try:
+        with anyio.fail_after(30):
+            while not (
+                m := re.search(rb"http://127\.0\.0\.1:\d+/mcp", log_path.read_bytes()[start:])
+            ):
+                assert proc.poll() is None, log_path.read_text()
+                await anyio.sleep(0.05)
+        yield m.group(0).decode(), proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(5)
+
+
+def cli_approve_the_pending_request(tmp_path: Path) -> None:
+    def run(*args: str) -> Any:
+        out = subprocess.run(
+            [sys.executable, "-m", "toolwire.cli", "approvals", "--config", "tw.toml", *args],
+            cwd=tmp_path,
+            capture_output=True,
+            check=True,
+        )
+        return json.loads(out.stdout)
+
+    [req] = run("list")
+    assert run("approve", req["id"])["status"] == "approved"
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # lean path / FastMCP's handler
+async def test_a_call_waiting_for_approval_when_the_gateway_dies_runs_once_on_replay(
+    tmp_path: Path, mode: str
+) -> None:
+    (tmp_path / "gw_tools.py").write_text(TOOLS)
+    (tmp_path / "tw.toml").write_text(
+        'state = "sqlite:///state.db"\nenabled_plugins = ["idempotency", "approval"]\n'
+        '[tools]\nmodules = ["gw_tools"]\n[plugins.idempotency]\nlease_secs = 1.0\n'
+        '[plugins.approval]\ntools = { send = "REQUIRED" }\n'
+    )
+    meta = {CALL_ID_META_KEY: "run-1/step-1"}
+    runs = tmp_path / "runs.jsonl"
+
+    async def call(url: str, args: dict[str, Any], approve: bool) -> Any:
+        async with Client(url, mode=mode, timeout=30) as c, anyio.create_task_group() as tg:
+            out: list[Any] = []
+
+            async def go() -> None:
+                out.append(await c.call_tool_mcp("send", args, meta=meta))
+
+            tg.start_soon(go)
+            if approve:
+                await anyio.sleep(1.0)
+                await anyio.to_thread.run_sync(cli_approve_the_pending_request, tmp_path)
+        return out[0]
+
+    # 1. The call waits for an approval (well past lease_secs / 4); the gateway is killed.
+    async with serve_process(tmp_path) as (url, proc):
+        with anyio.move_on_after(2.0), contextlib.suppress(Exception):
+            await call(url, {"to": "a"}, approve=False)
+        proc.kill()
+    await anyio.sleep(1.5)  # the claim's lease lapses
+    # 2. Restarted, the replay waits on the same request; approved, the tool runs once.
+    async with serve_process(tmp_path) as (url, proc):
+        r = await call(url, {"to": "a"}, approve=True)
+        assert not r.is_error, r.content
+        assert r.structured_content == {"sent": "a"} and runs.read_text().count("\n") == 1
+        # 3. Killed while the approved tool runs: now the outcome is unknown (never run twice).
+        meta[CALL_ID_META_KEY] = "run-1/step-2"
+        with anyio.move_on_after(3.0), contextlib.suppress(Exception):
+            await call(url, {"to": "b", "seconds": 30}, approve=True)
+        assert runs.read_text().count("\n") == 2
+        proc.kill()
+    await anyio.sleep(1.5)
+    async with serve_process(tmp_path) as (url, proc):
+        r = await call(url, {"to": "b", "seconds": 30}, approve=False)
+    assert r.is_error and r.meta[ERROR_META_KEY]["details"]["reason"] == "outcome_unknown"
+    assert runs.read_text().count("\n") == 2

@@ -20,6 +20,7 @@ happen for calls running longer than ``lease_secs / 4``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import logging
@@ -135,7 +136,13 @@ class _Claim:
     renewed_at: float  # kernel clock time of the claim or its last renewal
     store: StateStore
     clock: Callable[[], float]
+    ctx: CallContext | None = None
     finished: bool = False
+    #: The record says the tool has not started (``"w"``): the call waits in a later
+    #: plugin's ``before_call`` (approval); ``lock`` orders that write and its undoing.
+    parked: bool = False
+    started: bool = False
+    lock: anyio.Lock | None = None
 
 
 class _Renewer:
@@ -420,7 +427,7 @@ class IdempotencyPlugin:
         self, ctx: CallContext, key: str, owner: str, pending: dict[str, Any], now: float
     ) -> None:
         kernel = ctx.kernel
-        claim = _Claim(key, owner, pending, now, kernel.state, kernel.clock.time)
+        claim = _Claim(key, owner, pending, now, kernel.state, kernel.clock.time, ctx)
         ctx.state[STATE_KEY] = claim
         self._active[owner] = claim
         self.counters.misses += 1
@@ -516,7 +523,9 @@ class IdempotencyPlugin:
             now = clock.time()
             lease = float(value["lease"])
             if lease <= now:  # the owner stopped renewing: it died (or lost the store)
-                if read_only:
+                # "w": the owner's call was still waiting in before_call (for an approval,
+                # say) at its last renewal, and the tool had not started: safe to run.
+                if read_only or value.get("w") is True:
                     pending["lease"] = now + cfg.lease_secs
                     won = await self._reclaim(store, key, pending, owner, entry)
                     if won is not None:
@@ -769,8 +778,70 @@ class IdempotencyPlugin:
                         tg.start_soon(self._renew, claim)
 
     async def _renew(self, claim: _Claim) -> None:
+        ctx = claim.ctx
+        if claim.lock is None and ctx is not None and ctx.attempt == 0 and not claim.started:
+            # Still in before_call after lease_secs / 4: a later plugin holds the call
+            # (approval). Record that the tool has not started, so that a replay after a
+            # crash runs it instead of answering "outcome unknown"; the kernel calls
+            # _mark_started before the first attempt (registered before the write).
+            claim.lock = anyio.Lock()
+            claim.parked = True
+            hooks = ctx.before_first_attempt
+            if hooks is None:
+                hooks = ctx.before_first_attempt = []
+            hooks.append((self.name, functools.partial(self._mark_started, claim)))
+        if claim.lock is not None:
+            async with claim.lock:
+                if claim.started and "w" in claim.pending:
+                    return  # _mark_started took over
+                await self._renew_locked(claim)
+        else:
+            await self._renew_locked(claim)
+
+    async def _mark_started(self, claim: _Claim) -> None:
+        """Before the first attempt of a parked call: the record stops saying "not started"."""
+        claim.started = True
+        assert claim.lock is not None
+        async with claim.lock:
+            if "w" not in claim.pending:
+                return
+            now = claim.clock()
+            value = {k: v for k, v in claim.pending.items() if k != "w"}
+            value["lease"] = now + self.config.lease_secs
+            call = claim.ctx.call if claim.ctx is not None else None
+            name = call.name if call is not None else "?"
+            try:
+                done = await claim.store.compare_and_set(
+                    claim.key,
+                    value,
+                    expected_owner=claim.owner,
+                    owner=claim.owner,
+                    ttl=self._pending_ttl,
+                )
+            except StateStoreError as exc:
+                if call is None:
+                    raise
+                self._store_failed(call, claim.store, exc)  # raises unless fail_open
+                return
+            if done is None:
+                self.counters.lost_claims += 1
+                raise CallRejected(
+                    ErrorKind.CONFLICT,
+                    f"tool {name!r} call {call.call_id if call else None!r} lost its "
+                    "idempotency claim while it waited to run (its lease lapsed and another "
+                    "caller took it, or it was forgotten); it was not run here, so it cannot "
+                    "run twice. Replay it to get the other run's result",
+                    retryable=True,
+                    details={"reason": "lost_claim"},
+                )
+            claim.pending = value
+            claim.renewed_at = now
+
+    async def _renew_locked(self, claim: _Claim) -> None:
         now = claim.clock()
         value = {**claim.pending, "lease": now + self.config.lease_secs}
+        if claim.parked and not claim.started:
+            value["w"] = True
         try:
             with anyio.move_on_after(self._renew_every):
                 renewed = await claim.store.compare_and_set(
