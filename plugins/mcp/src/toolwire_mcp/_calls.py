@@ -149,9 +149,12 @@ def call_id_from_meta(meta: Mapping[str, Any] | None) -> str | ToolResult | None
     if cid is None:
         return None
     if isinstance(cid, bool) or not isinstance(cid, (str, int)) or cid == "":
+        got = "an empty string" if cid == "" else type(cid).__name__
         return _fail(
             ErrorKind.INVALID_ARGS,
-            f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, got {type(cid).__name__}",
+            f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, got {got}; pass the "
+            "tool call's own id (the same on every replay), or leave the key out to call "
+            "without de-duplication",
         )
     return str(cid)
 
