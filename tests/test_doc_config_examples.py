@@ -19,6 +19,7 @@ A marker comment on the line before the fence says what else a block is:
   points must load and name plugins by their own name.
 
 Each block is a test case with the id ``file:line`` (the line of its opening fence).
+So is each ``TOOLWIRE_PLUGINS__...=value`` variable the docs show in a code span.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -158,9 +160,13 @@ def _module_names(data: dict[str, Any]) -> list[str]:
 
 
 def check_config_block(
-    block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    block: Block,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Check ``block`` as `toolwire config check` checks a file (without starting the kernel).
+    """Check ``block`` as `toolwire config check` checks a file (without starting the kernel),
+    in an environment of only ``env`` as far as toolwire's variables go.
 
     Raises ``KernelError`` (a ``ConfigError``/``PluginError``) for what the check
     would report, ``AssertionError`` for a block that loads but cannot be what the
@@ -178,6 +184,8 @@ def check_config_block(
     refs = {n for m in _ENV_REFS.finditer("".join(shown)) for n in m.groups() if n}
     for name in sorted(secret_names(data) | refs):
         monkeypatch.setenv(name, f"dummy-{name.lower()}-value")
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
     configured = sorted(data["plugins"]) if isinstance(data.get("plugins"), dict) else []
     if "enabled_plugins" in data:
         left_out = [p for p in configured if p not in data["enabled_plugins"]]
@@ -275,6 +283,41 @@ def test_doc_toml_block(
         check_config_block(block, tmp_path, monkeypatch)
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert not warnings, f"{block.where}: loading it logs warnings: {warnings}"
+
+
+# ------------------------------------------------- TOOLWIRE_PLUGINS__ variables
+_ENV_EXAMPLE = re.compile(r"`(TOOLWIRE_PLUGINS__[A-Z0-9_]+)=([^`]+)`")
+
+
+def env_examples() -> list[tuple[str, str, str]]:
+    """(file:line, variable, value) of every `TOOLWIRE_PLUGINS__...=value` the docs show."""
+    out = []
+    for f in sorted({p for g in DOC_GLOBS for p in ROOT.glob(g)}):
+        for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+            for m in _ENV_EXAMPLE.finditer(line):
+                [value] = shlex.split(m[2])  # '["http://research:8000"]' as a shell reads it
+                out.append((f"{f.relative_to(ROOT).as_posix()}:{n}", m[1], value))
+    return out
+
+
+ENV_EXAMPLES = env_examples()
+
+
+def test_the_docs_show_plugin_variables() -> None:
+    assert len(ENV_EXAMPLES) >= 5, ENV_EXAMPLES
+
+
+@pytest.mark.parametrize(
+    ("where", "var", "value"), ENV_EXAMPLES, ids=[w for w, _, _ in ENV_EXAMPLES]
+)
+def test_doc_plugin_variable(
+    where: str, var: str, value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable the docs show loads, and its plugin validates the value it sets."""
+    plugin = var.removeprefix("TOOLWIRE_PLUGINS__").split("__")[0].lower()
+    block = Block(where, "config", "", f"enabled_plugins = [{json.dumps(plugin)}]\n")
+    summary = check_config_block(block, tmp_path, monkeypatch, env={var: value})
+    assert summary["plugins"] == [plugin]
 
 
 # ------------------------------------------------------------- the checker itself
