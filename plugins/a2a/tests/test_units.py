@@ -71,6 +71,10 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         ),
         ("interrupted_ttl_s = inf", "plugins.a2a.interrupted_ttl_s"),
         ("interrupted_ttl_s = 1e16", "plugins.a2a.interrupted_ttl_s"),
+        # durations are finite, as in every other plugin ("0: never" where never makes sense)
+        ("request_timeout_s = inf", "plugins.a2a.request_timeout_s"),
+        ("poll_interval_s = 1e16", "plugins.a2a.poll_interval_s"),
+        ('agents = [{url = "http://a", timeout_s = nan}]', "plugins.a2a.agents.0.timeout_s"),
     ],
 )
 def test_config_errors_name_the_key_and_the_fix(

@@ -97,7 +97,13 @@ class AgentConfig(BaseModel):
         default_factory=dict, description="merged over the global `context` for this agent"
     )
     streaming: bool | None = Field(None, description="overrides the global `streaming`")
-    timeout_s: float | None = Field(None, gt=0, description="overrides the global `timeout_s`")
+    timeout_s: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+        description="overrides the global `timeout_s`",
+    )
     settings: dict[str, Any] = Field(
         default_factory=dict,
         description="tool settings other plugins read (e.g. approval = 'REQUIRED')",
@@ -198,23 +204,33 @@ class A2AConfig(BaseModel):
         default_factory=dict, description="sent to every agent as message metadata"
     )
     refresh_interval_s: float = Field(
-        300.0, ge=0, description="re-read cards and the registry this often; 0: never"
+        300.0,
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+        description="re-read cards and the registry this often; 0: never",
     )
     retry_interval_s: float = Field(
         30.0,
         gt=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
         description="while an agent's card or the registry could not be read, retry this often "
         "(at most refresh_interval_s)",
     )
     request_timeout_s: float = Field(
         10.0,
         gt=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
         description="timeout of requests that answer at once: cards, the registry, GetTask, "
         "CancelTask, hands-off SendMessage; also the connect timeout of blocking calls",
     )
     timeout_s: float | None = Field(
         None,
         gt=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
         description="per-attempt timeout of the agent tools (None: the kernel's default_timeout_s)",
     )
     streaming: bool = Field(
@@ -222,10 +238,18 @@ class A2AConfig(BaseModel):
         description="use SendStreamingMessage when the card allows it (progress is reported)",
     )
     poll_interval_s: float = Field(
-        1.0, gt=0, description="how often agent_<nickname>_task polls while waiting"
+        1.0,
+        gt=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+        description="how often agent_<nickname>_task polls while waiting",
     )
     max_wait_s: float = Field(
-        300.0, ge=0, description="upper bound of the `wait_s` argument of agent_<nickname>_task"
+        300.0,
+        ge=0,
+        le=MAX_TTL_S,
+        allow_inf_nan=False,
+        description="upper bound of the `wait_s` argument of agent_<nickname>_task",
     )
     interrupted_ttl_s: float = Field(
         86400.0,
