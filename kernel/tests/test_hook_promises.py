@@ -1,0 +1,736 @@
+"""The promises docs/hooks.md, docs/concepts.md and docs/writing-plugins.md make about hooks.
+
+Each test names the promise it pins. Promises already pinned elsewhere are not repeated
+here: test_pipeline.py (the call lifecycle), test_catalog.py (discover, add_plugin,
+remove_plugin), test_config.py (entry points, ``order`` overrides).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+
+from toolwire import (
+    CallContext,
+    CallRejected,
+    ErrorInfo,
+    Fallback,
+    Kernel,
+    PluginError,
+    Recover,
+    Retry,
+    Tool,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    hookimpl,
+)
+from toolwire.testing import FakeClock, FakeTool, RecordingPlugin
+
+pytestmark = pytest.mark.anyio
+
+Log = list[tuple[str, str]]
+
+
+def lifecycle(name: str, order: int, log: Log, *hooks: str, fail: str = "") -> object:
+    """A plugin implementing ``hooks`` (of startup, shutdown, discover), logging each call;
+    the hook named by ``fail`` raises."""
+
+    def make(hook: str) -> Any:
+        async def impl(query: Any = None) -> None:
+            log.append((name, hook if query is None else f"{hook}:{query}"))
+            if hook == fail:
+                raise OSError(f"{name} {hook} broke")
+
+        if hook == "discover":
+            return hookimpl(lambda self, query: impl(query))  # a def returning an awaitable
+        return hookimpl(lambda self: impl())
+
+    return type(name, (), {"name": name, "order": order} | {h: make(h) for h in hooks})()
+
+
+# ----------------------------------------------------------------- rules for every hook
+@pytest.mark.parametrize("option", ["hookwrapper", "tryfirst", "trylast", "wrapper"])
+def test_pluggy_ordering_and_wrapper_options_are_rejected_at_registration(option: str) -> None:
+    """hooks.md: `wrapper=True`, `hookwrapper=True`, `tryfirst` and `trylast` are rejected
+    at registration: ordering comes from `order`."""
+
+    def gen(self: object) -> Any:
+        return (yield)
+
+    def plain(self: object) -> None:
+        return None
+
+    impl = gen if option in ("hookwrapper", "wrapper") else plain
+    plugin = type("P", (), {"name": "p", "before_call": hookimpl(**{option: True})(impl)})()
+    k = Kernel()
+    with pytest.raises(PluginError, match=r"plugin 'p': hook 'before_call' uses .*remove those"):
+        k.register(plugin)
+    assert k.plugins.plugins == {}
+    k.register(RecordingPlugin("p"))  # the refused plugin left nothing behind
+
+
+def test_firstresult_is_not_a_hookimpl_option() -> None:
+    """hooks.md lists `firstresult` among the options the kernel refuses: it is a hookspec
+    option, so pluggy refuses it on an implementation before the kernel sees it."""
+    with pytest.raises(TypeError, match="firstresult"):
+        hookimpl(firstresult=True)  # type: ignore[call-arg]
+
+
+@pytest.mark.parametrize("order", [1.5, "100", True, None])
+def test_an_order_that_is_not_an_int_is_refused(order: Any) -> None:
+    """hooks.md: each plugin declares an integer `order` (a plugin declaring none gets 1000;
+    `order = None` is not "none declared")."""
+    plugin = type("P", (), {"name": "p", "order": order})()
+    with pytest.raises(PluginError, match=r"plugin 'p': order must be an int"):
+        Kernel(plugins=[plugin])
+
+
+async def test_lifecycle_hooks_run_by_order_then_name_startup_up_and_shutdown_down() -> None:
+    """hooks.md: implementations run sorted by `(order, plugin name)` for `startup`,
+    `discover`, `before_call` and `on_error`, and in the reverse order for `after_call`
+    and `shutdown`. Install order never matters."""
+    for reverse in (False, True):
+        log: Log = []
+        hooks = ("startup", "discover", "shutdown")
+        plugins = [
+            lifecycle("beta", 200, log, *hooks),
+            lifecycle("alpha", 200, log, *hooks),
+            lifecycle("first", 100, log, *hooks),
+            lifecycle("late", 1000, log, *hooks),
+        ]
+        k = Kernel(plugins=plugins[::-1] if reverse else plugins)
+        async with k:
+            await k.discover("q")
+        by_hook: dict[str, list[str]] = {}
+        for name, hook in log:
+            by_hook.setdefault(hook, []).append(name)
+        up = ["first", "alpha", "beta", "late"]
+        assert by_hook == {
+            "startup": up,
+            "discover": up,
+            "discover:q": up,
+            "shutdown": up[::-1],
+        }
+
+
+async def test_the_default_order_puts_a_plugin_after_the_first_party_ones() -> None:
+    """hooks.md: `order` defaults to 1000 (innermost): a plugin declaring none runs after
+    order 500 in before_call and before it in after_call."""
+    log: list[tuple[str, str, str]] = []
+    undeclared = RecordingPlugin("aaa", log=log)
+    del undeclared.order  # declares nothing at all
+    k = Kernel(tools=[FakeTool("t").tool], plugins=[undeclared, RecordingPlugin("zzz", 500, log)])
+    assert k.plugins.plugins["aaa"].order == 1000
+    await k.call("t", {})
+    assert [(p, h) for p, h, _ in log] == [
+        ("zzz", "before_call"),
+        ("aaa", "before_call"),
+        ("aaa", "after_call"),
+        ("zzz", "after_call"),
+    ]
+
+
+async def test_register_order_overrides_the_declared_one() -> None:
+    """concepts.md: `kernel.register(plugin, name=None, order=None)`; writing-plugins.md:
+    the `register_plugin(plugin, name=None, order=None)` fixture."""
+    log: list[tuple[str, str, str]] = []
+    k = Kernel(tools=[FakeTool("t").tool])
+    k.register(RecordingPlugin("a", 100, log), order=900)
+    k.register(RecordingPlugin("b", 500, log), name="renamed")
+    await k.call("t", {})
+    assert [p for p, h, _ in log if h == "before_call"] == ["b", "a"]
+    assert sorted(k.plugins.plugins) == ["a", "renamed"]
+    await k.close()
+
+
+# ------------------------------------------------------------------------- startup
+async def test_startup_runs_once_when_concurrent_first_calls_start_the_kernel() -> None:
+    """hooks.md: startup runs once, when the kernel starts (... implicitly on the first
+    `kernel.call`); `kernel.state` is already open."""
+    log: Log = []
+    opened: list[bool] = []
+
+    class Opener:
+        name = "opener"
+
+        @hookimpl
+        async def startup(self, kernel: Kernel) -> None:
+            await kernel.state.set("opener:probe", "1")  # the store is open
+            opened.append(True)
+            await anyio.sleep(0.01)  # the other first calls arrive meanwhile
+
+        @hookimpl
+        def shutdown(self) -> None:
+            log.append(("opener", "shutdown"))
+
+    k = Kernel(tools=[FakeTool("t").tool], plugins=[Opener()])
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(k.call, "t", {})
+    assert opened == [True]
+    await k.close()
+    await k.close()  # closing twice shuts down once
+    assert log == [("opener", "shutdown")]
+
+
+async def test_the_first_call_raises_the_startup_failure() -> None:
+    """concepts.md: `kernel.call` raises for a kernel that cannot start (the first call
+    starts it: its `PluginError`); the tool never runs and no call hook sees the call."""
+    log: Log = []
+    fake = FakeTool("t")
+    calls: list[tuple[str, str, str]] = []
+    broken = lifecycle("broken", 300, log, "startup", fail="startup")
+    k = Kernel(tools=[fake.tool], plugins=[broken, RecordingPlugin("rec", 1, calls)])
+    with pytest.raises(PluginError, match="plugin 'broken': startup failed"):
+        await k.call("t", {})
+    assert fake.calls == [] and calls == []
+
+
+# ------------------------------------------------------------------------ shutdown
+async def test_a_failing_shutdown_is_logged_and_the_others_still_shut_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hooks.md: shutdown errors are logged; the remaining plugins still shut down."""
+    log: Log = []
+    k = Kernel(
+        plugins=[
+            lifecycle("outer", 100, log, "shutdown"),
+            lifecycle("middle", 200, log, "shutdown", fail="shutdown"),
+            lifecycle("inner", 300, log, "shutdown"),
+        ]
+    )
+    await k.start()
+    with caplog.at_level(logging.ERROR, logger="toolwire"):
+        await k.close()
+    assert log == [("inner", "shutdown"), ("middle", "shutdown"), ("outer", "shutdown")]
+    assert any(
+        r.getMessage() == "plugin 'middle': shutdown failed" and r.exc_info for r in caplog.records
+    )
+
+
+# ------------------------------------------------------------------------- discover
+async def test_discover_may_return_a_tuple_and_a_def_returning_an_awaitable() -> None:
+    """hooks.md: discover returns a list of `toolwire.Tool`, or None; a `def` that returns
+    an awaitable is awaited too."""
+
+    class Source:
+        name = "src"
+
+        @hookimpl
+        def discover(self, query: str | None) -> Any:
+            async def listing() -> tuple[Tool, ...]:
+                return (FakeTool("src_a", source="src").tool,)
+
+            return listing() if query is None else None
+
+    async with Kernel(plugins=[Source()]) as k:
+        assert [t.name for t in k.list_tools()] == ["src_a"]
+        assert await k.discover("anything") == []
+
+
+async def test_on_a_clash_kept_while_serving_the_earlier_source_in_order_wins() -> None:
+    """concepts.md: with `keep_on_collision=True`, between two new claims the first
+    source's wins - first in hook order (order, then name), not in install order."""
+
+    def source(name: str, order: int) -> object:
+        @hookimpl
+        def discover(self: object, query: str | None) -> list[Tool] | None:
+            return [FakeTool("shared", source=name).tool] if query is None else None
+
+        return type(name, (), {"name": name, "order": order, "discover": discover})()
+
+    for plugins in ([source("zed", 10), source("abe", 20)], [source("abe", 20), source("zed", 10)]):
+        k = Kernel()
+        for p in plugins:
+            k.register(p)
+        await k.refresh_tools(keep_on_collision=True)
+        assert k.get_tool("shared").source == "zed"  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------- before_call
+async def test_before_call_does_not_see_unknown_tools_or_invalid_args_but_after_call_does() -> None:
+    """hooks.md: before_call runs after the tool was resolved and its arguments validated;
+    after_call runs exactly once per call with the final result - an unknown tool's and
+    invalid arguments' results too (an audit plugin records them)."""
+    log: list[tuple[str, str, str]] = []
+    kinds: list[str | None] = []
+
+    class Kinds:
+        name = "kinds"
+
+        @hookimpl
+        def after_call(self, result: ToolResult, ctx: CallContext) -> None:
+            kinds.append(result.error.kind if result.error else None)
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    fake = FakeTool("t", input_schema=schema)
+    k = Kernel(tools=[fake.tool], plugins=[RecordingPlugin("rec", 1, log), Kinds()])
+    await k.call("nope", {})
+    await k.call("t", {"n": "seven"})
+    assert log == [("rec", "after_call", "nope"), ("rec", "after_call", "t")]
+    assert kinds == ["not_found", "invalid_args"] and fake.calls == []
+
+
+async def test_args_a_before_call_hook_replaces_reach_the_tool_unvalidated() -> None:
+    """hooks.md: a hook may replace `call.args`; they are not validated again."""
+
+    class Rewrite:
+        name = "rewrite"
+
+        @hookimpl
+        def before_call(self, call: ToolCall) -> None:
+            call.args = {"n": "not an int", "added": True}
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    fake = FakeTool("t", input_schema=schema, script=[lambda a: a])
+    r = await Kernel(tools=[fake.tool], plugins=[Rewrite()]).call("t", {"n": 1})
+    assert r.content == {"n": "not an int", "added": True}
+    assert fake.calls == [{"n": "not an int", "added": True}]
+
+
+async def test_a_rejection_reaches_every_after_call_and_skips_later_before_calls() -> None:
+    """hooks.md: raise `CallRejected(kind, message)` to end the call with that error;
+    CallRejected: `after_call` hooks still see it - of every plugin, including those whose
+    before_call never ran."""
+    log: list[tuple[str, str, str]] = []
+
+    class Deny:
+        name, order = "deny", 300
+
+        @hookimpl
+        def before_call(self) -> None:
+            raise CallRejected("denied", "no", retryable=True, retry_after_s=3)
+
+    fake = FakeTool("t")
+    plugins = [RecordingPlugin("outer", 100, log), Deny(), RecordingPlugin("inner", 500, log)]
+    r = await Kernel(tools=[fake.tool], plugins=plugins).call("t", {})
+    assert r.error is not None and (r.error.kind, r.error.source) == ("denied", "deny")
+    assert (r.error.retryable, r.error.retry_after_s) == (True, 3)
+    assert log == [
+        ("outer", "before_call", "t"),
+        ("inner", "after_call", "t"),
+        ("outer", "after_call", "t"),
+    ]
+    assert fake.calls == []
+
+
+async def test_ctx_state_is_per_call_and_ctx_meta_facts_end_in_the_result() -> None:
+    """hooks.md: per-call state belongs in `ctx.state["<plugin name>"]`, never on `self`:
+    one plugin instance serves concurrent calls. hookspecs.py: `ctx.meta` holds facts that
+    end in the result - a short-circuit result's too."""
+
+    class Counter:
+        name = "counter"
+
+        @hookimpl
+        async def before_call(self, call: ToolCall, ctx: CallContext) -> ToolResult | None:
+            assert "counter" not in ctx.state  # a fresh dict per call
+            ctx.state["counter"] = call.args["i"]
+            ctx.meta.extra["counter"] = {"seen": call.args["i"]}
+            await anyio.sleep(0.01)  # the other calls run meanwhile
+            if call.args["i"] == 0:
+                return ToolResult.ok({"short": True})
+            return None
+
+        @hookimpl
+        def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
+            assert ctx.state["counter"] == call.args["i"]
+
+    fake = FakeTool("t", script=[lambda a: {"i": a["i"]}])
+    k = Kernel(tools=[fake.tool], plugins=[Counter()])
+    results: dict[int, ToolResult] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await k.call("t", {"i": i})
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    assert results[0].content == {"short": True}
+    for i, r in results.items():
+        assert r.meta.extra["counter"] == {"seen": i}
+        assert r.meta.plugin_errors == []  # every after_call assertion held
+        assert i == 0 or r.content == {"i": i}
+
+
+async def test_ctx_carries_the_tool_the_deadline_and_the_kernel() -> None:
+    """hooks.md: `ctx`: CallContext (`tool`, `state`, `meta`, `deadline`, `kernel`,
+    `report_progress()`); `ctx.time_left()` counts down to the call's deadline."""
+    seen: list[Any] = []
+    clock = FakeClock()
+
+    class Peek:
+        name = "peek"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            seen.append((ctx.tool.name if ctx.tool else None, ctx.kernel, ctx.time_left()))
+
+    fake = FakeTool("t")
+    k = Kernel(tools=[fake.tool], plugins=[Peek()], clock=clock, deadline_s=30)
+    await k.call("t", {})
+    await k.call("t", {}, timeout=5)  # the call's own timeout wins over deadline_s
+    assert seen == [("t", k, 30), ("t", k, 5)]
+    await k.close()
+
+
+async def test_attempt_timeout_set_in_on_error_applies_to_the_next_attempt() -> None:
+    """hooks.md: `ctx.attempt_timeout_s` wins over the tool's and the kernel's default;
+    `on_error` may change it for the next attempt."""
+    durations: list[float | None] = []
+
+    class Shorten:
+        name = "shorten"
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry | None:
+            durations.append(ctx.attempt_timeout_s)
+            if ctx.attempt == 1:
+                ctx.attempt_timeout_s = 0.05
+                return Retry(0)
+            return None
+
+    calls = 0
+
+    async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ToolError("busy", kind="unavailable")
+        await anyio.sleep(5)  # the second attempt hangs past the shortened timeout
+        return {"late": True}
+
+    slow = Tool("slow", "Fails, then hangs.", {"type": "object"}, executor, timeout_s=30)
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[slow], plugins=[Shorten()]).call("slow", {})
+    assert r.error is not None and r.error.kind == "timeout"
+    assert "0.05s" in r.error.message
+    assert durations == [None, 0.05]
+
+
+async def test_attempt_timeout_stays_bounded_by_the_calls_deadline() -> None:
+    """hooks.md: the plugin-chosen per-attempt timeout stays bounded by the overall
+    deadline."""
+
+    class Generous:
+        name = "generous"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.attempt_timeout_s = 60
+
+    fake = FakeTool("t", delay=5)
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[fake.tool], plugins=[Generous()]).call("t", {}, timeout=0.05)
+    assert r.error is not None and r.error.kind == "timeout"
+
+
+async def test_steps_before_the_first_attempt_run_once_and_may_reject() -> None:
+    """hooks.md: `(plugin, fn)` added to `ctx.before_first_attempt` while the call is
+    still in before_call - even from another task, while a later plugin's hook holds the
+    call - is awaited once after the last before_call and before the first attempt; a
+    CallRejected or another exception from it ends the call as in before_call."""
+    log: list[str] = []
+    outcome: dict[str, BaseException | None] = {"step": None}
+
+    class Claim:
+        name, order = "claim", 100
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            async def register_later() -> None:  # from another task, while Park holds it
+                await anyio.sleep(0.01)
+                if ctx.before_first_attempt is None:
+                    ctx.before_first_attempt = []
+                ctx.before_first_attempt.append(("claim", step))
+
+            async def step() -> None:
+                log.append("step")
+                if outcome["step"] is not None:
+                    raise outcome["step"]
+
+            ctx.kernel.spawn(register_later)
+
+    class Park:
+        name, order = "park", 300
+
+        @hookimpl
+        async def before_call(self) -> None:
+            log.append("park waits")
+            await anyio.sleep(0.05)
+            log.append("park done")
+
+    def run(args: dict[str, Any]) -> Any:
+        log.append("attempt")
+        if len([x for x in log if x == "attempt"]) == 1:
+            raise ToolError("busy", kind="unavailable")
+        return {"ok": True}
+
+    fake = FakeTool("t", script=[run])
+    k = Kernel(tools=[fake.tool], plugins=[Claim(), Park(), _RetryOnce()])
+    r = await k.call("t", {})
+    assert r.content == {"ok": True}
+    assert log == ["park waits", "park done", "step", "attempt", "attempt"]  # once, not per try
+
+    log.clear()
+    outcome["step"] = CallRejected("conflict", "taken by another call")
+    r = await k.call("t", {})
+    assert r.error is not None and (r.error.kind, r.error.source) == ("conflict", "claim")
+    assert "attempt" not in log
+
+    log.clear()
+    outcome["step"] = RuntimeError("store down")
+    r = await k.call("t", {})
+    assert r.error is not None and r.error.kind == "internal" and r.error.source == "claim"
+    assert "plugin 'claim' failed in before_call: RuntimeError: store down" in r.error.message
+    assert "attempt" not in log
+    await k.close()
+
+
+class _RetryOnce:
+    name, order = "retry_once", 500
+
+    @hookimpl
+    def on_error(self, ctx: CallContext) -> Retry | None:
+        return Retry(0) if ctx.attempt == 1 else None
+
+
+# ------------------------------------------------------------------------- on_error
+async def test_the_first_decision_wins_and_later_on_error_hooks_are_skipped() -> None:
+    """hooks.md: the first non-None decision wins; later hooks are skipped."""
+    log: list[tuple[str, str, str]] = []
+
+    class Decide:
+        name, order = "decide", 200
+
+        @hookimpl
+        def on_error(self) -> Recover:
+            return Recover({"recovered": True})
+
+    plugins = [RecordingPlugin("early", 100, log), Decide(), RecordingPlugin("late", 300, log)]
+    fake = FakeTool("t", script=[ToolError("x")])
+    r = await Kernel(tools=[fake.tool], plugins=plugins).call("t", {})
+    assert r.content == {"recovered": True}
+    assert [(p, h) for p, h, _ in log if h == "on_error"] == [("early", "on_error")]
+
+
+async def test_on_error_sees_each_failed_attempt_with_the_attempts_so_far() -> None:
+    """hooks.md: `ctx.attempts` lists the attempts so far (the failed one included); the
+    call is that of the failed attempt: its name is the fallback tool after a Fallback,
+    and `ctx.current_tool` is the tool of the running attempt (`ctx.tool` the requested)."""
+    seen: list[tuple[str, int, int, str | None, str | None]] = []
+
+    class Chain:
+        name = "chain"
+
+        @hookimpl
+        def on_error(self, call: ToolCall, ctx: CallContext) -> Fallback | None:
+            cur = ctx.current_tool.name if ctx.current_tool else None
+            seen.append(
+                (call.name, ctx.attempt, len(ctx.attempts), cur, ctx.tool and ctx.tool.name)
+            )
+            return Fallback("backup") if call.name == "primary" else None
+
+    primary = FakeTool("primary", script=[ToolError("down", kind="unavailable")])
+    backup = FakeTool("backup", script=[ToolError("also down", kind="unavailable")])
+    after: list[str] = []
+
+    class After:
+        name = "after"
+
+        @hookimpl
+        def after_call(self, call: ToolCall) -> None:
+            after.append(call.name)
+
+    k = Kernel(tools=[primary.tool, backup.tool], plugins=[Chain(), After()])
+    r = await k.call("primary", {})
+    assert r.error is not None and r.error.message == "also down"
+    assert seen == [
+        ("primary", 1, 1, "primary", "primary"),
+        ("backup", 2, 2, "backup", "primary"),
+    ]
+    assert after == ["primary"]  # after_call gets the call as requested
+    assert r.meta.tool == "primary"
+
+
+async def test_classification_applies_on_the_last_allowed_attempt_and_recover_past_it() -> None:
+    """design-notes.md: the kernel runs on_error after every failed attempt and applies
+    max_attempts to the decision, so the final error has its classified kind; a Recover
+    is always honoured."""
+
+    class Classify:
+        name, order = "classify", 400
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            error.kind, error.retryable = "rate_limit", True
+
+    class Decide:
+        name, order = "decide", 500
+
+        def __init__(self, last: Any) -> None:
+            self.last = last
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Any:
+            return Retry(0) if ctx.attempt < 2 else self.last
+
+    fake = FakeTool("t", script=[RuntimeError("429")])
+    k = Kernel(tools=[fake.tool], plugins=[Classify(), Decide(Retry(0))], max_attempts=2)
+    r = await k.call("t", {})
+    assert r.error is not None and r.error.kind == "rate_limit" and r.error.retryable
+    assert r.error.details["gave_up"] == "max_attempts (2) reached"
+    assert [a.error_kind for a in r.meta.attempts] == ["rate_limit", "rate_limit"]
+
+    k = Kernel(tools=[fake.tool], plugins=[Classify(), Decide(Recover("spare"))], max_attempts=2)
+    r = await k.call("t", {})
+    assert r.content == {"result": "spare"} and r.meta.served_by == "recovered:decide"
+
+
+async def test_a_failing_on_error_hook_is_logged_and_counts_as_none(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hooks.md: an on_error exception is logged, recorded in `result.meta.plugin_errors`,
+    and counts as None: the call fails with the tool's error when nobody else decides."""
+
+    class Broken:
+        name = "broken"
+
+        @hookimpl
+        def on_error(self) -> None:
+            raise LookupError("no table")
+
+    fake = FakeTool("t", script=[ToolError("down", kind="unavailable")])
+    with caplog.at_level(logging.ERROR, logger="toolwire"):
+        r = await Kernel(tools=[fake.tool], plugins=[Broken()]).call("t", {})
+    assert r.error is not None and (r.error.kind, r.error.message) == ("unavailable", "down")
+    assert r.meta.plugin_errors == [
+        {"plugin": "broken", "hook": "on_error", "error": "LookupError: no table"}
+    ]
+    assert "plugin 'broken': on_error failed for tool 't'" in caplog.text
+
+
+async def test_a_malformed_decision_is_logged_as_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hooks.md: a decision the kernel cannot follow is a plugin bug: ... and an ERROR
+    logged."""
+
+    class Odd:
+        name = "odd"
+
+        @hookimpl
+        def on_error(self) -> Any:
+            return "retry"
+
+    fake = FakeTool("t", script=[ToolError("down")])
+    with caplog.at_level(logging.ERROR, logger="toolwire"):
+        await Kernel(tools=[fake.tool], plugins=[Odd()]).call("t", {})
+    assert any(
+        r.levelno == logging.ERROR and "plugin 'odd': on_error returned str" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+# ----------------------------------------------------------------------- after_call
+async def test_after_call_sees_the_complete_meta() -> None:
+    """hooks.md: `result.meta` is complete (attempts, duration, served_by)."""
+    seen: list[tuple[int, float, str | None]] = []
+
+    class Peek:
+        name = "peek"
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            m = result.meta
+            seen.append((len(m.attempts), m.duration_ms, m.served_by))
+
+    fake = FakeTool("t", script=[ToolError("x"), {"ok": 1}])
+    r = await Kernel(tools=[fake.tool], plugins=[Peek(), _RetryOnce()]).call("t", {})
+    [(attempts, duration, served_by)] = seen
+    assert attempts == 2 and served_by == "t"
+    assert duration == r.meta.duration_ms and duration >= sum(
+        a.duration_ms for a in r.meta.attempts
+    )
+
+
+async def test_an_after_call_returning_something_else_is_recorded_and_ignored() -> None:
+    """hooks.md: after_call returns None or a replacement ToolResult; anything else is a
+    plugin bug recorded in `plugin_errors`, and the result stays."""
+
+    class Odd:
+        name = "odd"
+
+        @hookimpl
+        def after_call(self) -> dict[str, Any]:
+            return {"not": "a result"}
+
+    r = await Kernel(tools=[FakeTool("t").tool], plugins=[Odd()]).call("t", {})
+    assert r.content == {"ok": True}
+    assert r.meta.plugin_errors == [
+        {
+            "plugin": "odd",
+            "hook": "after_call",
+            "error": "returned dict, expected ToolResult or None (ignored)",
+        }
+    ]
+
+
+async def test_a_call_cancelled_in_before_call_gives_every_after_call_the_cancelled_result() -> (
+    None
+):
+    """hooks.md: after_call runs once with a `cancelled` error result when the call is
+    cancelled, so plugins can release claims; the cancellation is then re-raised."""
+    results: list[str] = []
+
+    class Park:
+        name, order = "park", 300
+
+        @hookimpl
+        async def before_call(self) -> None:
+            await anyio.sleep(10)
+
+    class Release:
+        name, order = "release", 100
+
+        @hookimpl
+        async def after_call(self, result: ToolResult) -> None:
+            await anyio.lowlevel.checkpoint()  # shielded: it works although the call is cancelled
+            results.append(result.error.kind if result.error else "ok")
+
+    fake = FakeTool("t")
+    k = Kernel(tools=[fake.tool], plugins=[Park(), Release()])
+    with anyio.move_on_after(0.05) as scope:
+        await k.call("t", {})
+    assert scope.cancelled_caught
+    assert results == ["cancelled"] and fake.calls == []
+
+
+# ------------------------------------------------------------------- the test kit
+async def test_register_plugin_fixture_orders_like_the_kernel(
+    kernel: Kernel, register_plugin: Callable[..., Any]
+) -> None:
+    """writing-plugins.md: `register_plugin(plugin, name=None, order=None)` registers a
+    plugin on the per-test `kernel`, before its first call; `RecordingPlugin` records each
+    call hook for ordering assertions."""
+    log: list[tuple[str, str, str]] = []
+    register_plugin(RecordingPlugin("b", 100, log))
+    register_plugin(RecordingPlugin("a", 100, log), order=50)
+    kernel.add_tool(FakeTool("t", script=[ToolError("x")]).tool)
+    await kernel.call("t", {})
+    assert log == [
+        ("a", "before_call", "t"),
+        ("b", "before_call", "t"),
+        ("a", "on_error", "t"),
+        ("b", "on_error", "t"),
+        ("b", "after_call", "t"),
+        ("a", "after_call", "t"),
+    ]
+    with pytest.raises(PluginError, match=r"await kernel.add_plugin\(plugin\)"):
+        register_plugin(lifecycle("late", 1, [], "startup"))  # the kernel has started
