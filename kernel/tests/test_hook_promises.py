@@ -660,6 +660,78 @@ async def test_after_call_sees_the_complete_meta() -> None:
     )
 
 
+async def test_a_replacement_is_what_the_remaining_hooks_see_and_keeps_their_records() -> None:
+    """hooks.md: after_call returns a replacement ToolResult that the remaining hooks see
+    and the caller receives (it keeps the call's identity in meta); an exception is
+    recorded in `result.meta.plugin_errors`. Before: when a second hook replaced the
+    result again, what the hooks between the two replacements recorded on it (their
+    `meta.extra`, their `plugin_errors`) was lost."""
+    seen: list[Any] = []
+
+    def replacing(name: str, order: int) -> object:
+        @hookimpl
+        def after_call(self: object, result: ToolResult) -> ToolResult:
+            seen.append((name, result.content))
+            return ToolResult.ok({name: result.content})
+
+        return type(name, (), {"name": name, "order": order, "after_call": after_call})()
+
+    class Between:
+        name, order = "between", 200
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            seen.append(("between", result.content))
+            result.meta.extra["between"] = "was here"
+            raise RuntimeError("between broke")
+
+    class Early:
+        name, order = "early", 400
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            result.meta.extra["early"] = True
+
+    plugins = [replacing("outer", 100), Between(), replacing("inner", 300), Early()]
+    fake = FakeTool("t", script=[{"v": 1}])
+    r = await Kernel(tools=[fake.tool], plugins=plugins).call("t", {}, call_id="c1")
+    assert seen == [
+        ("inner", {"v": 1}),
+        ("between", {"inner": {"v": 1}}),
+        ("outer", {"inner": {"v": 1}}),
+    ]
+    assert r.content == {"outer": {"inner": {"v": 1}}}
+    assert (r.meta.call_id, r.meta.tool, len(r.meta.attempts)) == ("c1", "t", 1)
+    assert r.meta.extra == {"early": True, "between": "was here"}
+    assert r.meta.plugin_errors == [
+        {"plugin": "between", "hook": "after_call", "error": "RuntimeError: between broke"}
+    ]
+
+
+async def test_a_replacement_sharing_records_does_not_repeat_them() -> None:
+    """A replacement built from the result it replaces (a copy of its plugin_errors) lists
+    each recorded error once."""
+
+    class Broken:
+        name, order = "broken", 300
+
+        @hookimpl
+        def after_call(self) -> None:
+            raise RuntimeError("once")
+
+    class Copy:
+        name, order = "copy", 100
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            new = ToolResult.ok({"copied": True})
+            new.meta.plugin_errors = list(result.meta.plugin_errors)
+            return new
+
+    r = await Kernel(tools=[FakeTool("t").tool], plugins=[Broken(), Copy()]).call("t", {})
+    assert [e["error"] for e in r.meta.plugin_errors] == ["RuntimeError: once"]
+
+
 async def test_an_after_call_returning_something_else_is_recorded_and_ignored() -> None:
     """hooks.md: after_call returns None or a replacement ToolResult; anything else is a
     plugin bug recorded in `plugin_errors`, and the result stays."""

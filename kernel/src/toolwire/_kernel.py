@@ -876,7 +876,7 @@ class Kernel:
                 )
             meta.duration_ms = (perf_counter() - t0) * 1000.0
             if result.meta is not meta:
-                self._adopt(result, ctx)
+                self._adopt(result, meta)
             if ctx.hooks[2]:
                 result = await self._run_after(call, result, ctx, entered)
         except anyio.get_cancelled_exc_class():
@@ -902,9 +902,14 @@ class Kernel:
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
             await self._run_after(call, res, ctx, [start])
 
-    def _adopt(self, result: ToolResult, ctx: CallContext) -> None:
-        """Give a plugin-made result the call's identity and the facts gathered so far."""
-        m, own = result.meta, ctx.meta
+    @staticmethod
+    def _adopt(result: ToolResult, own: ResultMeta) -> None:
+        """Give a plugin-made result the call's identity and the facts gathered so far.
+
+        ``own``: the meta of the result it replaces (the call's own, or an earlier
+        replacement's, which holds what the hooks between them recorded).
+        """
+        m = result.meta
         if m.call_id is None:
             m.call_id = own.call_id
         if m.tool is None:
@@ -920,7 +925,8 @@ class Kernel:
         for k, v in own.extra.items():
             m.extra.setdefault(k, v)
         if own.plugin_errors and m.plugin_errors is not own.plugin_errors:
-            m.plugin_errors[:0] = own.plugin_errors
+            have = {id(e) for e in m.plugin_errors}
+            m.plugin_errors[:0] = [e for e in own.plugin_errors if id(e) not in have]
 
     def _bad_decision(self, err: ErrorInfo, ctx: CallContext, by: str, problem: str) -> ToolResult:
         """A plugin's on_error decision the kernel cannot follow: the tool's own error stands.
@@ -1298,7 +1304,7 @@ class Kernel:
                 continue
             if isinstance(res, ToolResult):
                 if res.meta is not result.meta:
-                    self._adopt(res, ctx)
+                    self._adopt(res, result.meta)
                 result = res
             else:
                 result.meta.plugin_errors.append(
