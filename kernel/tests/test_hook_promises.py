@@ -18,6 +18,7 @@ import pytest
 from toolwire import (
     CallContext,
     CallRejected,
+    ConfigError,
     ErrorInfo,
     Fallback,
     Kernel,
@@ -179,6 +180,53 @@ async def test_startup_runs_once_when_concurrent_first_calls_start_the_kernel() 
     assert log == [("opener", "shutdown")]
 
 
+async def test_a_startup_failure_shuts_down_every_plugin_the_start_got_past() -> None:
+    """hooks.md: an exception aborts the start with `PluginError("plugin 'x': startup
+    failed: ...")`; plugins that already started are shut down again. Before: a plugin
+    with a shutdown hook but no startup hook, ordered before the failing one, was never
+    shut down (close() then did nothing either, the kernel having never started)."""
+    log: Log = []
+    k = Kernel(
+        plugins=[
+            lifecycle("quiet", 100, log, "shutdown"),
+            lifecycle("opened", 200, log, "startup", "shutdown"),
+            lifecycle("broken", 300, log, "startup", "shutdown", fail="startup"),
+            lifecycle("later", 400, log, "startup", "shutdown"),
+        ]
+    )
+    with pytest.raises(PluginError, match=r"^plugin 'broken': startup failed: OSError: broken"):
+        await k.start()
+    assert log == [
+        ("opened", "startup"),
+        ("broken", "startup"),
+        ("opened", "shutdown"),  # descending, and the failing plugin is not shut down
+        ("quiet", "shutdown"),
+    ]
+    log.clear()
+    await k.close()  # it never started: nothing more is shut down
+    assert log == []
+
+
+async def test_a_failing_first_listing_at_start_shuts_down_every_plugin() -> None:
+    """hooks.md (discover): an exception raises `PluginError` naming the plugin; at start,
+    every plugin's startup has run, so every plugin is shut down again."""
+    log: Log = []
+    k = Kernel(
+        plugins=[
+            lifecycle("quiet", 100, log, "shutdown"),
+            lifecycle("source", 200, log, "startup", "discover", "shutdown", fail="discover"),
+        ]
+    )
+    with pytest.raises(PluginError, match=r"plugin 'source': discover failed: OSError"):
+        await k.start()
+    assert log == [
+        ("source", "startup"),
+        ("source", "discover"),
+        ("source", "shutdown"),
+        ("quiet", "shutdown"),
+    ]
+
+
 async def test_the_first_call_raises_the_startup_failure() -> None:
     """concepts.md: `kernel.call` raises for a kernel that cannot start (the first call
     starts it: its `PluginError`); the tool never runs and no call hook sees the call."""
@@ -190,6 +238,22 @@ async def test_the_first_call_raises_the_startup_failure() -> None:
     with pytest.raises(PluginError, match="plugin 'broken': startup failed"):
         await k.call("t", {})
     assert fake.calls == [] and calls == []
+
+
+async def test_a_config_error_a_plugin_raises_in_startup_is_raised_as_it_is() -> None:
+    """hooks.md: an exception aborts the start with a PluginError naming the plugin - but a
+    ConfigError (or PluginError) the plugin raises already says what is wrong and where,
+    so it is raised as it is (the CLI exits 2 on a ConfigError, as for the file's own)."""
+
+    class Strict:
+        name = "strict"
+
+        @hookimpl
+        def startup(self) -> None:
+            raise ConfigError("must be a URL", key="plugins.strict.endpoint")
+
+    with pytest.raises(ConfigError, match=r"^plugins\.strict\.endpoint: must be a URL$"):
+        await Kernel(plugins=[Strict()]).start()
 
 
 # ------------------------------------------------------------------------ shutdown

@@ -734,14 +734,17 @@ class Kernel:
                     "it" if len(unknown) == 1 else "them",
                 )
             await self.state.open()
-            started: list[str] = []
+            failed: str | None = None  # the plugin whose startup is running
             try:
                 for impl in self.plugins.compiled["startup"]:
+                    failed = impl.plugin
                     await self._call_impl(impl, "startup", self)
-                    started.append(impl.plugin)
+                failed = None
                 await self.refresh_tools()
             except BaseException:
-                await self._shutdown(only=set(started))
+                # Every plugin the start got past is shut down again, those without a
+                # startup hook too (as close() would); the one that failed is not.
+                await self._shutdown(before=failed)
                 await self.state.close()
                 raise
             self._started = True
@@ -758,17 +761,21 @@ class Kernel:
             self._background.clear()
             return
         self._started = False
-        await self._shutdown(only=None)
+        await self._shutdown(before=None)
         for task in self._background:
             await task.cancel()
         self._background.clear()
         await self.state.close()
 
-    async def _shutdown(self, only: set[str] | None) -> None:
+    async def _shutdown(self, before: str | None) -> None:
+        """Run the ``shutdown`` hooks (descending order); with ``before``, only those of the
+        plugins ordered before that one (a start that failed in its ``startup``)."""
         impls = self.plugins.compiled["shutdown"]
-        await self._run_shutdown(
-            [i for i in impls if only is None or i.plugin in only],
-        )
+        if before is not None:
+            rank = {p.name: i for i, p in enumerate(self.plugins.ordered())}
+            limit = rank.get(before, len(rank))
+            impls = [i for i in impls if rank.get(i.plugin, limit) < limit]
+        await self._run_shutdown(impls)
 
     async def __aenter__(self) -> Kernel:
         await self.start()

@@ -53,7 +53,9 @@ def startup(kernel: Kernel) -> None:
 
     Order: ascending. May be async. An exception aborts the start with a
     ``PluginError`` naming the plugin (fail-closed: a plugin that cannot start
-    must not be silently absent).
+    must not be silently absent); a ``ConfigError`` or ``PluginError`` the
+    plugin raises itself is raised as it is. The plugins ordered before it are
+    shut down again.
     """
 
 
