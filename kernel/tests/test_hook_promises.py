@@ -702,6 +702,30 @@ async def test_a_malformed_decision_is_logged_as_an_error(
     )
 
 
+@pytest.mark.parametrize("verdict", [False, True, "empty", 0])
+async def test_a_check_result_returning_neither_an_error_nor_none_keeps_the_result(
+    verdict: Any,
+) -> None:
+    """hooks.md: `ctx.check_result`: a returned ToolError turns the attempt into a failure,
+    None accepts it, an exception is recorded and the result kept. Before: a check
+    returning anything else (`False` for "fine") made the call an `internal` error and the
+    tool's computed result was lost."""
+
+    class Check:
+        name = "check"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.check_result = lambda tool, content: verdict
+
+    fake = FakeTool("t", script=[{"v": 1}])
+    r = await Kernel(tools=[fake.tool], plugins=[Check()]).call("t", {})
+    assert not r.is_error and r.content == {"v": 1}
+    [err] = r.meta.plugin_errors
+    assert (err["plugin"], err["hook"]) == ("check", "check_result")
+    assert f"returned {type(verdict).__name__}" in err["error"] and "ToolError" in err["error"]
+
+
 # ----------------------------------------------------------------------- after_call
 async def test_after_call_sees_the_complete_meta() -> None:
     """hooks.md: `result.meta` is complete (attempts, duration, served_by)."""

@@ -1113,15 +1113,27 @@ class Kernel:
     ) -> ToolError | None:
         """A plugin's ``ctx.check_result``; one that crashes keeps the result (never dropped)."""
         try:
-            return check(tool, content)
-        except Exception as exc:
-            own = getattr(getattr(check, "__self__", None), "name", None)  # a plugin's method
-            owner = (own if isinstance(own, str) else None) or ctx.check_result_by or repr(check)
-            log.exception("plugin %r: check_result failed for tool %r", owner, tool.name)
-            ctx.meta.plugin_errors.append(
-                {"plugin": owner, "hook": "check_result", "error": f"{type(exc).__name__}: {exc}"}
+            verdict = check(tool, content)
+            if verdict is None or isinstance(verdict, ToolError):
+                return verdict
+            problem = (
+                f"returned {type(verdict).__name__} {verdict!r:.100}, expected a ToolError "
+                "(reject) or None (accept); the result is kept"
             )
-            return None
+            exc_info: Exception | None = None
+        except Exception as exc:
+            problem, exc_info = f"{type(exc).__name__}: {exc}", exc
+        own = getattr(getattr(check, "__self__", None), "name", None)  # a plugin's method
+        owner = (own if isinstance(own, str) else None) or ctx.check_result_by or repr(check)
+        log.error(
+            "plugin %r: check_result failed for tool %r: %s",
+            owner,
+            tool.name,
+            problem,
+            exc_info=exc_info,
+        )
+        ctx.meta.plugin_errors.append({"plugin": owner, "hook": "check_result", "error": problem})
+        return None
 
     def _before_failed(self, ctx: CallContext, plugin: str, exc: Exception) -> ToolResult:
         name = ctx.call.name
