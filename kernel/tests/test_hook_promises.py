@@ -495,6 +495,62 @@ async def test_attempt_timeout_stays_bounded_by_the_calls_deadline() -> None:
     assert r.error is not None and r.error.kind == "timeout"
 
 
+@pytest.mark.parametrize("bad", ["5", float("nan"), 0, -1, True])
+async def test_an_attempt_timeout_no_timeout_can_use_is_the_plugins_bug(
+    bad: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: `ctx.attempt_timeout_s = "5"` failed every attempt as the tool's own
+    `tool_error` ("unsupported operand type(s)"), which retry plugins then retried; NaN
+    silently meant no timeout, 0 or less timed every attempt out at once. Set in
+    before_call, it now ends the call as `internal` naming the plugin, before the tool
+    runs (as any before_call failure does); set in on_error, the hook counts as None and
+    the next attempt keeps the last good value."""
+
+    class Bad:
+        name = "bad"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.attempt_timeout_s = bad
+
+    fake = FakeTool("t")
+    r = await Kernel(tools=[fake.tool], plugins=[Bad()]).call("t", {})
+    assert r.error is not None and r.error.kind == "internal" and r.error.source == "bad"
+    assert f"ctx.attempt_timeout_s = {bad!r}" in r.error.message
+    assert "seconds > 0" in r.error.message and fake.calls == []
+
+    class LateBad:
+        name, order = "late_bad", 10
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.attempt_timeout_s = 30
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry:
+            ctx.attempt_timeout_s = bad
+            return Retry(0)
+
+    flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"ok": 1}])
+    limits: list[float | None] = []
+
+    class Decide:
+        name, order = "decide", 20
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry:
+            limits.append(ctx.attempt_timeout_s)
+            return Retry(0)
+
+    with caplog.at_level(logging.ERROR, logger="toolwire"):
+        r = await Kernel(tools=[flaky.tool], plugins=[LateBad(), Decide()]).call("flaky", {})
+    assert r.content == {"ok": 1}
+    assert limits == [30]  # the bad value was not kept, and Decide decided
+    [err] = r.meta.plugin_errors
+    assert err["plugin"] == "late_bad" and err["hook"] == "on_error"
+    assert "ctx.attempt_timeout_s" in err["error"]
+
+
 async def test_steps_before_the_first_attempt_run_once_and_may_reject() -> None:
     """hooks.md: `(plugin, fn)` added to `ctx.before_first_attempt` while the call is
     still in before_call - even from another task, while a later plugin's hook holds the

@@ -115,6 +115,17 @@ def _timed_out(seconds: float) -> str:
     )
 
 
+def _check_attempt_timeout(seconds: Any) -> None:
+    """Refuse a ``ctx.attempt_timeout_s`` a hook set that no timeout can use."""
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0
+    ):
+        raise ValueError(
+            f"it set ctx.attempt_timeout_s = {seconds!r}: give a number of seconds > 0, or None "
+            "for the tool's own timeout"
+        )
+
+
 def _decision_problem(decision: Retry | Fallback) -> str | None:
     """What is wrong with a Retry / Fallback a plugin returned, or None."""
     if isinstance(decision, Retry):
@@ -1007,13 +1018,15 @@ class Kernel:
         except (pydantic.ValidationError, ArgsError) as exc:
             return self._invalid_args(ctx, tool, exc)
         for invoke, is_async, plugin in ctx.hooks[0]:
-            check = ctx.check_result
+            check, limit = ctx.check_result, ctx.attempt_timeout_s
             try:
                 res = invoke(call, ctx)
                 if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
                 if ctx.check_result is not check:
                     ctx.check_result_by = plugin
+                if ctx.attempt_timeout_s is not limit:
+                    _check_attempt_timeout(ctx.attempt_timeout_s)
             except CallRejected as rej:
                 info = ErrorInfo(
                     rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
@@ -1280,10 +1293,17 @@ class Kernel:
 
     async def _decide(self, call: ToolCall, err: ErrorInfo, ctx: CallContext) -> tuple[Any, str]:
         for invoke, is_async, plugin in ctx.hooks[1]:
+            limit = ctx.attempt_timeout_s
             try:
                 res = invoke(call, err, ctx)
                 if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
+                if ctx.attempt_timeout_s is not limit:
+                    try:
+                        _check_attempt_timeout(ctx.attempt_timeout_s)
+                    except ValueError:
+                        ctx.attempt_timeout_s = limit  # the next attempt keeps the last good one
+                        raise
             except Exception as exc:
                 log.error("plugin %r: on_error failed for tool %r", plugin, call.name, exc_info=exc)
                 ctx.meta.plugin_errors.append(
