@@ -7,6 +7,7 @@ remove_plugin), test_config.py (entry points, ``order`` overrides).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -83,6 +84,22 @@ def test_firstresult_is_not_a_hookimpl_option() -> None:
         hookimpl(firstresult=True)  # type: ignore[call-arg]
 
 
+def test_a_hook_declaring_a_parameter_the_hook_does_not_have_is_refused() -> None:
+    """Implementations take any subset of the hook's parameters, by name; another name is a
+    PluginError naming the plugin (pluggy's check), not a hook that fails on every call."""
+
+    class Typo:
+        name = "typo"
+
+        @hookimpl
+        def before_call(self, call: ToolCall, context: CallContext) -> None: ...
+
+    with pytest.raises(PluginError, match=r"plugin 'typo': invalid hook implementation") as err:
+        Kernel(plugins=[Typo()])
+    assert "\n" not in str(err.value) and "{'context'}" in str(err.value)
+    assert str(err.value).endswith("by name: before_call(call, ctx))")
+
+
 @pytest.mark.parametrize("order", [1.5, "100", True, None])
 def test_an_order_that_is_not_an_int_is_refused(order: Any) -> None:
     """hooks.md: each plugin declares an integer `order` (a plugin declaring none gets 1000;
@@ -90,6 +107,48 @@ def test_an_order_that_is_not_an_int_is_refused(order: Any) -> None:
     plugin = type("P", (), {"name": "p", "order": order})()
     with pytest.raises(PluginError, match=r"plugin 'p': order must be an int"):
         Kernel(plugins=[plugin])
+
+
+async def test_a_partial_marked_as_a_hook_is_refused_not_silently_never_called() -> None:
+    """Before: a `functools.partial` (or a callable object) marked @hookimpl was listed by
+    `toolwire plugins` among the plugin's hooks, but pluggy calls only functions and
+    methods, so it never ran - and hooks.md said a partial is awaited."""
+    seen: list[str] = []
+
+    async def stamp(label: str, result: ToolResult) -> None:
+        seen.append(label)
+
+    class Partial:
+        name = "partial"
+        after_call = hookimpl(functools.partial(stamp, "x"))
+
+    with pytest.raises(PluginError, match=r"after_call is a partial: define a method"):
+        Kernel(plugins=[Partial()])
+
+    class Method:  # what to write instead
+        name = "method"
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> Any:
+            return functools.partial(stamp, "y")(result)  # a def returning an awaitable
+
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[Method()]) as k:
+        await k.call("t", {})
+    assert seen == ["y"]
+
+
+def test_specname_is_refused_with_what_to_do() -> None:
+    """An implementation under another name (`hookimpl(specname=...)`) is refused, and the
+    error says why instead of only calling the method an unknown hook."""
+
+    class Renamed:
+        name = "renamed"
+
+        @hookimpl(specname="before_call")
+        def check(self, call: ToolCall) -> None: ...
+
+    with pytest.raises(PluginError, match=r"unknown hook.*'check'.*specname=.*name the method"):
+        Kernel(plugins=[Renamed()])
 
 
 async def test_lifecycle_hooks_run_by_order_then_name_startup_up_and_shutdown_down() -> None:

@@ -161,6 +161,12 @@ def _static(plugin: object, name: str) -> Any:
     return getattr(fn, "__func__", fn)
 
 
+def _impl_opts(plugin: object, name: str) -> dict[str, Any] | None:
+    """The ``@hookimpl`` options on ``plugin.<name>`` (None when it is not marked)."""
+    opts = getattr(_static(plugin, name), f"{hookspecs.PROJECT}_impl", None)
+    return opts if isinstance(opts, dict) else None
+
+
 def _is_impl(plugin: object, name: str) -> bool:
     """Whether ``plugin.<name>`` is a hook implementation, without running properties."""
     try:
@@ -230,7 +236,14 @@ class PluginRegistry:
         try:
             self.pm.register(plugin, name=pname)
         except pluggy.PluginValidationError as exc:
-            raise PluginError(pname, f"invalid hook implementation: {exc}") from exc
+            takes = ", ".join(
+                f"{h}({', '.join(HOOK_PARAMS[h])})" for h in HOOK_PARAMS if _is_impl(plugin, h)
+            )
+            raise PluginError(
+                pname,
+                f"invalid hook implementation: {'; '.join(str(exc).splitlines())} (a hook "
+                f"takes any subset of its parameters, by name: {takes})",
+            ) from exc
         except ValueError as exc:
             raise PluginError(pname, str(exc)) from exc
         for hook in HOOK_PARAMS:
@@ -247,8 +260,32 @@ class PluginRegistry:
         unknown = [n for n in dir(plugin) if n not in HOOK_PARAMS and _is_impl(plugin, n)]
         if unknown:
             self.pm.unregister(name=pname)
+            renamed = [n for n in unknown if (_impl_opts(plugin, n) or {}).get("specname")]
+            hint = (
+                f" ({', '.join(renamed)}: hookimpl(specname=...) is not supported; name the "
+                "method after its hook)"
+                if renamed
+                else ""
+            )
             raise PluginError(
-                pname, f"unknown hook(s) {unknown}; known hooks: {sorted(HOOK_PARAMS)}"
+                pname, f"unknown hook(s) {unknown}; known hooks: {sorted(HOOK_PARAMS)}{hint}"
+            )
+        taken = {
+            hook
+            for hook in HOOK_PARAMS
+            for impl in getattr(self.pm.hook, hook).get_hookimpls()
+            if impl.plugin_name == pname
+        }
+        uncalled = [n for n in HOOK_PARAMS if n not in taken and _is_impl(plugin, n)]
+        if uncalled:
+            # pluggy calls only functions and methods: a marked functools.partial or callable
+            # object would be listed as a hook and never run
+            self.pm.unregister(name=pname)
+            kinds = ", ".join(f"{n} is a {type(_static(plugin, n)).__name__}" for n in uncalled)
+            raise PluginError(
+                pname,
+                f"hook implementations must be functions or methods (def or async def), "
+                f"but {kinds}: define a method that calls it",
             )
         unmarked = [
             n for n in HOOK_PARAMS if not _is_impl(plugin, n) and callable(_static(plugin, n))
