@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -149,6 +150,31 @@ def test_specname_is_refused_with_what_to_do() -> None:
 
     with pytest.raises(PluginError, match=r"unknown hook.*'check'.*specname=.*name the method"):
         Kernel(plugins=[Renamed()])
+
+
+async def test_a_module_of_hook_functions_is_a_plugin_named_after_the_module() -> None:
+    """hookspecs.py: a plugin is any object with hook implementations, or a module of such
+    functions. Before: every module was registered as 'module', so a second one was
+    refused as already registered and lookups by name could not find either."""
+    seen: list[str] = []
+
+    def module(name: str) -> types.ModuleType:
+        mod = types.ModuleType(name)
+
+        @hookimpl
+        def before_call(call: ToolCall) -> None:
+            seen.append(f"{name}:{call.name}")
+
+        mod.before_call = before_call  # type: ignore[attr-defined]
+        return mod
+
+    one, two = module("acme_audit"), module("acme_guard")
+    k = Kernel(tools=[FakeTool("t").tool], plugins=[one, two])
+    assert [p.name for p in k.plugins.ordered()] == ["acme_audit", "acme_guard"]
+    assert k.get_plugin("acme_guard") is two
+    await k.call("t", {})
+    assert seen == ["acme_audit:t", "acme_guard:t"]
+    await k.close()
 
 
 async def test_lifecycle_hooks_run_by_order_then_name_startup_up_and_shutdown_down() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter
@@ -224,8 +225,13 @@ class PluginRegistry:
         dist: str | None = None,
         config: Any = None,
     ) -> PluginInfo:
-        """Register ``plugin`` under ``name`` (default: its ``name`` attribute or class name)."""
-        pname = name or getattr(plugin, "name", None) or type(plugin).__name__
+        """Register ``plugin`` under ``name`` (default: its ``name`` attribute, else a
+        module's or class's own name, else its class name)."""
+        pname = name or getattr(plugin, "name", None)
+        if pname is None:
+            own = getattr(plugin, "__name__", None)  # a module (or a class) of hooks
+            named = isinstance(plugin, (type, types.ModuleType)) and isinstance(own, str)
+            pname = own if named else type(plugin).__name__
         if not isinstance(pname, str) or not pname:
             raise PluginError(repr(plugin), "a plugin needs a non-empty string name")
         if pname in self.plugins:

@@ -1,7 +1,7 @@
 """The hooks a toolwire plugin can implement.
 
 A plugin is any object with hook implementations marked ``@toolwire.hookimpl``
-(or a module of such functions). Implementations may be ``def`` or
+(or a module of such functions, registered under the module's name). Implementations may be ``def`` or
 ``async def`` and may accept any subset of a hook's parameters, by name
 (pluggy's rule). They run sorted by the plugin's ``order`` (then its name):
 ascending for ``before_call``, ``on_error``, ``discover`` and ``startup``;
