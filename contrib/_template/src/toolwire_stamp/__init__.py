@@ -27,7 +27,7 @@ class StampConfig(BaseModel):
 
 
 class StampPlugin:
-    """Stamps results; refuses the tools listed in ``refuse``."""
+    """The stamp plugin: stamps results, refuses the tools listed in ``refuse``."""
 
     name = "stamp"  # the entry-point name
     order = 600  # where it sits among the hooks (first-party plugins use 100..500)
