@@ -621,7 +621,44 @@ async def test_a_cancellation_during_after_call_runs_each_hook_once() -> None:
     k = make_kernel(FakeTool("t").tool, plugins=(Slow(), Quick(), Late()))
     with anyio.move_on_after(0.2):
         await k.call("t", {})
-    assert log == [("quick", "ok"), ("slow", "ok"), ("late", "cancelled")]
+    # "late" gets the tool's result, not 'cancelled': the tool ran, and a plugin that keeps
+    # results (idempotency) must keep this one, or a replay would run the tool again
+    assert log == [("quick", "ok"), ("slow", "ok"), ("late", "ok")]
+
+
+async def test_a_cancellation_during_after_call_hands_on_the_latest_replacement() -> None:
+    """The hooks not yet started get the result the interrupted hook was given: a
+    replacement made by an earlier hook stands; none of them sees 'cancelled'."""
+    seen: list[Any] = []
+
+    class Replace:
+        name, order = "replace", 300
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            return ToolResult.ok({"replaced": result.content})
+
+    class Slow:
+        name, order = "slow", 200
+
+        @hookimpl
+        async def after_call(self, result: ToolResult) -> None:
+            seen.append(("slow", result.content))
+            await anyio.sleep(10)
+
+    class Late:
+        name, order = "late", 100
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            seen.append(("late", result.content, result.meta.call_id))
+
+    k = make_kernel(FakeTool("t").tool, plugins=(Replace(), Slow(), Late()))
+    with anyio.move_on_after(0.2) as scope:
+        await k.call("t", {}, call_id="c")
+    assert scope.cancelled_caught
+    replaced = {"replaced": {"ok": True}}
+    assert seen == [("slow", replaced), ("late", replaced, "c")]
 
 
 # ------------------------------------------------------------------ ordering

@@ -880,7 +880,9 @@ class Kernel:
         events = self.events.active
         if events:
             await self.events.emit("call_started", call)
-        entered = [0]  # after_call hooks started: a cancellation runs only the others
+        # after_call hooks started, and the result the latest was given: a cancellation
+        # that comes while they run gives that result to the others (the tool ran)
+        entered: list[Any] = [0, None]
         try:
             try:
                 result = await self._run(call, ctx)
@@ -898,27 +900,38 @@ class Kernel:
             if ctx.hooks[2]:
                 result = await self._run_after(call, result, ctx, entered)
         except anyio.get_cancelled_exc_class():
-            await self._after_cancel(call, ctx, t0, entered[0])
+            await self._after_cancel(call, ctx, t0, entered)
             raise
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
 
     async def _after_cancel(
-        self, call: ToolCall, ctx: CallContext, t0: float, start: int = 0
+        self, call: ToolCall, ctx: CallContext, t0: float, entered: list[Any]
     ) -> None:
         """Let plugins release what they hold, then let the cancellation go on.
 
-        ``start``: how many ``after_call`` hooks had already started with the real
-        result (the cancellation came during them); each hook runs once per call.
+        ``entered``: how many ``after_call`` hooks had already started, and the result
+        the latest of them was given. Each hook runs once per call. When the
+        cancellation came while they ran, the call's outcome is known (the tool ran, or
+        a plugin answered): the hooks not yet started get that result, not ``cancelled``,
+        so that it is kept (idempotency records it for a replay) rather than dropped.
         """
+        start, res = entered
         if len(ctx.hooks[2]) <= start:
             return
-        ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
-        info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
-        res = ToolResult.from_error(info, ctx.meta)
+        if res is None:
+            ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
+            info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
+            res = ToolResult.from_error(info, ctx.meta)
+        else:
+            log.warning(
+                "the call of tool %r was cancelled while its after_call hooks ran; the "
+                "remaining hooks get its result, which the caller does not",
+                call.name,
+            )
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
-            await self._run_after(call, res, ctx, [start])
+            await self._run_after(call, res, ctx, [start, res])
 
     @staticmethod
     def _adopt(result: ToolResult, own: ResultMeta) -> None:
@@ -1315,11 +1328,16 @@ class Kernel:
         return None, ""
 
     async def _run_after(
-        self, call: ToolCall, result: ToolResult, ctx: CallContext, entered: list[int]
+        self, call: ToolCall, result: ToolResult, ctx: CallContext, entered: list[Any]
     ) -> ToolResult:
-        """The ``after_call`` hooks from ``entered[0]`` on; ``entered[0]`` counts those started."""
+        """The ``after_call`` hooks from ``entered[0]`` on.
+
+        ``entered[0]`` counts those started; ``entered[1]`` is the result given to the
+        latest (what a cancellation hands the others, see ``_after_cancel``).
+        """
         for invoke, is_async, plugin in ctx.hooks[2][entered[0] :]:
             entered[0] += 1
+            entered[1] = result
             try:
                 res = invoke(call, result, ctx)
                 if is_async or (res is not None and inspect.isawaitable(res)):

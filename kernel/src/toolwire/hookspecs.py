@@ -139,7 +139,9 @@ def after_call(call: ToolCall, result: ToolResult, ctx: CallContext) -> ToolResu
 
     Also called with a ``cancelled`` error result when the call is cancelled,
     so plugins can release what they hold; the cancellation is then re-raised
-    and that result is never returned (do not store it).
+    and that result is never returned (do not store it). A cancellation that
+    comes while the ``after_call`` hooks run gives the hooks not yet started
+    the call's real result instead (the tool ran: it must not be dropped).
 
     :param call: the call as requested.
     :param result: the final result (``result.meta`` is complete).

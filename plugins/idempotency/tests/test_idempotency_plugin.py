@@ -349,6 +349,39 @@ async def test_cancellation_is_never_recorded_and_releases_the_claim(env: Env) -
     assert plugin.counters.released == 1
 
 
+async def test_a_call_cancelled_while_after_call_hooks_run_keeps_its_result(env: Env) -> None:
+    """The tool ran and returned; the caller was cancelled while an inner plugin's
+    after_call (an audit write, say) still ran. Before: idempotency saw 'cancelled' and
+    released the claim, so the replay ran the side-effecting tool a second time."""
+    tool, runs = counting_tool()
+    entered = anyio.Event()
+
+    class SlowAudit:
+        name, order = "slow_audit", 300  # its after_call runs before idempotency's
+
+        @hookimpl
+        async def after_call(self) -> None:
+            if not entered.is_set():  # the first call only: it is cancelled here
+                entered.set()
+                await anyio.sleep(30)
+
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin, SlowAudit()]) as kernel:
+
+        async def call() -> None:
+            await kernel.call("send", {"to": "a"}, call_id="ca")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                await entered.wait()
+            tg.cancel_scope.cancel()
+        again = await kernel.call("send", {"to": "a"}, call_id="ca")
+    assert len(runs) == 1
+    assert again.meta.replayed and again.content == {"run": 1, "args": {"to": "a"}}
+    assert plugin.counters.released == 0
+
+
 async def test_a_call_cancelled_after_a_failed_attempt_is_not_cached_as_an_error(
     env: Env,
 ) -> None:
