@@ -511,6 +511,43 @@ async def test_failing_to_save_the_result_still_returns_it(env: Env) -> None:
     assert entry is not None and entry.value["s"] == "pending"  # outcome unknown after the lease
 
 
+async def test_a_cancellation_during_the_completing_write_still_records_the_result(
+    env: Env,
+) -> None:
+    """Before: the caller cancelled while the completing compare-and-set was on its way
+    (a Redis round trip) left the claim pending, so the replay answered 'outcome
+    unknown' for a call whose result had come back."""
+    tool, runs = counting_tool(result={"charged": 10})
+    plugin = env.plugin()
+    writing = anyio.Event()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        inner_cas = store.compare_and_set
+
+        async def slow_cas(key: str, value: Any, **kw: Any) -> Any:
+            if value.get("s") == "done":
+                writing.set()
+                await anyio.sleep(0.2)  # the cancellation comes now
+            return await inner_cas(key, value, **kw)
+
+        store.compare_and_set = slow_cas  # type: ignore[method-assign]
+
+        async def call() -> None:
+            await kernel.call("send", {}, call_id="cw")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            with anyio.fail_after(10):
+                await writing.wait()
+            tg.cancel_scope.cancel()
+        entry = await store.get_entry(plugin.key_for("send", "cw"))
+        again = await kernel.call("send", {}, call_id="cw")
+    assert entry is not None and entry.value["s"] == "done"
+    assert len(runs) == 1
+    assert again.meta.replayed and again.content == {"charged": 10}
+
+
 # -- plugins around it -------------------------------------------------------------
 
 

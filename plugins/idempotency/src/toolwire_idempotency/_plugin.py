@@ -353,25 +353,36 @@ class IdempotencyPlugin:
         self._active.pop(claim.owner, None)
         store = claim.store
         cfg = self.config
+        # Shielded: a cancellation arriving during the write (the caller went away) must
+        # not leave the claim pending, which a replay would answer 'outcome unknown' (the
+        # result lost). Bounded by the lease: past it the claim is lapsed anyway.
+        done: Entry | None = None
         try:
-            if result.is_error:
-                err = result.error
-                if (
-                    not cfg.cache_errors
-                    or err is None
-                    or err.retryable
-                    or err.kind == ErrorKind.CANCELLED
-                    or not ctx.attempts  # the tool never ran: nothing to protect
-                ):
-                    await store.compare_and_delete(claim.key, expected_owner=claim.owner)
-                    self.counters.released += 1
-                    return
-            record = self._done_record(claim, result)
-            if cfg.max_stored_bytes is not None and record["s"] == DONE:
-                record = await self._within_budget(store, claim, record, call.name)
-            done = await store.compare_and_set(
-                claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
-            )
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + cfg.lease_secs
+                if result.is_error:
+                    err = result.error
+                    if (
+                        not cfg.cache_errors
+                        or err is None
+                        or err.retryable
+                        or err.kind == ErrorKind.CANCELLED
+                        or not ctx.attempts  # the tool never ran: nothing to protect
+                    ):
+                        await store.compare_and_delete(claim.key, expected_owner=claim.owner)
+                        self.counters.released += 1
+                        return
+                record = self._done_record(claim, result)
+                if cfg.max_stored_bytes is not None and record["s"] == DONE:
+                    record = await self._within_budget(store, claim, record, call.name)
+                done = await store.compare_and_set(
+                    claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
+                )
+            if scope.cancelled_caught:
+                raise StateStoreError(
+                    f"no answer within lease_secs ({cfg.lease_secs:g}s), after which the "
+                    "claim is lapsed anyway"
+                )
         except StateStoreError as exc:
             self.counters.store_errors += 1
             log.warning(
