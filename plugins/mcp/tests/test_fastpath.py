@@ -292,6 +292,7 @@ async def test_the_lean_path_answers_exactly_what_fastmcp_answers(case: str) -> 
         assert "does not match its output schema" in error["message"]
         assert "'Infinity' is not of type 'number' (at result)" in error["message"]
         assert "JSON has no such number" in error["message"]
+        assert error["details"]["result"] == {"result": "Infinity"}  # kept, not dropped
 
 
 async def test_a_lone_surrogate_in_a_result_becomes_a_replacement_character() -> None:

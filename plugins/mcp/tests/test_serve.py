@@ -177,6 +177,9 @@ async def test_a_result_that_breaks_its_output_schema_is_an_error_the_client_can
     info = r.meta[ERROR_META_KEY]
     assert info["kind"] == "tool_error" and info["source"] == "mcp"
     assert "'Infinity' is not of type 'number'" in info["message"]
+    assert "details.result" in info["message"] and "output_schema" in info["message"]
+    # the tool ran: its result is kept, not dropped
+    assert info["details"] == {"reason": "output_schema_mismatch", "result": {"result": "Infinity"}}
     assert r.meta[RESULT_META_KEY]["served_by"] == "add"  # the call's own record stays
     ok = await client.call_tool_mcp("add", {"a": 1e308, "b": 0})
     assert not ok.is_error and ok.structured_content == {"result": 1e308}

@@ -207,11 +207,14 @@ async def run_call(
         if tool is not None and tool.output_schema is not None:
             problem = gate.output_problem(tool, result.content)
             if problem is not None:
+                # The tool ran: its result is kept in the error, never dropped.
                 info = ErrorInfo(
                     ErrorKind.TOOL_ERROR,
                     f"tool {name!r} returned a result that does not match its output schema: "
-                    f"{problem}",
+                    f"{problem}. The result itself is in this error's details.result; fix "
+                    "the tool (or the plugin that made the result) or its output_schema",
                     source="mcp",
+                    details={"reason": "output_schema_mismatch", "result": result.content},
                 )
                 return ToolResult.from_error(info, meta=result.meta)
     return result
