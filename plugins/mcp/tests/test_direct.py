@@ -504,5 +504,6 @@ async def test_a_result_breaking_its_output_schema_keeps_what_the_server_answere
         r = await k.call("up_forecast", {"city": "charge"})
     assert r.error is not None and r.error.kind == "tool_error", r.error
     assert "Invalid structured content returned by tool forecast" in r.error.message
+    assert "details.remote_text" in r.error.message and "may have taken effect" in r.error.message
     assert r.error.details["remote_text"] == "charged card #4242, order 991"
     assert r.error.details["remote_structured_content"] == {"result": 991}

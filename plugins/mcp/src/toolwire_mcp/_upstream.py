@@ -1138,10 +1138,18 @@ class Upstream:
             # the call may have taken effect upstream.
             details: dict[str, Any] = dict(where)
             answered = getattr(exc, "result", None)
+            kept = ""
             if isinstance(answered, mcp_types.CallToolResult):
                 details["remote_text"] = _answer_text(answered)
                 details["remote_structured_content"] = answered.structured_content
-            return ToolError(f"{prefix}: {exc}", kind=ErrorKind.TOOL_ERROR, details=details)
+                kept = " (its answer is in details.remote_text and remote_structured_content)"
+            return ToolError(
+                f"{prefix}: {exc}; the server's answer breaks the tool's own output "
+                f"schema{kept}. The call may have taken effect upstream: check before "
+                "calling it again; the server must fix the tool or its output schema",
+                kind=ErrorKind.TOOL_ERROR,
+                details=details,
+            )
         if isinstance(exc, ValidationError):
             # The answer is JSON-RPC, but its result is no valid MCP result (content
             # that is not a list, a block of no known type, no resultType on a
