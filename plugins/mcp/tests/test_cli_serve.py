@@ -434,6 +434,7 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert cut.is_error and cut.meta is not None
     info = cut.meta[ERROR_META_KEY]
     assert info["kind"] == "cancelled" and "shutdown grace period" in info["message"]
+    assert "check whether it took effect" in info["message"]  # and what to do about it
     assert p.wait(20) == 0
     assert "1 calls still running after 1.0s: cancelling them" in p.stderr
     assert "Exception in ASGI application" not in p.stderr

@@ -31,7 +31,9 @@ ProgressSender = Callable[[float, float | None, str | None], Awaitable[None]]
 _DRAINING = "toolwire is shutting down and accepts no new calls; retry on another instance"
 _CUT = (
     "toolwire is shutting down: the call was still running when the shutdown grace period "
-    "([server] shutdown_grace_s) ended, so it was cancelled; its outcome is unknown"
+    "([server] shutdown_grace_s) ended, so it was cancelled; its outcome is unknown: check "
+    "whether it took effect before calling it again (with the same call id, idempotency "
+    "replays its result if it had one), or give calls more time with shutdown_grace_s"
 )
 #: What the kernel makes of numbers JSON cannot carry (``toolwire._types._finite``).
 _NON_FINITE: Final = frozenset({"Infinity", "-Infinity", "NaN"})

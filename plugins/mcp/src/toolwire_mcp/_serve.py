@@ -904,7 +904,8 @@ _TOO_LONG = (
 
 _UNANSWERED = (
     "toolwire is shutting down: the request was still unanswered when the shutdown grace "
-    "period ([server] shutdown_grace_s) ended; its outcome is unknown"
+    "period ([server] shutdown_grace_s) ended; its outcome is unknown: check whether it "
+    "took effect before sending it again"
 )
 
 
