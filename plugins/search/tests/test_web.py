@@ -913,6 +913,48 @@ async def test_an_explicit_backend_skips_disabled_and_unconfigured_backends(
     assert not exa.called and searx.call_count == 2
 
 
+async def test_a_call_still_on_its_way_when_the_kernel_closes_is_unavailable(
+    mock: respx.MockRouter,
+) -> None:
+    """Before: kind 'internal' and 'the search plugin is not started', with nothing to do."""
+    import anyio
+
+    from toolwire import hookimpl
+
+    gate, waiting = anyio.Event(), anyio.Event()
+
+    class Hold:
+        name, order = "hold", 10
+
+        @hookimpl
+        async def before_call(self) -> None:
+            waiting.set()
+            await gate.wait()
+
+    brave = mock.get(BRAVE_URL).mock(return_value=ok("brave_web_search_200.json"))
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, with_retry=False)
+    kernel.register(Hold())
+    results: list[Any] = []
+    await kernel.start()
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            results.append(await kernel.call("web_search", {"query": "q"}))
+
+        tg.start_soon(call)
+        await waiting.wait()
+        await kernel.close()  # the search plugin's HTTP client closes
+        gate.set()
+    (res,) = results
+    assert res.error is not None and res.error.kind == "unavailable", res.error
+    assert "start the kernel" in res.error.message and not brave.called
+
+
+def test_of_a_kernel_without_the_plugin_says_how_to_load_it() -> None:
+    with pytest.raises(LookupError, match="enable it \\(enabled_plugins\\) or pass SearchPlugin"):
+        SearchPlugin.of(Kernel())
+
+
 async def test_an_explicit_backend_with_the_operators_own_list(mock: respx.MockRouter) -> None:
     brave = mock.get(BRAVE_URL)
     exa = mock.post(EXA_URL).mock(return_value=down())

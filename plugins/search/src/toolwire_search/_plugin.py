@@ -171,7 +171,10 @@ class SearchPlugin:
         for info in kernel.plugins.plugins.values():
             if isinstance(info.plugin, cls):
                 return info.plugin
-        raise LookupError("the search plugin is not loaded on this kernel")
+        raise LookupError(
+            "the search plugin is not loaded on this kernel; install toolwire-search and "
+            "enable it (enabled_plugins) or pass SearchPlugin() to Kernel(plugins=[...])"
+        )
 
     @property
     def client(self) -> httpx.AsyncClient | None:
@@ -503,7 +506,12 @@ class SearchPlugin:
             )
         client = self._client
         if client is None:
-            raise ToolError(f"{tool}: the search plugin is not started", kind=ErrorKind.INTERNAL)
+            raise ToolError(
+                f"{tool}: the search plugin is not started, or its kernel closed it (its HTTP "
+                "client is closed); start the kernel (`async with kernel` or kernel.start()) "
+                "and call again",
+                kind=ErrorKind.UNAVAILABLE,
+            )
         now = ctx.kernel.clock.time()
         timeout = b.config.timeout_seconds or self.config.timeout_seconds
         async with pool.lease(ctx) as lease:
