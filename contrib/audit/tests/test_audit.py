@@ -174,3 +174,35 @@ async def test_nested_credentials_and_known_secrets_are_not_written(tmp_path: Pa
     }
     text = log.read_text()
     assert "hunter2!" not in text and "tok-abcdef" not in text and "sk-live-123456" not in text
+
+
+async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path: Path) -> None:
+    """Before: the plugin's shutdown closed the file while a call was in flight; that
+    call's line was lost (and the error said 'used before startup')."""
+    import anyio
+
+    gate, running = anyio.Event(), anyio.Event()
+
+    @tool
+    async def slow() -> str:
+        """Waits for the gate."""
+        running.set()
+        await gate.wait()
+        return "done"
+
+    k, log = kernel_for(tmp_path, "")
+    k.add_tool(slow)
+    results: list[object] = []
+    await k.start()
+    async with anyio.create_task_group() as tg:
+
+        async def call() -> None:
+            results.append(await k.call("slow", {}, call_id="late"))
+
+        tg.start_soon(call)
+        await running.wait()
+        await k.close()
+        gate.set()
+    (res,) = results
+    assert res.meta.plugin_errors == []  # type: ignore[attr-defined]
+    assert [(x["tool"], x["call_id"], x["ok"]) for x in lines(log)] == [("slow", "late", True)]

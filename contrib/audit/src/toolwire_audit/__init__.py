@@ -146,16 +146,32 @@ class AuditPlugin:
         return value
 
     def _write(self, line: dict[str, Any]) -> None:
-        if self._stream is None:
-            raise RuntimeError(
-                "audit plugin used before startup; use `async with kernel` or kernel.start()"
-            )
         text = json.dumps(line, ensure_ascii=False, default=str)
+        if self._stream is None:
+            self._write_after_close(text, line)
+            return
         with self._lock:
             if self._path is not None:
                 self._reopen_if_rotated(self._path)
             self._stream.write(text + "\n")
             self._stream.flush()
+
+    def _write_after_close(self, text: str, line: dict[str, Any]) -> None:
+        """A call that ended after its kernel closed (shutdown hooks ran while it was in
+        flight) is still recorded: the file is opened for that line alone."""
+        if self._kernel is None:  # never started: where to write is not known yet
+            raise RuntimeError(
+                f"audit plugin used before startup (the line of tool {line.get('tool')!r} "
+                "is not written); use `async with kernel` or kernel.start()"
+            )
+        with self._lock:
+            if self._path is None:
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+                return
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            with self._path.open("a", encoding="utf-8") as f:
+                f.write(text + "\n")
 
     def _reopen_if_rotated(self, path: Path) -> None:
         """logrotate renamed or removed the file: write to a new one at ``path``."""
