@@ -179,8 +179,32 @@ async def test_discover_returning_garbage_names_the_plugin() -> None:
         def discover(self) -> Any:
             return ["not a tool"]
 
-    with pytest.raises(PluginError, match="plugin 'bad': discover must return"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'bad': discover must return .*, not a list holding str; build"
+    ):
         await Kernel(plugins=[Bad()]).start()
+
+    class One:
+        name = "one"
+
+        @hookimpl
+        def discover(self) -> Any:
+            return FakeTool("lone").tool  # a Tool, not a list of them
+
+    with pytest.raises(PluginError, match=r"discover must return .* or None, not Tool;"):
+        await Kernel(plugins=[One()]).start()
+
+
+async def test_removing_what_is_not_there_says_what_is() -> None:
+    async with Kernel(tools=[ping], plugins=[Source("s", ["a"])]) as k:
+        with pytest.raises(KeyError, match="its source is 's', not local"):
+            k.remove_tool("a")
+        with pytest.raises(KeyError, match="no tool of that name is in the catalog"):
+            k.remove_tool("nope")
+        with pytest.raises(PluginError, match="'nope': not registered; registered plugins: s"):
+            await k.remove_plugin("nope")
+        with pytest.raises(PluginError, match="registered plugins: s"):
+            k.unregister("nope")
 
 
 def test_exports_in_three_shapes() -> None:

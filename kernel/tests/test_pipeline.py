@@ -696,7 +696,7 @@ async def test_wrappers_and_unknown_hooks_are_rejected() -> None:
     with pytest.raises(PluginError, match="typo"):
         Kernel(plugins=[Typo()])
 
-    with pytest.raises(PluginError, match="already registered"):
+    with pytest.raises(PluginError, match="already registered; register this one under"):
         Kernel(plugins=[RecordingPlugin("x"), RecordingPlugin("x")])
 
 

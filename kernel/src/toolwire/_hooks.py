@@ -235,7 +235,11 @@ class PluginRegistry:
         if not isinstance(pname, str) or not pname:
             raise PluginError(repr(plugin), "a plugin needs a non-empty string name")
         if pname in self.plugins:
-            raise PluginError(pname, "a plugin with this name is already registered")
+            raise PluginError(
+                pname,
+                "a plugin with this name is already registered; register this one under "
+                "another name (name=...) or unregister the first",
+            )
         porder = order if order is not None else getattr(plugin, "order", DEFAULT_ORDER)
         if not isinstance(porder, int) or isinstance(porder, bool):
             raise PluginError(pname, f"order must be an int, got {porder!r}")
@@ -308,10 +312,14 @@ class PluginRegistry:
         self._compile()
         return info
 
+    def not_registered(self) -> str:
+        """The message for a plugin name that is not registered: the names that are."""
+        return f"not registered; registered plugins: {', '.join(sorted(self.plugins)) or 'none'}"
+
     def unregister(self, name: str) -> None:
         """Remove a plugin by name."""
         if name not in self.plugins:
-            raise PluginError(name, "not registered")
+            raise PluginError(name, self.not_registered())
         self.pm.unregister(name=name)
         del self.plugins[name]
         self._compile()

@@ -323,7 +323,7 @@ class Kernel:
         they started with. Other sources are not asked again.
         """
         if name not in self.plugins.plugins:
-            raise PluginError(name, "not registered")
+            raise PluginError(name, self.plugins.not_registered())
         if not self._started:
             self.plugins.unregister(name)
             return
@@ -419,7 +419,13 @@ class Kernel:
     def remove_tool(self, name: str) -> None:
         """Remove a local tool."""
         if name not in self._local:
-            raise KeyError(f"no local tool {name!r}")
+            where = (
+                f"its source is {self._catalog[name].source!r}, not local: remove that source "
+                "or exclude the tool there"
+                if name in self._catalog
+                else "no tool of that name is in the catalog"
+            )
+            raise KeyError(f"no local tool {name!r} (added with add_tool) to remove; {where}")
         del self._local[name]
         self._rebuild_catalog()
 
@@ -627,7 +633,16 @@ class Kernel:
         if res is None:
             return []
         if not isinstance(res, (list, tuple)) or not all(isinstance(t, Tool) for t in res):
-            raise PluginError(plugin, "discover must return a list of Tool objects or None")
+            got = (
+                type(res).__name__
+                if not isinstance(res, (list, tuple))
+                else f"a list holding {type(next(t for t in res if not isinstance(t, Tool))).__name__}"
+            )
+            raise PluginError(
+                plugin,
+                f"discover must return a list of Tool objects or None, not {got}; build "
+                "each with toolwire.Tool(...) (or toolwire.build_tool(fn))",
+            )
         for t in res:
             try:
                 _check_tool(t, plugin)
