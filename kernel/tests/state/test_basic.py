@@ -409,7 +409,7 @@ async def test_close_then_reopen(store: StateStore) -> None:
     await store.set("life", 1)
     await store.close()
     await store.close()  # idempotent
-    with pytest.raises(StateStoreError, match="closed"):
+    with pytest.raises(StateStoreError, match=r"is closed; .* open\(\) it again"):
         await store.get("life")
     await store.open()
     await store.open()  # idempotent

@@ -75,6 +75,13 @@ class StateStoreError(Exception):
     """
 
 
+#: What to do about a closed store (the kernel that owns it closes it in ``kernel.close()``).
+CLOSED_HINT = (
+    "its kernel closed it (kernel.close()), or close() was called; open() it again "
+    "(kernel.start() does)"
+)
+
+
 class StateDataError(StateStoreError):
     """A key holds data toolwire did not write (not JSON; in Redis, another data type).
 

@@ -13,6 +13,7 @@ import anyio.lowlevel
 
 from ._base import (
     ANY,
+    CLOSED_HINT,
     Entry,
     StateStore,
     StateStoreError,
@@ -81,7 +82,7 @@ class MemoryStore(StateStore):
     # -- internals ---------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise StateStoreError("memory state store is closed; call open() first")
+            raise StateStoreError(f"memory state store is closed; {CLOSED_HINT}")
 
     def _live(self, key: str, now: float) -> _Record | None:
         rec = self._data.get(key)

@@ -45,6 +45,7 @@ import anyio
 
 from ._base import (
     ANY,
+    CLOSED_HINT,
     Entry,
     StateDataError,
     StateStore,
@@ -742,7 +743,7 @@ class RedisStore(StateStore):
         if self._state == "new" or (self._state == "open" and self._loop is not loop):
             await self.open()
         if self._state != "open" or self._client is None:
-            raise StateStoreError(f"redis state store at {self.safe_url} is closed")
+            raise StateStoreError(f"redis state store at {self.safe_url} is closed; {CLOSED_HINT}")
         return self._client
 
     @contextlib.contextmanager

@@ -16,6 +16,7 @@ import anyio.to_thread
 
 from ._base import (
     ANY,
+    CLOSED_HINT,
     Entry,
     StateStore,
     StateStoreError,
@@ -245,7 +246,7 @@ class SQLiteStore(StateStore):
         if self._state == "open":
             return
         if self._state == "closed":
-            raise StateStoreError(f"sqlite state store at {self.path} is closed; call open() first")
+            raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
         await self.open()
 
     # -- plumbing ----------------------------------------------------------
@@ -265,7 +266,7 @@ class SQLiteStore(StateStore):
         with self._thread_lock:
             conn = self._conn
             if conn is None:
-                raise StateStoreError(f"sqlite state store at {self.path} is closed")
+                raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
             try:
                 return fn(conn)
             except sqlite3.Error as exc:
