@@ -474,12 +474,17 @@ async def test_an_invalid_result_is_a_tool_error_naming_the_server(
         serving(_rewriting_proxy(upstream.url)) as srv,
         gateway({"url": f"http://127.0.0.1:{srv.port}/mcp"}, direct=direct) as (k, up),
     ):
+        invalid = 0
         for city in BAD_ANSWERS:
             r = await k.call("up_forecast", {"city": city})
             assert r.error is not None and r.error.kind == "tool_error", (city, r.error)
             assert r.error.message.startswith("MCP server 'up', tool 'forecast': "), r.error
             assert r.error.details["server"] == "up", (city, r.error.details)
             assert r.error.details["remote_tool"] == "forecast"
+            if r.error.details.get("invalid_answer"):
+                assert "may have taken effect upstream" in r.error.message, r.error
+                invalid += 1
+        assert invalid >= 2  # what the answers broke is named, and what to do
         r = await k.call("up_forecast", {"city": "Oslo"})  # and the next call is served
         assert r.content == {"result": "sunny in Oslo"}
         assert up.direct_calls == (len(BAD_ANSWERS) + 1 if direct else 0)

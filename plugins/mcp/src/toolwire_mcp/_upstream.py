@@ -1155,7 +1155,9 @@ class Upstream:
             # that is not a list, a block of no known type, no resultType on a
             # 2026-07-28 answer, a null result, a malformed error object).
             return ToolError(
-                f"{prefix}: the server's answer is not a valid MCP result: {_first_problem(exc)}",
+                f"{prefix}: the server's answer is not a valid MCP result: "
+                f"{_first_problem(exc)}. The call may have taken effect upstream: check "
+                "before calling it again; the server must fix its tools/call answers",
                 kind=ErrorKind.TOOL_ERROR,
                 details={**where, "invalid_answer": True},
             )
