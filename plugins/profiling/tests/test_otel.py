@@ -179,3 +179,29 @@ async def test_spans_and_statistics_under_trio(otel: Any) -> None:
     (span,) = otel.spans()
     assert span.attributes["gen_ai.tool.call.id"] == "t-1" and len(span.events) == 2
     assert p.get_statistics("flaky")["count"] == 2
+
+
+async def test_an_exporter_or_span_processor_that_fails_never_costs_the_result() -> None:
+    """Telemetry is best effort: a failing exporter (the collector is down) and a span
+    processor that raises at span end leave the caller's result as the tool made it."""
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter
+
+    class Down(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            raise ConnectionError("collector unreachable")
+
+    class Broken(SpanProcessor):
+        def on_end(self, span: Any) -> None:
+            raise RuntimeError("processor bug")
+
+    for processor in (SimpleSpanProcessor(Down()), Broken()):
+        provider = TracerProvider()
+        provider.add_span_processor(processor)
+        p = ProfilingPlugin(ProfilingConfig(tracing="on"), tracer_provider=provider)
+        async with Kernel(tools=[FakeTool("search", script=[{"hits": 3}]).tool], plugins=[p]) as k:
+            r = await k.call("search", {"q": "x"})
+        assert not r.is_error and r.content == {"hits": 3}, (processor, r)
+        if isinstance(processor, Broken):  # the plugin's after_call raised: noted, not fatal
+            assert [e["plugin"] for e in r.meta.plugin_errors] == ["profiling"]
+        provider.shutdown()
