@@ -567,6 +567,60 @@ async def test_on_error_exception_is_recorded_and_skipped() -> None:
     assert r.meta.plugin_errors[0]["plugin"] == "broken"
 
 
+# ------------------------------------------------------- results plugins make
+class _Odd:
+    """Not JSON: no encoder knows it."""
+
+
+async def test_a_plugins_result_is_normalized_or_refused_never_left_unserializable() -> None:
+    """Before: ``ToolResult(content=...)`` from a plugin went out as it was: an MCP client
+    then got a bare "Error calling tool" and the tool's real result was lost."""
+    import dataclasses
+    import datetime
+
+    @dataclasses.dataclass
+    class Note:
+        at: datetime.date
+
+    class Annotate:  # a good replacement of another shape: normalized like a tool's return
+        name, order = "annotate", 300
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            return ToolResult(Note(datetime.date(2026, 1, 2)), meta=result.meta)  # type: ignore[arg-type]
+
+    class Breaks:  # a replacement no transport can send: ignored, the result stands
+        name, order = "breaks", 200
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            return ToolResult({"wrapped": result.content, "odd": _Odd()}, meta=result.meta)
+
+    r = await make_kernel(FakeTool("t").tool, plugins=(Annotate(),)).call("t", {})
+    assert r.content == {"at": "2026-01-02"} and not r.is_error
+    r = await make_kernel(FakeTool("t").tool, plugins=(Breaks(),)).call("t", {})
+    assert r.content == {"ok": True} and not r.is_error
+    (problem,) = r.meta.plugin_errors
+    assert problem["plugin"] == "breaks" and problem["hook"] == "after_call"
+    assert "content is not JSON-serializable" in problem["error"]
+    assert problem["error"].endswith("(ignored)")
+    r = await make_kernel(FakeTool("t").tool, plugins=(Annotate(), Breaks())).call("t", {})
+    assert r.content == {"at": "2026-01-02"}  # Breaks (inner) ignored, Annotate applied
+
+    class Short:
+        name = "short"
+
+        @hookimpl
+        def before_call(self) -> ToolResult:
+            return ToolResult({"odd": _Odd()})
+
+    fake = FakeTool("t")
+    r = await make_kernel(fake.tool, plugins=(Short(),)).call("t", {})
+    assert r.error is not None and r.error.kind == "internal" and r.error.source == "short"
+    assert "before_call returned a ToolResult whose content is not JSON" in r.error.message
+    assert "the tool 't' was not run" in r.error.message and fake.calls == []
+
+
 # ----------------------------------------------------------------- cancellation
 async def test_cancellation_propagates_and_after_call_sees_cancelled() -> None:
     seen: list[ToolResult] = []

@@ -42,6 +42,7 @@ from ._types import (
     ToolCall,
     ToolError,
     ToolResult,
+    _is_plain_json,
     normalize_content,
 )
 from ._validate import ArgsError, describe_validation_error, validate_json_schema
@@ -113,6 +114,23 @@ def _timed_out(seconds: float) -> str:
         "ctx.attempt_timeout_s, the tool's timeout_s or the kernel's default_timeout_s, "
         "and the time left before the call's deadline)"
     )
+
+
+def _content_problem(result: ToolResult) -> str | None:
+    """Normalize the content of a result a plugin made, as a tool's return is; or say why not.
+
+    A plugin's ``ToolResult(content=...)`` is not normalized by its constructor: content
+    that is no JSON object would fail every transport later (an MCP client got a bare
+    "Error calling tool"), so it is made one here (a model, a dataclass, a datetime...).
+    """
+    content = result.content
+    if type(content) is dict and _is_plain_json(content):
+        return None
+    try:
+        result.content = normalize_content(content)
+    except NotJSONError as exc:
+        return f"a ToolResult whose content is not JSON-serializable ({exc})"
+    return None
 
 
 def _check_attempt_timeout(seconds: Any) -> None:
@@ -1064,12 +1082,16 @@ class Kernel:
                 return self._before_failed(ctx, plugin, exc)
             if res is not None:
                 if isinstance(res, ToolResult):
-                    return res
+                    problem = _content_problem(res)
+                    if problem is None:
+                        return res
+                else:
+                    problem = f"{type(res).__name__}, expected ToolResult or None"
                 return self._fail(
                     ctx,
                     ErrorKind.INTERNAL,
-                    f"plugin {plugin!r}: before_call returned {type(res).__name__}, expected "
-                    f"ToolResult or None; the tool {call.name!r} was not run",
+                    f"plugin {plugin!r}: before_call returned {problem}; the tool "
+                    f"{call.name!r} was not run",
                     source=plugin,
                 )
 
@@ -1375,17 +1397,24 @@ class Kernel:
             if res is None:
                 continue
             if isinstance(res, ToolResult):
-                if res.meta is not result.meta:
-                    self._adopt(res, result.meta)
-                result = res
+                problem = _content_problem(res)
+                if problem is None:
+                    if res.meta is not result.meta:
+                        self._adopt(res, result.meta)
+                    result = res
+                    continue
             else:
-                result.meta.plugin_errors.append(
-                    {
-                        "plugin": plugin,
-                        "hook": "after_call",
-                        "error": f"returned {type(res).__name__}, expected ToolResult or None (ignored)",
-                    }
-                )
+                problem = f"{type(res).__name__}, expected ToolResult or None"
+            # the result stands: a bad replacement must not lose it
+            log.error(
+                "plugin %r: after_call returned %s for tool %r; ignored, the result is kept",
+                plugin,
+                problem,
+                call.name,
+            )
+            result.meta.plugin_errors.append(
+                {"plugin": plugin, "hook": "after_call", "error": f"returned {problem} (ignored)"}
+            )
         return result
 
     # ------------------------------------------------------------ config

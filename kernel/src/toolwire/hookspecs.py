@@ -146,7 +146,8 @@ def after_call(call: ToolCall, result: ToolResult, ctx: CallContext) -> ToolResu
     :param call: the call as requested.
     :param result: the final result (``result.meta`` is complete).
     :param ctx: per-call context.
-    :return: None, or a replacement ``ToolResult`` that later hooks see.
+    :return: None, or a replacement ``ToolResult`` that later hooks see (its content
+        is normalized like a tool's return; one that cannot be made JSON is ignored).
 
     Order: descending (the outermost plugin sees the result last). May be
     async. An exception is logged and recorded in ``result.meta.plugin_errors``;
