@@ -84,6 +84,19 @@ def test_error_info_to_dict_drops_exception() -> None:
     }
 
 
+def test_an_odd_detail_is_described_in_its_place_and_the_others_kept() -> None:
+    """Before: one detail that is not JSON (a response object, say) replaced them all
+    with {"unserializable_details": ...}: the status and the reason were lost."""
+
+    class Response:
+        pass
+
+    info = ErrorInfo("unavailable", "HTTP 503", details={"status": 503, "response": Response()})
+    details = info.to_dict()["details"]
+    assert details["status"] == 503
+    assert details["response"].startswith("<not JSON: value of type Response")
+
+
 def test_result_validates_with_pydantic_typeadapter() -> None:
     ta = pydantic.TypeAdapter(ToolResult)
     r = ToolResult.fail("tool_error", "boom", exception=ValueError("x"))

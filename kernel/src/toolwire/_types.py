@@ -99,10 +99,9 @@ class ErrorInfo:
 
     def to_dict(self) -> JSON:
         """JSON-compatible form (without the exception)."""
-        try:
-            details = _jsonable(self.details)
-        except NotJSONError as exc:  # never let an odd detail lose the error itself
-            details = {"unserializable_details": str(exc)[:500]}
+        # never let an odd detail lose the error, nor the other details: each detail that
+        # cannot be serialized is described in its place
+        details = _jsonable_extra(self.details)
         return {
             "kind": str(self.kind),
             "message": self.message,
