@@ -196,6 +196,10 @@ async def test_dead_owner(env: Env, read_only: bool) -> None:
         assert not replay.is_error and not replay.meta.replayed
         assert plugin_b.counters.reclaims == 1
         assert plugin_a.counters.lost_claims == 1  # A's late completion was refused
+        (late,) = got  # A's caller still gets its result, and is told it is not kept
+        assert not late.is_error
+        assert late.meta.extra["idempotency"]["recorded"] is False
+        assert late.meta.extra["idempotency"]["reason"] == "lost_claim"
         assert after.meta.replayed and after.content == replay.content  # B's result is kept
     else:
         assert len(runs) == 1  # never re-run silently

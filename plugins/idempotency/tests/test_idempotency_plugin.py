@@ -434,6 +434,9 @@ async def test_oversized_result_leaves_a_marker_and_replays_get_an_error(env: En
         entry = await kernel.state.get_entry(plugin.key_for("send", "big"))
     assert len(runs) == 1
     assert first.content == {"blob": "x" * 500}  # the first caller still gets it
+    assert first.meta.extra["idempotency"]["recorded"] is False  # and is told it is not kept
+    assert first.meta.extra["idempotency"]["reason"] == "oversized"
+    assert "over max_result_bytes (100)" in first.meta.extra["idempotency"]["message"]
     assert replay.is_error and replay.error is not None
     assert replay.error.kind == "conflict" and not replay.error.retryable
     assert replay.error.details["reason"] == "result_unavailable"
@@ -458,6 +461,8 @@ async def test_max_stored_bytes_bounds_what_a_window_of_ttl_keeps(env: Env) -> N
             assert again.meta.replayed and again.content == fresh.content
     assert len(runs) == 4 + (env.clock is not None)  # nothing ran twice
     assert all(f.content == {"blob": "x" * 400} for f in firsts)  # every caller got its result
+    assert [f.meta.extra.get("idempotency") is None for f in firsts] == [True] * 2 + [False] * 2
+    assert "max_stored_bytes (1200) is spent" in firsts[3].meta.extra["idempotency"]["message"]
     kept = [r for r in replays if not r.is_error]
     assert len(kept) == 2 and all(r.meta.replayed for r in kept)  # ~590 bytes a record
     for r in replays[2:]:
@@ -506,6 +511,9 @@ async def test_failing_to_save_the_result_still_returns_it(env: Env) -> None:
         entry = await kernel.state.get_entry(plugin.key_for("send", "save"))
     assert result.content == {"charged": 10} and not result.is_error
     assert result.meta.plugin_errors == []
+    not_kept = result.meta.extra["idempotency"]  # the caller is told a replay will not get it
+    assert not_kept["recorded"] is False and not_kept["reason"] == "store_error"
+    assert "injected failure of compare_and_set" in not_kept["message"]
     assert len(runs) == 1
     assert plugin.counters.store_errors == 1
     assert entry is not None and entry.value["s"] == "pending"  # outcome unknown after the lease

@@ -91,6 +91,11 @@ def _record_problem(value: Any) -> str | None:
 _JSON_SEPARATORS = (",", ":")
 
 
+def _not_kept(result: ToolResult, reason: str, message: str) -> None:
+    """Tell the caller its result was not kept for replays (it still gets it now)."""
+    result.meta.extra[STATE_KEY] = {"recorded": False, "reason": reason, "message": message}
+
+
 @dataclass(slots=True)
 class IdempotencyCounters:
     """What the plugin did, since it was created (plain ints; read them, reset them)."""
@@ -378,6 +383,15 @@ class IdempotencyPlugin:
                 done = await store.compare_and_set(
                     claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
                 )
+                if record["s"] == OVERSIZED:
+                    limit = (
+                        f"max_stored_bytes ({record['budget']}) is spent"
+                        if "budget" in record
+                        else f"over max_result_bytes ({record['limit']})"
+                        if record["size"] >= 0
+                        else "not JSON"
+                    )
+                    _not_kept(result, "oversized", f"a replay gets 'result unavailable': {limit}")
             if scope.cancelled_caught:
                 raise StateStoreError(
                     f"no answer within lease_secs ({cfg.lease_secs:g}s), after which the "
@@ -394,8 +408,20 @@ class IdempotencyPlugin:
                 exc,
                 cfg.lease_secs,
             )
+            _not_kept(
+                result,
+                "store_error",
+                f"the state store failed ({exc}); a replay after lease_secs answers "
+                "'outcome unknown'",
+            )
             return
         if done is None:
+            _not_kept(
+                result,
+                "lost_claim",
+                "the claim was gone or taken over when the result came; a replay does not "
+                "get this result",
+            )
             self.counters.lost_claims += 1
             log.warning(
                 "idempotency: the claim of tool %r call %r was gone or taken over when its "
@@ -550,8 +576,9 @@ class IdempotencyPlugin:
                 raise CallRejected(
                     ErrorKind.CONFLICT,
                     f"outcome unknown: tool {call.name!r} call {call.call_id!r} started "
-                    "earlier, but whoever ran it stopped renewing its claim (the process "
-                    "died?) before recording a result; it may or may not have taken effect, "
+                    "earlier, but whoever ran it stopped renewing its claim before recording "
+                    "a result (its process died, or the state store failed as it saved the "
+                    "result); it may or may not have taken effect, "
                     "so it is not run again. Check whether it took effect; to run it anyway, "
                     "use a new call_id (or IdempotencyPlugin.forget())",
                     details={
