@@ -391,6 +391,54 @@ async def test_a_success_that_uses_up_the_month_suspends_the_pool(mock: respx.Mo
     assert second.content["served_by"] == "exa" and brave.call_count == 1
 
 
+class _StoreThatFailsLater:
+    """A memory store whose reads and writes fail once ``down`` is set (Redis went away)."""
+
+    def __new__(cls) -> Any:
+        from toolwire.state import MemoryStore, StateStoreError
+
+        class Store(MemoryStore):
+            down = False
+
+            async def get_entry(self, key: str) -> Any:
+                if self.down:
+                    raise StateStoreError("memory state store: injected outage")
+                return await super().get_entry(key)
+
+            async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+                if self.down:
+                    raise StateStoreError("memory state store: injected outage")
+                return await super().compare_and_set(key, value, **kw)
+
+        return Store()
+
+
+@pytest.mark.parametrize("month_used_up", [False, True], ids=["success", "month-used-up"])
+async def test_a_store_outage_after_the_answer_never_costs_the_results(
+    mock: respx.MockRouter, month_used_up: bool
+) -> None:
+    """Before: the key's bookkeeping after a good answer (its success, or the used-up month)
+    raised StateStoreError out of the tool: the search had run, its results were dropped."""
+    store = _StoreThatFailsLater()
+    headers = headers_of("brave_web_search_200.json")
+    if month_used_up:
+        headers = {**headers, "X-RateLimit-Remaining": "0, 0"}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        store.down = True  # the store goes away while the backend answers
+        return ok("brave_web_search_200.json", headers)
+
+    mock.get(BRAVE_URL).mock(side_effect=answer)
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, with_retry=False, state=store)
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        store.down = False
+    assert not res.is_error, res.error
+    assert res.content["served_by"] == "brave" and len(res.content["results"]) == 3
+    if month_used_up:
+        assert any("could not be set aside" in w for w in res.content["warnings"])
+
+
 async def test_exa_429_is_a_rate_limit(mock: respx.MockRouter) -> None:
     mock.post(EXA_URL).mock(
         return_value=httpx.Response(429, json=load("exa_429_rate_limited.json"))

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from toolwire import CallContext, ToolError
+from toolwire.state import StateStoreError
 
 from ._classify import Classification
 from ._store import NOCHANGE, LoopLock, Throttle, Throttled, cas_update
@@ -665,7 +666,20 @@ class LeaseContext:
         lease = self.lease
         assert lease is not None
         if exc is None:
-            await lease.success()
+            # The request worked: its answer is in hand. Recording the key's success is
+            # bookkeeping; a cancellation or a store outage during it must not cost the
+            # answer (shielded, bounded; a failure is logged).
+            try:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                    await lease.success()
+            except StateStoreError as err:
+                log.warning(
+                    "provider %r key %r: could not record the key's success (%s); the "
+                    "request's answer is kept",
+                    lease.provider,
+                    lease.alias,
+                    err,
+                )
             return False
         if not isinstance(exc, Exception):  # cancellation, KeyboardInterrupt...
             with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):

@@ -34,6 +34,7 @@ from toolwire import (
     hookimpl,
     plugin_not_loaded,
 )
+from toolwire.state import StateStoreError
 from toolwire_ratelimit import ApiKey, RateLimitPlugin
 from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
 
@@ -574,14 +575,26 @@ class SearchPlugin:
             page = b.parse(b.decode(resp, alias), q)
             exhausted = b.exhaustion(resp, now)
         if exhausted is not None and alias is not None:
-            await pool.report(
-                alias,
-                "quota",
-                retry_after_s=exhausted.retry_after_s,
-                pattern=f"search.{b.name}.exhausted",
-                reason=exhausted.reason,
-            )
-            warnings.append(f"{who}: {exhausted.reason}; the key is set aside until its reset")
+            # bookkeeping after the answer came: neither a store outage nor a cancellation
+            # during it may cost the results (shielded, bounded)
+            try:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0) as slow:
+                    await pool.report(
+                        alias,
+                        "quota",
+                        retry_after_s=exhausted.retry_after_s,
+                        pattern=f"search.{b.name}.exhausted",
+                        reason=exhausted.reason,
+                    )
+                set_aside = (
+                    "the key could not be set aside (the state store did not answer)"
+                    if slow.cancelled_caught
+                    else "the key is set aside until its reset"
+                )
+            except StateStoreError as exc:
+                log.warning("%s: could not set the used-up key aside: %s", who, exc)
+                set_aside = "the key could not be set aside (the state store failed)"
+            warnings.append(f"{who}: {exhausted.reason}; {set_aside}")
         results = page.results
         if req.filter_domains:
             results = [r for r in results if q.wants(r["url"])]
