@@ -466,6 +466,7 @@ async def test_a_fallback_after_the_deadline_passed_never_starts_the_other_tool(
     assert backup.calls == []
     assert r.error is not None and r.error.kind == "timeout"
     assert "deadline passed before the attempt started" in r.error.message
+    assert "call again with a longer timeout" in r.error.message
     assert [(a.tool, a.error_kind) for a in r.meta.attempts] == [
         ("primary", "unavailable"),
         ("backup", "timeout"),

@@ -1220,7 +1220,11 @@ class Kernel:
         if ctx.deadline is not None:
             left = ctx.deadline - self.clock.monotonic()
             if left <= 0:
-                raise TimeoutError("the call's deadline passed before the attempt started")
+                raise TimeoutError(
+                    "the call's deadline passed before the attempt started (earlier "
+                    "attempts, waits between them or plugins' before_call used it up); the "
+                    "tool was not run this time: call again with a longer timeout"
+                )
             timeout = left if timeout is None else min(timeout, left)
         if tool.serial_key is None:
             return await self._with_timeout(tool, args, ctx, timeout)
