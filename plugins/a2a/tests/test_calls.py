@@ -470,6 +470,30 @@ async def test_a_call_cancelled_mid_stream_closes_the_stream_at_once(
     assert closed == [True]
 
 
+async def test_an_empty_answer_says_what_to_check(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    """Before: "agent 'research': the agent's answer contained neither a task nor a
+    message", with nothing to do about it."""
+    from starlette.responses import Response
+
+    agent = router.hosts["research.test"]
+
+    async def empty_stream(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            await Response(b"", media_type="text/event-stream")(scope, receive, send)
+        else:
+            await agent(scope, receive, send)
+
+    router.hosts["research.test"] = empty_stream
+    kernel, _ = await make_kernel({**AGENTS, "streaming": True})
+    res = await kernel.call("agent_research", {"query": "hello"})
+    assert res.error is not None and res.error.kind == ErrorKind.TOOL_ERROR, res.error
+    assert "neither a task nor a message" in res.error.message
+    assert "check with the agent before sending it again" in res.error.message
+    assert res.error.details == {"agent": "research", "reason": "empty_answer"}
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 async def test_an_answer_that_is_not_a2a_json_rpc_says_what_to_check(
     make_kernel: KernelFactory, router: Router, streaming: bool

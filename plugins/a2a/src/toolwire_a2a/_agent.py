@@ -385,7 +385,12 @@ class AgentHandle:
         try:
             result = agg.result(nick)
         except ValueError as exc:
-            raise ToolError(f"agent {nick!r}: {exc}", details={"agent": nick}) from exc
+            raise ToolError(
+                f"agent {nick!r}: {action}: {exc}; it may or may not have acted on the "
+                "message: check with the agent before sending it again, and that the URL "
+                "in [[plugins.a2a.agents]] is its A2A endpoint",
+                details={"agent": nick, "reason": "empty_answer"},
+            ) from exc
         return self._check_outcome(result)
 
     async def _after_broken_stream(self, agg: StreamAggregator, err: ToolError) -> dict[str, Any]:
