@@ -116,6 +116,16 @@ def _timed_out(seconds: float) -> str:
     )
 
 
+def _check_idents(name: str, **idents: Any) -> None:
+    """Refuse a ``kernel.call`` identifier that is not a str (a str subclass is one)."""
+    for key, ident in idents.items():
+        if ident is not None and not isinstance(ident, str):
+            raise TypeError(
+                f"kernel.call({name!r}, {key}=...): give a str or None, not "
+                f"{type(ident).__name__} {ident!r} (plugins key state and records by it)"
+            )
+
+
 def _content_problem(result: ToolResult) -> str | None:
     """Normalize the content of a result a plugin made, as a tool's return is; or say why not.
 
@@ -871,12 +881,12 @@ class Kernel:
                 f"kernel.call({name!r}, args=...): args must be a mapping of argument names to "
                 f"values (a dict), not {type(args).__name__}"
             )
-        for key, ident in (("call_id", call_id), ("session_id", session_id), ("tenant", tenant)):
-            if ident is not None and not isinstance(ident, str):
-                raise TypeError(
-                    f"kernel.call({name!r}, {key}=...): give a str or None, not "
-                    f"{type(ident).__name__} {ident!r} (plugins key state and records by it)"
-                )
+        if (
+            (call_id is not None and type(call_id) is not str)
+            or (session_id is not None and type(session_id) is not str)
+            or (tenant is not None and type(tenant) is not str)
+        ):
+            _check_idents(name, call_id=call_id, session_id=session_id, tenant=tenant)
         if metadata is not None and not isinstance(metadata, Mapping):
             raise TypeError(
                 f"kernel.call({name!r}, metadata=...): give a dict (a mapping of names to "
