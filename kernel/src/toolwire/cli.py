@@ -41,6 +41,7 @@ __all__ = [
     "CLI_ENTRY_POINT_GROUP",
     "build_cli_kernel",
     "cli_plugin",
+    "cli_state_url",
     "load_cli_config",
     "main",
 ]
@@ -83,13 +84,23 @@ def load_cli_config(args: argparse.Namespace) -> ToolwireConfig:
     return cfg
 
 
+def cli_state_url(cfg: ToolwireConfig) -> str:
+    """The state store URL of a CLI command: ``state``, else the embedded SQLite file.
+
+    The embedded file lies next to the config file, if there is one, else in the
+    working directory. Commands that open the store themselves (``stats``,
+    ``approvals``) use this too, so they read the store ``call`` and ``serve`` write.
+    """
+    if cfg.state is not None:
+        return cfg.state
+    return sqlite_beside(EMBEDDED_STATE, Path(cfg.path).parent) if cfg.path else EMBEDDED_STATE
+
+
 def build_cli_kernel(cfg: ToolwireConfig) -> Kernel:
     """A kernel for the CLI: the embedded SQLite state unless configured otherwise."""
     overrides: dict[str, Any] = {}
     if cfg.state is None:
-        # next to the config file, if there is one; else in the working directory
-        base = Path(cfg.path).parent if cfg.path else None
-        overrides["state"] = sqlite_beside(EMBEDDED_STATE, base) if base else EMBEDDED_STATE
+        overrides["state"] = cli_state_url(cfg)
     return Kernel.from_config(cfg, **overrides)
 
 

@@ -90,6 +90,28 @@ def test_list_show_approve_reject_and_audit_from_the_command_line(
     assert code == 1 and out["error"]["kind"] == "not_found"
 
 
+def test_approvals_reads_the_store_beside_the_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config file without `state` keeps the embedded store next to itself, where
+    `toolwire call` and `toolwire serve` wait; before, `approvals` read `.toolwire/` of
+    the working directory, listed nothing and could not release the waiting call."""
+    conf, cwd = tmp_path / "conf", tmp_path / "cwd"
+    conf.mkdir()
+    cwd.mkdir()
+    path = conf / "toolwire.toml"
+    path.write_text(
+        'enabled_plugins = ["approval"]\n[tools]\nmodules = ["toolwire.examples"]\n'
+        '[plugins.approval]\ntools = { add = "REQUIRED" }\nrequired_timeout_s = 0.05\n'
+    )
+    monkeypatch.chdir(cwd)
+    assert main(["--config", str(path), "call", "add", "--args", '{"a": 1, "b": 2}']) == 1
+    capsys.readouterr()
+    code, listed = cli(capsys, path, "list", "--status", "all")
+    assert code == 0 and [r["tool"] for r in listed] == ["add"]
+    assert (conf / ".toolwire" / "state.db").exists() and not (cwd / ".toolwire").exists()
+
+
 def test_a_bad_section_is_a_config_error(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

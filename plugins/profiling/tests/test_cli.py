@@ -96,6 +96,25 @@ def test_stats_reads_the_configured_store_and_prefix(tmp_path: Path) -> None:
     assert (tmp_path / "data" / "tw.db").exists()
 
 
+def test_stats_reads_the_store_beside_the_config_file(tmp_path: Path) -> None:
+    """A config file without `state` keeps the embedded store next to itself, where
+    `toolwire call` wrote; before, `stats` read `.toolwire/` of the working directory
+    and showed nothing."""
+    conf, cwd = tmp_path / "conf", tmp_path / "cwd"
+    conf.mkdir()
+    cwd.mkdir()
+    (conf / "toolwire.toml").write_text(
+        'enabled_plugins = ["profiling"]\n[tools]\nmodules = ["toolwire.examples"]\n'
+    )
+    cfg = str(conf / "toolwire.toml")
+    r = run(cwd, "--config", cfg, "call", "add", "--args", '{"a": 1, "b": 2}')
+    assert r.returncode == 0, r.stderr
+    out = run(cwd, "--config", cfg, "stats", "--json")
+    assert out.returncode == 0, out.stderr
+    assert [t["tool"] for t in json.loads(out.stdout)["tools"]] == ["add"]
+    assert (conf / ".toolwire" / "state.db").exists() and not (cwd / ".toolwire").exists()
+
+
 def test_stats_config_errors(tmp_path: Path) -> None:
     (tmp_path / "toolwire.toml").write_text("[plugins.profiling]\nflush_interval_s = -1\n")
     r = run(tmp_path, "stats")

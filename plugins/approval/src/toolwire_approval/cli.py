@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import EMBEDDED_STATE, load_cli_config, positive_int
+from toolwire.cli import cli_state_url, load_cli_config, positive_int
 from toolwire.state import open_store
 
 from ._config import ApprovalConfig
@@ -92,7 +92,7 @@ def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:
 async def _run(args: argparse.Namespace, action: Callable[[ApprovalPlugin], Awaitable[Any]]) -> int:
     cfg = load_cli_config(args)
     pcfg = approval_config(cfg.plugins.get("approval", {}), cfg.path)
-    url = cfg.state or EMBEDDED_STATE
+    url = cli_state_url(cfg)
     try:
         store = open_store(url)
     except ValueError as exc:

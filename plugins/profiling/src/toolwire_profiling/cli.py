@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import EMBEDDED_STATE, load_cli_config
+from toolwire.cli import cli_state_url, load_cli_config
 from toolwire.state import open_store
 
 from ._config import ProfilingConfig
@@ -61,7 +61,7 @@ def profiling_config(data: dict[str, Any], file: str | None) -> ProfilingConfig:
 async def _cmd_stats(args: argparse.Namespace) -> int:
     cfg = load_cli_config(args)
     pcfg = profiling_config(cfg.plugins.get("profiling", {}), cfg.path)
-    url = cfg.state or EMBEDDED_STATE
+    url = cli_state_url(cfg)
     try:
         store = open_store(url)
     except ValueError as exc:
