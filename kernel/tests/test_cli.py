@@ -111,6 +111,31 @@ def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path
     assert str(bad) in err and "unknown_key: unknown key" in err
 
 
+def test_a_misspelt_key_is_answered_with_the_key_meant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "enabled_plugin: unknown key", with no word on what the table takes."""
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
+    conf = tmp_path / "tw.toml"
+    for text, expected in (
+        (
+            'enabled_plugin = ["audit"]\n',
+            "enabled_plugin: unknown key; did you mean 'enabled_plugins'?",
+        ),
+        ('[tools]\nmodule = ["toolwire.examples"]\n', "did you mean 'modules'?"),
+        (
+            "[plugins.audit]\ninclude_arg = true\n",
+            "plugins.audit.include_arg: unknown key; did you mean 'include_args'?",
+        ),
+        ("colour = 1\n", "colour: unknown key (known keys: deadline_s, default_timeout_s,"),
+    ):
+        conf.write_text(text)
+        code, out, err = run(capsys, "--config", str(conf), "config", "check")
+        assert code == 2 and out is None, text
+        assert expected in err and len(err.strip().splitlines()) == 1, err
+    assert "path" not in err  # not a key of the file
+
+
 def test_bad_state_and_log_level_are_one_line_errors_with_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

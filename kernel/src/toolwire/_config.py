@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.metadata as md
 import json
 import logging
 import os
 import re
 import tomllib
+import types
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -160,6 +163,53 @@ class ToolwireConfig(BaseModel):
 # ----------------------------------------------------------------- loading
 def _loc(err: Mapping[str, Any]) -> str:
     return ".".join(str(p) for p in err.get("loc", ()))
+
+
+def _model_at(ann: Any, path: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the key at the end of ``path`` (None: unknown)."""
+    while True:
+        origin = typing.get_origin(ann)
+        if origin is typing.Annotated:
+            ann = typing.get_args(ann)[0]
+        elif origin in (typing.Union, types.UnionType):
+            for arg in typing.get_args(ann):
+                found = _model_at(arg, path) if arg is not type(None) else None
+                if found is not None:
+                    return found
+            return None
+        elif isinstance(ann, type) and issubclass(ann, BaseModel):
+            if not path:
+                return ann
+            field = next((f for n, f in ann.model_fields.items() if path[0] in (n, f.alias)), None)
+            if field is None:
+                return None
+            ann, path = field.annotation, path[1:]
+        elif origin in (dict, Mapping) and path:
+            ann, path = typing.get_args(ann)[-1], path[1:]
+        elif origin in (list, tuple) and path and isinstance(path[0], int):
+            ann, path = typing.get_args(ann)[0], path[1:]
+        else:
+            return None
+
+
+def unknown_key(model: Any, loc: tuple[Any, ...]) -> str:
+    """The message for a key ``loc`` that ``model`` forbids: the close match, or the keys.
+
+    ``enabled_plugin`` reads "unknown key; did you mean 'enabled_plugins'?"; a key
+    with no close match lists the keys its table takes. ``model`` is the model that
+    was validated; ``loc`` the error's location in it.
+    """
+    holder = _model_at(model, tuple(loc[:-1]))
+    if holder is None or not loc:
+        return "unknown key"
+    known = sorted(f.alias or n for n, f in holder.model_fields.items() if not f.exclude)
+    key = str(loc[-1])
+    close = difflib.get_close_matches(key, known, n=2, cutoff=0.6)
+    if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.9:
+        close = close[:1]  # a slip of one letter: the second guess is noise
+    if close:
+        return f"unknown key; did you mean {' or '.join(repr(k) for k in close)}?"
+    return f"unknown key (known keys: {', '.join(known)})" if known else "unknown key"
 
 
 def _env_value(raw: str) -> Any:
@@ -453,7 +503,11 @@ def load_config(
     except pydantic.ValidationError as exc:
         msgs = []
         for e in exc.errors(include_url=False):
-            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msg = (
+                unknown_key(ToolwireConfig, e["loc"])
+                if e.get("type") == "extra_forbidden"
+                else e.get("msg", "invalid")
+            )
             msgs.append(_problem(_loc(e), msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
     cfg.path = file
@@ -524,7 +578,11 @@ def _plugin_config(
     except pydantic.ValidationError as exc:
         msgs = []
         for e in exc.errors(include_url=False):
-            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msg = (
+                unknown_key(model, e["loc"])
+                if e.get("type") == "extra_forbidden"
+                else e.get("msg", "invalid")
+            )
             msgs.append(_problem(f"plugins.{name}.{_loc(e)}", msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 

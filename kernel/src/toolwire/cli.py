@@ -30,7 +30,13 @@ from typing import Any
 
 import anyio
 
-from ._config import ToolwireConfig, load_config, plugin_not_loaded, sqlite_beside
+from ._config import (
+    ToolwireConfig,
+    load_config,
+    plugin_not_loaded,
+    sqlite_beside,
+    unknown_key,
+)
 from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
@@ -44,6 +50,7 @@ __all__ = [
     "cli_state_url",
     "load_cli_config",
     "main",
+    "unknown_key",
 ]
 
 CLI_ENTRY_POINT_GROUP = "toolwire.cli"

@@ -532,6 +532,10 @@ def test_config_errors_exit_2_naming_the_key(
     assert main(["serve", "--config", "bad.toml"]) == 2
     err = capsys.readouterr().err
     assert "bad.toml" in err and "server.transport" in err and "server.colour: unknown key" in err
+    write_config(tmp_path / "typo.toml", {}, {"server": {"transprt": "http"}})
+    assert main(["serve", "--config", "typo.toml"]) == 2
+    err = capsys.readouterr().err
+    assert "server.transprt: unknown key; did you mean 'transport'?" in err
     # `config check` checks [server] as `serve` would (before: "ok": true)
     assert main(["--config", "bad.toml", "config", "check"]) == 2
     err = capsys.readouterr().err

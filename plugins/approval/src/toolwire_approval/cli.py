@@ -17,7 +17,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import cli_state_url, load_cli_config, positive_int
+from toolwire.cli import cli_state_url, load_cli_config, positive_int, unknown_key
 from toolwire.state import open_store
 
 from ._config import ApprovalConfig
@@ -84,7 +84,11 @@ def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:
         msgs = []
         for e in exc.errors(include_url=False):
             loc = ".".join(str(p) for p in e.get("loc", ()))
-            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msg = (
+                unknown_key(ApprovalConfig, e["loc"])
+                if e.get("type") == "extra_forbidden"
+                else e.get("msg", "invalid")
+            )
             msgs.append(f"plugins.approval.{loc}: {msg}")
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError, ToolwireConfig, warn_plain_secrets
-from toolwire.cli import build_cli_kernel, load_cli_config
+from toolwire.cli import build_cli_kernel, load_cli_config, unknown_key
 
 from ._config import ServeConfig, resolve_auth_token
 
@@ -59,7 +59,11 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
         msgs = []
         for e in exc.errors(include_url=False):
             loc = ".".join(str(p) for p in e.get("loc", ()))
-            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msg = (
+                unknown_key(ServeConfig, e["loc"])
+                if e.get("type") == "extra_forbidden"
+                else e.get("msg", "invalid")
+            )
             msg = msg.removeprefix("Value error, ")
             origin = f" (from the --{loc} option)" if loc in flags else ""
             msgs.append(f"server.{loc}: {msg}{origin}")

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import cli_state_url, load_cli_config
+from toolwire.cli import cli_state_url, load_cli_config, unknown_key
 from toolwire.state import open_store
 
 from ._config import ProfilingConfig
@@ -53,7 +53,11 @@ def profiling_config(data: dict[str, Any], file: str | None) -> ProfilingConfig:
         msgs = []
         for e in exc.errors(include_url=False):
             loc = ".".join(str(p) for p in e.get("loc", ()))
-            msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+            msg = (
+                unknown_key(ProfilingConfig, e["loc"])
+                if e.get("type") == "extra_forbidden"
+                else e.get("msg", "invalid")
+            )
             msgs.append(f"plugins.profiling.{loc}: {msg}")
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 
