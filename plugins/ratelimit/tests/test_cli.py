@@ -88,6 +88,23 @@ def test_unknown_names_and_a_missing_plugin_are_named(tmp_path: Path) -> None:
     assert r.returncode == 2 and "ratelimit plugin is not loaded" in r.stderr
 
 
+def test_with_no_providers_the_error_says_how_to_configure_one(tmp_path: Path) -> None:
+    """Before: "unknown provider(s) ['brave']; known: []", with no word on where
+    providers come from."""
+    (tmp_path / "toolwire.toml").write_text(
+        f'state = "sqlite:///{tmp_path / "state.db"}"\nenabled_plugins = ["ratelimit"]\n'
+    )
+    for argv in (("keys", "status", "brave"), ("keys", "clear", "brave")):
+        r = run(tmp_path, *argv)
+        assert r.returncode == 2, r.stderr
+        assert "no providers are configured: add [plugins.ratelimit.providers.<name>]" in (
+            error_line(r)
+        )
+        assert "known: []" not in r.stderr
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 0 and r.stdout.startswith("no providers are configured: add ")
+
+
 def error_line(r: subprocess.CompletedProcess[str]) -> str:
     """The one ``toolwire: error:`` line (other plugins may log warnings before it)."""
     lines = [line for line in r.stderr.splitlines() if line.startswith("toolwire: error:")]

@@ -88,7 +88,17 @@ def render_status(status: dict[str, dict[str, Any]], now: float) -> str:
                 f"{k.get('picks', 0):>8}{k.get('strikes', 0):>9}  "
                 f"{_fmt_until(k.get('cool_until'), now):>8}  {qtext}"
             )
-    return "\n".join(lines) if lines else "no providers are configured"
+    return "\n".join(lines) if lines else f"no providers are configured: {_CONFIGURE}"
+
+
+_CONFIGURE = (
+    "add [plugins.ratelimit.providers.<name>] to toolwire.toml (see docs/ratelimit.md), "
+    "or give a search backend its key (e.g. BRAVE_API_KEY)"
+)
+
+
+def _known(known: list[str]) -> str:
+    return f"known: {known}" if known else f"no providers are configured: {_CONFIGURE}"
 
 
 async def _with_plugin(
@@ -106,7 +116,7 @@ async def _cmd_status(args: argparse.Namespace) -> int:
         wanted = list(args.provider) or known
         unknown = [p for p in wanted if p not in known]
         if unknown:
-            sys.stderr.write(f"toolwire: error: unknown provider(s) {unknown}; known: {known}\n")
+            sys.stderr.write(f"toolwire: error: unknown provider(s) {unknown}; {_known(known)}\n")
             return 2
         status = {p: await plugin.pool(p).status() for p in wanted}
         if args.json:
@@ -123,7 +133,7 @@ async def _cmd_clear(args: argparse.Namespace) -> int:
         known = plugin.providers()
         if args.provider not in known:
             sys.stderr.write(
-                f"toolwire: error: unknown provider {args.provider!r}; known: {known}\n"
+                f"toolwire: error: unknown provider {args.provider!r}; {_known(known)}\n"
             )
             return 2
         pool = plugin.pool(args.provider)
