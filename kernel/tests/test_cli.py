@@ -136,6 +136,37 @@ def test_a_misspelt_key_is_answered_with_the_key_meant(
     assert "path" not in err  # not a key of the file
 
 
+def test_config_may_follow_the_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Before: `toolwire config check --config x.toml` was "unrecognized arguments",
+    though `toolwire serve --config x.toml` worked."""
+    conf = tmp_path / "conf" / "tw.toml"
+    conf.parent.mkdir()
+    conf.write_text('enabled_plugins = []\n[tools]\nmodules = ["toolwire.examples"]\n')
+    code, out, err = run(capsys, "config", "check", "--config", str(conf))
+    assert code == 0 and isinstance(out, dict) and out["config_file"] == str(conf), err
+    code, out, _ = run(capsys, "call", "add", "-c", str(conf), "--args", '{"a": 1, "b": 2}')
+    assert code == 0 and isinstance(out, dict) and out["content"] == {"result": 3.0}
+    assert (conf.parent / ".toolwire" / "state.db").exists()
+    assert not (tmp_path / ".toolwire").exists()  # the working directory's store is not used
+    conf.write_text("enabled_plugins = []\n")  # no tools: the file is the one read
+    code, out, _ = run(capsys, "tools", "--config", str(conf))
+    assert code == 0 and out == []
+    code, out, _ = run(capsys, "plugins", "-c", str(conf))
+    assert code == 0 and out == []
+
+
+def test_a_missing_subcommand_is_named_by_its_choices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: "the following arguments are required: config_command"."""
+    with pytest.raises(SystemExit) as exc:
+        main(["config"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "toolwire config: error: the following arguments are required: {check}" in err
+    assert "config_command" not in err
+
+
 def test_bad_state_and_log_level_are_one_line_errors_with_exit_2(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -233,31 +233,60 @@ def positive_int(text: str) -> int:
     return n
 
 
+def _sentence(text: str, more: str = "") -> str:
+    """A subcommand's one-line help as the description its --help shows."""
+    return text[:1].upper() + text[1:] + more + "."
+
+
+def _config_option(parser: argparse.ArgumentParser) -> None:
+    """``--config`` after the command too, as the plugin commands take it."""
+    parser.add_argument(
+        "--config",
+        "-c",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="path to toolwire.toml (same as the global --config)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="toolwire", description="toolwire: middleware for agent tool calls"
+        prog="toolwire",
+        description="toolwire: middleware for agent tool calls. Output is JSON on stdout, "
+        "logs are JSON lines on stderr.",
+        epilog="Exit codes: 0 ok, 1 the call returned an error result, 2 bad usage or "
+        "configuration. `toolwire COMMAND --help` shows the options of a command.",
     )
     p.add_argument(
         "--config",
         "-c",
-        help="path to toolwire.toml (default: $TOOLWIRE_CONFIG or ./toolwire.toml)",
+        metavar="PATH",
+        help="path to toolwire.toml (default: $TOOLWIRE_CONFIG, else ./toolwire.toml, "
+        "else the embedded defaults)",
     )
     p.add_argument(
         "--log-level",
         default="WARNING",
         type=str.upper,
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
-        help="log level for stderr JSON logs (default WARNING)",
+        help="log level for stderr JSON logs, any case (default WARNING)",
     )
     sub = p.add_subparsers(dest="command", required=True)
 
-    sp = sub.add_parser(
-        "plugins", help="list loaded plugins as JSON (name, version, distribution, order, hooks)"
-    )
+    help_ = "list the loaded plugins as JSON (name, version, distribution, order, hooks)"
+    sp = sub.add_parser("plugins", help=help_, description=_sentence(help_))
+    _config_option(sp)
     sp.set_defaults(fn=_cmd_plugins)
 
-    st = sub.add_parser("tools", help="list the tools (JSON), or search them with --query")
-    st.add_argument("--query", "-q", help="search string")
+    help_ = "list the tools (JSON), or search them with --query"
+    st = sub.add_parser("tools", help=help_, description=_sentence(help_))
+    _config_option(st)
+    st.add_argument(
+        "--query",
+        "-q",
+        metavar="Q",
+        help="search for Q: a tool name, a glob, tag:<tag>, source:<source> or free text",
+    )
     st.add_argument(
         "--mode",
         choices=["explicit", "semantic", "hybrid"],
@@ -269,27 +298,63 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"at most N tools, N >= 1 (default: {SEARCH_LIMIT} with --query, all without)",
     )
-    st.add_argument("--format", choices=["tool", "openai", "anthropic", "mcp"], default="tool")
+    st.add_argument(
+        "--format",
+        choices=["tool", "openai", "anthropic", "mcp"],
+        default="tool",
+        help="the shape of each tool (default tool: toolwire's own definition)",
+    )
     st.set_defaults(fn=_cmd_tools)
 
-    sc = sub.add_parser("call", help="call a tool and print the normalized result as JSON")
-    sc.add_argument("name", help="tool name")
-    sc.add_argument("--args", "-a", default="{}", help="arguments as a JSON object")
-    sc.add_argument(
-        "--call-id", help="call id (replays with the same id are de-duplicated by idempotency)"
+    help_ = "call a tool and print the normalized result as JSON"
+    sc = sub.add_parser(
+        "call",
+        help=help_,
+        description=_sentence(help_, " (exit code 1 when the result is an error)"),
     )
-    sc.add_argument("--session-id")
-    sc.add_argument("--tenant")
+    _config_option(sc)
+    sc.add_argument("name", metavar="NAME", help="the tool's name (see `toolwire tools`)")
+    sc.add_argument(
+        "--args",
+        "-a",
+        metavar="JSON",
+        default="{}",
+        help='the arguments, a JSON object, e.g. \'{"a": 2, "b": 3}\' (default {})',
+    )
+    sc.add_argument(
+        "--call-id",
+        metavar="ID",
+        help="the call's id (default: a new one); a replay with the same id and arguments "
+        "is served once by the idempotency plugin",
+    )
+    sc.add_argument("--session-id", metavar="S", help="groups calls (approval, audit, profiling)")
+    sc.add_argument(
+        "--tenant", metavar="T", help="whose call it is (stores and quotas keep tenants apart)"
+    )
     sc.set_defaults(fn=_cmd_call)
 
-    scfg = sub.add_parser("config", help="configuration commands")
+    scfg = sub.add_parser("config", help="configuration commands", description="Configuration.")
     cfg_sub = scfg.add_subparsers(dest="config_command", required=True)
-    chk = cfg_sub.add_parser(
-        "check", help="load and validate the config, load the plugins, print a summary"
-    )
+    help_ = "load and validate the config, load the plugins, print a summary"
+    chk = cfg_sub.add_parser("check", help=help_, description=_sentence(help_))
+    _config_option(chk)
     chk.set_defaults(fn=_cmd_config_check)
     _plugin_commands(sub)
+    _name_subcommands(p, top=True)
     return p
+
+
+def _name_subcommands(parser: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """A missing subcommand is named by its choices, not by its ``dest``.
+
+    (argparse said "the following arguments are required: keys_command".)
+    """
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            if not top and action.metavar is None and action.choices:
+                action.metavar = "{" + ",".join(action.choices) + "}"
+            for child in action.choices.values():
+                _name_subcommands(child)
 
 
 def _plugin_commands(sub: Any) -> None:

@@ -38,41 +38,62 @@ def register(subparsers: Any) -> None:
         help="list, show, approve and reject tool-call approval requests",
         description="Approval requests of the approval plugin, in the configured state store.",
     )
-    p.add_argument("--config", "-c", default=argparse.SUPPRESS, help="path to toolwire.toml")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="path to toolwire.toml (same as the global --config; give it before the subcommand)",
+    )
     sub = p.add_subparsers(dest="approvals_command", required=True)
 
-    ls = sub.add_parser("list", help="pending requests (JSON)")
+    ls = sub.add_parser("list", help="requests, oldest first (JSON; default: the pending ones)")
     ls.add_argument(
         "--status",
         choices=["pending", "approved", "rejected", "expired", "all"],
         default="pending",
+        help="which requests (default pending)",
     )
-    ls.add_argument("--tool", help="only requests for this tool")
+    ls.add_argument("--tool", metavar="NAME", help="only requests for this tool")
     ls.set_defaults(fn=_cmd_list)
 
     show = sub.add_parser("show", help="one request with its audit trail (JSON)")
-    show.add_argument("id")
+    show.add_argument("id", metavar="ID", help=_ID_HELP)
     show.set_defaults(fn=_cmd_show)
 
     ap = sub.add_parser("approve", help="approve a pending request")
-    ap.add_argument("id")
-    ap.add_argument("--args", "-a", help="run with these arguments instead (JSON object)")
-    ap.add_argument("--comment", help="recorded in the audit log")
-    ap.add_argument("--by", help="who decides (default: your user name)")
-    ap.add_argument("--fingerprint", help="refuse unless the request has these arguments")
+    ap.add_argument("id", metavar="ID", help=_ID_HELP)
+    ap.add_argument(
+        "--args", "-a", metavar="JSON", help="run with these arguments instead (a JSON object)"
+    )
+    ap.add_argument("--comment", metavar="TEXT", help="recorded in the audit log")
+    ap.add_argument("--by", metavar="WHO", help="who decides (default: your user name)")
+    ap.add_argument("--fingerprint", metavar="FP", help=_FP_HELP)
     ap.set_defaults(fn=_cmd_approve)
 
     rj = sub.add_parser("reject", help="reject a pending request (the call ends 'denied')")
-    rj.add_argument("id")
-    rj.add_argument("--reason", "-r", default="rejected from the command line")
-    rj.add_argument("--by", help="who decides (default: your user name)")
-    rj.add_argument("--fingerprint", help="refuse unless the request has these arguments")
+    rj.add_argument("id", metavar="ID", help=_ID_HELP)
+    rj.add_argument(
+        "--reason",
+        "-r",
+        metavar="TEXT",
+        default="rejected from the command line",
+        help="why; the call's error says it (default: rejected from the command line)",
+    )
+    rj.add_argument("--by", metavar="WHO", help="who decides (default: your user name)")
+    rj.add_argument("--fingerprint", metavar="FP", help=_FP_HELP)
     rj.set_defaults(fn=_cmd_reject)
 
     au = sub.add_parser("audit", help="the audit log (JSON), of one request or all")
-    au.add_argument("id", nargs="?")
-    au.add_argument("--limit", type=positive_int, help="only the most recent N entries (N >= 1)")
+    au.add_argument("id", metavar="ID", nargs="?", help="only this request's entries")
+    au.add_argument(
+        "--limit", metavar="N", type=positive_int, help="only the most recent N entries (N >= 1)"
+    )
     au.set_defaults(fn=_cmd_audit)
+
+
+_ID_HELP = "the request's id (from `toolwire approvals list` or the call's log line)"
+_FP_HELP = "refuse unless the request is for the arguments of this fingerprint (the one shown)"
 
 
 def approval_config(data: dict[str, Any], file: str | None) -> ApprovalConfig:

@@ -28,6 +28,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--config",
         "-c",
+        metavar="PATH",
         default=argparse.SUPPRESS,
         help="path to toolwire.toml (same as the global --config)",
     )

@@ -31,15 +31,21 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--config",
         "-c",
+        metavar="PATH",
         default=argparse.SUPPRESS,
         help="path to toolwire.toml (same as the global --config)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--tool", "-t", action="append", help="only this tool (repeat for several)")
+    p.add_argument(
+        "--json", action="store_true", help="print JSON (every figure per tool) instead of a table"
+    )
+    p.add_argument(
+        "--tool", "-t", metavar="NAME", action="append", help="only this tool (repeat for several)"
+    )
     p.add_argument(
         "--reset",
         action="store_true",
-        help="delete the stored statistics (of the --tool ones, or of every tool)",
+        help="delete the stored statistics (of the --tool ones, else of every tool) and print "
+        "how many entries were deleted",
     )
     p.set_defaults(fn=_cmd_stats)
 

@@ -33,20 +33,32 @@ def register(subparsers: Any) -> None:
         description="The ratelimit plugin's key pools, as every process sharing the "
         "configured state store sees them. Secrets are never printed: keys go by alias.",
     )
-    p.add_argument("--config", "-c", default=argparse.SUPPRESS, help="path to toolwire.toml")
+    p.add_argument(
+        "--config",
+        "-c",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="path to toolwire.toml (same as the global --config; give it before the subcommand)",
+    )
     sub = p.add_subparsers(dest="keys_command", required=True)
 
     st = sub.add_parser("status", help="each provider's availability and each key's state")
-    st.add_argument("provider", nargs="*", help="only these providers (default: all)")
-    st.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    st.add_argument(
+        "provider", metavar="PROVIDER", nargs="*", help="only these providers (default: all)"
+    )
+    st.add_argument(
+        "--json", action="store_true", help="print JSON (KeyPool.status() per provider)"
+    )
     st.set_defaults(fn=_cmd_status)
 
     cl = sub.add_parser(
         "clear",
         help="lift the cooldown and quarantine of one key (or of every key) of a provider",
     )
-    cl.add_argument("provider")
-    cl.add_argument("alias", nargs="?", help="the key's alias (default: every key)")
+    cl.add_argument("provider", metavar="PROVIDER", help="the provider whose keys to clear")
+    cl.add_argument(
+        "alias", metavar="ALIAS", nargs="?", help="the key's alias (default: every key)"
+    )
     cl.add_argument(
         "--keep-suspension",
         action="store_true",
