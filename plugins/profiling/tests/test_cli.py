@@ -75,7 +75,7 @@ def test_stats_with_no_config(tmp_path: Path) -> None:
     assert only["tools"][1]["count"] == 0
 
     reset = run(tmp_path, "stats", "--reset", "--tool", "add")
-    assert reset.returncode == 0 and "deleted 1" in reset.stdout
+    assert reset.returncode == 0 and reset.stdout == "deleted 1 entry\n"  # not "1 entries"
     assert [t["tool"] for t in json.loads(run(tmp_path, "stats", "--json").stdout)["tools"]] == [
         "echo"
     ]

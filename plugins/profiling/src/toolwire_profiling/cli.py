@@ -82,7 +82,10 @@ async def _cmd_stats(args: argparse.Namespace) -> int:
             deleted = 0
             for t in args.tool or [None]:
                 deleted += await plugin.reset(t)
-            _out_json({"deleted": deleted}) if args.json else _out(f"deleted {deleted} entries\n")
+            if args.json:
+                _out_json({"deleted": deleted})
+            else:
+                _out(f"deleted {deleted} {'entry' if deleted == 1 else 'entries'}\n")
             return 0
         await plugin.refresh()
     rows = plugin.all_statistics()
