@@ -97,8 +97,20 @@ def test_call_prints_result_and_exit_codes(capsys: pytest.CaptureFixture[str]) -
 def test_call_with_bad_json_args(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "call", "add", "--args", "{not json")
     assert code == 2 and "--args is not valid JSON" in err
+    assert "give a JSON object in single quotes, e.g. --args '{\"a\": 1}'" in err
     code, _, err = run(capsys, "call", "add", "--args", "[1]")
     assert code == 2 and "must be a JSON object" in err
+
+
+def test_call_refuses_an_empty_id(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: `--call-id "$UNSET"` gave every call the id '', so the idempotency plugin
+    replayed the first call's result, or refused other arguments as a conflict."""
+    for option in ("--call-id", "--session-id", "--tenant"):
+        code, out, err = run(capsys, "call", "add", "--args", '{"a": 1, "b": 2}', option, "")
+        assert code == 2 and out is None
+        assert err == f"toolwire: error: {option} is empty: give a value, or leave the option out\n"
+    code, out, _ = run(capsys, "call", "add", "--args", '{"a": 1, "b": 2}', "--call-id", "c-1")
+    assert code == 0 and isinstance(out, dict) and out["meta"]["call_id"] == "c-1"
 
 
 def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

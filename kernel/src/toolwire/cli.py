@@ -169,9 +169,20 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     try:
         call_args = json.loads(args.args) if args.args else {}
     except json.JSONDecodeError as exc:
-        return _fail(f"--args is not valid JSON: {exc}")
+        return _fail(
+            f"--args is not valid JSON ({exc}): give a JSON object in single quotes, "
+            "e.g. --args '{\"a\": 1}'"
+        )
     if not isinstance(call_args, dict):
         return _fail("--args must be a JSON object, e.g. --args '{\"a\": 1}'")
+    for option, value in (
+        ("--call-id", args.call_id),
+        ("--session-id", args.session_id),
+        ("--tenant", args.tenant),
+    ):
+        if value is not None and not value.strip():
+            # most likely an unset shell variable: every such call would share one id
+            return _fail(f"{option} is empty: give a value, or leave the option out")
     kernel = build_cli_kernel(load_cli_config(args))
     # Someone at the keyboard: plugins may ask there (approval prompts).
     extensions = {TERMINAL_EXTENSION: Terminal.stdio()} if Terminal.interactive() else None
