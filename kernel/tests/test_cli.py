@@ -148,6 +148,26 @@ def test_a_misspelt_key_is_answered_with_the_key_meant(
     assert "path" not in err  # not a key of the file
 
 
+def test_a_misspelt_plugin_name_is_answered_with_the_plugin_meant(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "unknown plugin 'audti'; ... (pip install toolwire-audti?)"."""
+    monkeypatch.delenv("TOOLWIRE_LOAD_PLUGINS")  # the file says which plugins to load
+    conf = tmp_path / "tw.toml"
+    for text, key in (
+        ('enabled_plugins = ["audti"]\n', "enabled_plugins: unknown plugin 'audti'"),
+        ('disabled_plugins = ["audti"]\n', "disabled_plugins: unknown plugin 'audti'"),
+        ("[plugins.audti]\npath = '-'\n", "plugins.audti: configuration for unknown plugin"),
+    ):
+        conf.write_text(text)
+        code, out, err = run(capsys, "--config", str(conf), "config", "check")
+        assert code == 2 and out is None
+        assert key in err and err.endswith("(did you mean 'audit'?)\n"), err
+    conf.write_text('enabled_plugins = ["zzz"]\n')  # nothing close: where to get it
+    code, _, err = run(capsys, "--config", str(conf), "config", "check")
+    assert code == 2 and err.endswith("(pip install toolwire-zzz?)\n"), err
+
+
 def test_config_may_follow_the_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Before: `toolwire config check --config x.toml` was "unrecognized arguments",
     though `toolwire serve --config x.toml` worked."""

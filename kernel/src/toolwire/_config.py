@@ -664,6 +664,12 @@ def plugin_not_loaded(cfg: ToolwireConfig, name: str, *, dist: str | None = None
     )
 
 
+def _meant(name: str, names: Mapping[str, Any]) -> str:
+    """``did you mean 'retry'?`` for a misspelt plugin name, else ''."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
 def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any) -> Kernel:
     """A kernel configured by ``cfg``: state, guards, plugins, tool modules."""
     file = cfg.path
@@ -675,14 +681,16 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         if n not in available:
             raise ConfigError(
                 f"unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'} "
-                f"(pip install toolwire-{n}?)",
+                f"({_meant(n, available) or f'pip install toolwire-{n}?'})",
                 file=file,
                 key="enabled_plugins" if n in names else "disabled_plugins",
             )
     for n in cfg.plugins:
         if n not in available:
+            meant = _meant(n, available)
             raise ConfigError(
-                f"configuration for unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'}",
+                f"configuration for unknown plugin {n!r}; installed plugins: "
+                f"{sorted(available) or 'none'}{f' ({meant})' if meant else ''}",
                 file=file,
                 key=f"plugins.{n}",
             )
