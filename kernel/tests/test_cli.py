@@ -166,6 +166,18 @@ def test_a_misspelt_plugin_name_is_answered_with_the_plugin_meant(
     conf.write_text('enabled_plugins = ["zzz"]\n')  # nothing close: where to get it
     code, _, err = run(capsys, "--config", str(conf), "config", "check")
     assert code == 2 and err.endswith("(pip install toolwire-zzz?)\n"), err
+    # a name from a variable names the variable, not the file (before: "enabled_plugins")
+    for var, key in (
+        ("TOOLWIRE_LOAD_PLUGINS", "enabled_plugins"),
+        ("TOOLWIRE_DISABLE_PLUGINS", "disabled_plugins"),
+    ):
+        monkeypatch.setenv(var, "audti")
+        code, _, err = run(capsys, "config", "check")
+        assert code == 2 and err.startswith(f"toolwire: error: {key}: unknown plugin 'audti'")
+        assert err.endswith(
+            f"(did you mean 'audit'?) (the name comes from the environment variable {var})\n"
+        ), err
+        monkeypatch.delenv(var)
 
 
 def test_config_may_follow_the_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -679,11 +679,14 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
     names = list(enabled) if enabled is not None else sorted(available)
     for n in [*names, *cfg.disabled_plugins]:
         if n not in available:
+            key = "enabled_plugins" if n in names else "disabled_plugins"
+            var = cfg._env_sources.get(key if n in names else f"{key}[{n}]")
             raise ConfigError(
                 f"unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'} "
-                f"({_meant(n, available) or f'pip install toolwire-{n}?'})",
-                file=file,
-                key="enabled_plugins" if n in names else "disabled_plugins",
+                f"({_meant(n, available) or f'pip install toolwire-{n}?'})"
+                + (f" (the name comes from the environment variable {var})" if var else ""),
+                file=None if var else file,
+                key=key,
             )
     for n in cfg.plugins:
         if n not in available:
