@@ -24,7 +24,7 @@ from toolwire_mcp_testkit import clean_env, eventually, wait_until, write_config
 from toolwire import ConfigError
 from toolwire.cli import main
 from toolwire_mcp import ERROR_META_KEY
-from toolwire_mcp.cli import loop_options
+from toolwire_mcp.cli import TERMINAL_HINT, loop_options
 
 pytestmark = pytest.mark.anyio
 
@@ -271,6 +271,57 @@ def test_stdio_sigterm_while_idle_exits_cleanly(tmp_path: Path, serve_process: A
     p.signal(signal.SIGTERM)  # stdin stays open: the reader must not block the shutdown
     assert p.wait(15) == 0
     assert "kernel is closed" in p.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="pseudo-terminals are POSIX")
+def test_stdio_on_a_terminal_says_what_it_waits_for(tmp_path: Path) -> None:
+    """Before: `toolwire serve` typed at a terminal (the README's first command) logged
+    its ready line and sat silent, as if hung."""
+    import pty
+    import select
+    import time
+
+    controller, terminal = pty.openpty()
+    cmd = [sys.executable, "-m", "toolwire.cli", "serve", "--loop", "asyncio"]
+    proc = subprocess.Popen(
+        cmd,
+        stdin=terminal,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(**NO_PLUGINS),
+    )
+    os.close(terminal)
+    err = b""
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 60
+        while b"toolwire serving" not in err and time.monotonic() < deadline:
+            if select.select([proc.stderr], [], [], 0.5)[0]:
+                err += os.read(proc.stderr.fileno(), 65536)
+        assert b"toolwire serving" in err, err.decode()[-2000:]
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(controller)
+    hints = [json.loads(line)["msg"] for line in err.decode().splitlines() if "terminal" in line]
+    assert hints == [TERMINAL_HINT]
+    # not said to an MCP client: stdin from a pipe or a file gets no such line
+    with open(os.devnull, "rb") as stdin:
+        piped = subprocess.run(
+            cmd,
+            stdin=stdin,
+            capture_output=True,
+            cwd=tmp_path,
+            env=clean_env(**NO_PLUGINS),
+            timeout=60,
+            check=False,
+        )
+    assert piped.returncode == 0 and b"stdin is a terminal" not in piped.stderr
 
 
 async def test_http_serves_and_survives_bad_input(tmp_path: Path, serve_process: Any) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import logging
+import sys
 from typing import Any
 
 import pydantic
@@ -117,6 +118,20 @@ def _configs(args: argparse.Namespace) -> tuple[ToolwireConfig, ServeConfig]:
     return cached
 
 
+TERMINAL_HINT = (
+    "stdin is a terminal: over stdio, `toolwire serve` waits for MCP JSON-RPC messages, "
+    "one a line, from the MCP client that starts it (docs/cli.md shows the mcpServers "
+    "entry); `--transport http` serves MCP clients over HTTP instead. Ctrl-C stops it"
+)
+
+
+def _stdin_is_a_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except ValueError:  # stdin closed
+        return False
+
+
 def _backend_options(args: argparse.Namespace) -> dict[str, Any]:
     cfg, scfg = _configs(args)
     return loop_options(scfg.loop, cfg.path)
@@ -130,6 +145,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from ._serve import route_foreign_logs, run_server
 
     route_foreign_logs()  # before the kernel starts: upstreams connect during its startup
+    if scfg.transport == "stdio" and _stdin_is_a_terminal():
+        # someone typed `toolwire serve` by hand: say why it sits there
+        serve_log.info(TERMINAL_HINT)
     kernel = build_cli_kernel(cfg)
 
     async with kernel:
