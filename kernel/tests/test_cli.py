@@ -180,6 +180,26 @@ def test_a_misspelt_plugin_name_is_answered_with_the_plugin_meant(
         monkeypatch.delenv(var)
 
 
+def test_a_config_path_that_is_a_directory_or_empty_says_what_to_give(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "conf: cannot read: [Errno 21] Is a directory", and `--config ''` read
+    the working directory the same way."""
+    (tmp_path / "conf").mkdir()
+    code, out, err = run(capsys, "--config", "conf", "config", "check")
+    assert code == 2 and out is None
+    assert err == (
+        "toolwire: error: conf: is a directory, not a config file: give the file's path, "
+        "e.g. 'conf/toolwire.toml'\n"
+    )
+    monkeypatch.setenv("TOOLWIRE_CONFIG", "conf")
+    code, _, err = run(capsys, "config", "check")
+    assert code == 2 and "(named by the environment variable TOOLWIRE_CONFIG)" in err
+    monkeypatch.delenv("TOOLWIRE_CONFIG")
+    code, _, err = run(capsys, "--config", "", "tools")
+    assert code == 2 and err.startswith("toolwire: error: the config path is empty: give")
+
+
 def test_config_may_follow_the_command(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """Before: `toolwire config check --config x.toml` was "unrecognized arguments",
     though `toolwire serve --config x.toml` worked."""

@@ -445,6 +445,19 @@ def load_config(
     p = Path(path) if path is not None else Path(env.get("TOOLWIRE_CONFIG") or DEFAULT_CONFIG_FILE)
     data: dict[str, Any] = {}
     file: str | None = None
+    from_env = path is None and bool(env.get("TOOLWIRE_CONFIG"))
+    named_by = " (named by the environment variable TOOLWIRE_CONFIG)" if from_env else ""
+    if path is not None and not str(path).strip():
+        raise ConfigError(
+            "the config path is empty: give the path of a toolwire.toml, or none to use "
+            "$TOOLWIRE_CONFIG, else ./toolwire.toml, else the defaults"
+        )
+    if p.is_dir():
+        raise ConfigError(
+            f"is a directory, not a config file{named_by}: give the file's path, "
+            f"e.g. {str(p / DEFAULT_CONFIG_FILE)!r}",
+            file=str(p),
+        )
     if p.exists():
         file = str(p)
         try:
@@ -456,8 +469,7 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc}", file=file) from exc
     elif explicit if required is None else required:
-        where = "" if path is not None else " (named by the environment variable TOOLWIRE_CONFIG)"
-        raise ConfigError(f"config file not found{where}", file=str(p))
+        raise ConfigError(f"config file not found{named_by}", file=str(p))
     if isinstance(data.get("plugins"), list):
         # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
         if "enabled_plugins" in data:
