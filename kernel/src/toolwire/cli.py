@@ -9,9 +9,11 @@ configuration.
 A command entry point names a function ``register(subparsers)`` that adds an
 ``argparse`` sub-parser and sets ``fn`` to ``async def fn(args) -> int``; the
 function builds its kernel with ``load_cli_config(args)`` and
-``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply, and
-takes the plugin it works with from ``cli_plugin(kernel, name)``, which says
-what left the plugin out when it is not loaded. A command may also set
+``build_cli_kernel(cfg)`` so ``--config`` and the embedded defaults apply (a
+command that opens the state store itself takes its URL from
+``cli_state_url(cfg)``), and takes the plugin it works with from
+``cli_plugin(kernel, name)``, which says what left the plugin out when it is
+not loaded. A command may also set
 ``backend_options`` to ``def (args) -> dict``: the options ``anyio.run`` gets
 for it (``toolwire serve`` picks its event loop there); a ``KernelError`` it
 raises is reported like the command's own.
