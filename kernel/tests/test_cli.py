@@ -180,6 +180,22 @@ def test_a_misspelt_plugin_name_is_answered_with_the_plugin_meant(
         monkeypatch.delenv(var)
 
 
+def test_a_missing_config_file_says_where_a_relative_path_was_looked_for(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Before: "nope.toml: config file not found", not saying from which directory (an
+    MCP client starting `toolwire serve --config ...` picks the working directory)."""
+    for argv in (("config", "check"), ("call", "add"), ("tools",)):
+        code, out, err = run(capsys, "--config", "nope.toml", *argv)
+        assert code == 2 and out is None
+        assert err == (
+            "toolwire: error: nope.toml: config file not found; check the path "
+            f"(a relative path is read from {tmp_path})\n"
+        )
+    code, _, err = run(capsys, "--config", str(tmp_path / "nope.toml"), "config", "check")
+    assert code == 2 and err.endswith("config file not found; check the path\n")
+
+
 def test_a_config_path_that_is_a_directory_or_empty_says_what_to_give(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -469,7 +469,8 @@ def load_config(
         except OSError as exc:
             raise ConfigError(f"cannot read: {exc}", file=file) from exc
     elif explicit if required is None else required:
-        raise ConfigError(f"config file not found{named_by}", file=str(p))
+        where = "" if p.is_absolute() else f" (a relative path is read from {os.getcwd()})"
+        raise ConfigError(f"config file not found{named_by}; check the path{where}", file=str(p))
     if isinstance(data.get("plugins"), list):
         # DESIGN's short form: plugins = ["a", "b"] (only when no [plugins.x] tables)
         if "enabled_plugins" in data:
