@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ from approval_testkit import Pending, Recorder, plugin
 
 from toolwire import TERMINAL_EXTENSION as TOOLWIRE_TERMINAL
 from toolwire import Kernel, Terminal, ToolResult, load_config
-from toolwire.cli import main
+from toolwire.cli import build_cli_kernel, main
 from toolwire_approval import TERMINAL_EXTENSION, TerminalPrompt, offer_terminal
 
 
@@ -110,6 +111,38 @@ def test_approvals_reads_the_store_beside_the_config_file(
     code, listed = cli(capsys, path, "list", "--status", "all")
     assert code == 0 and [r["tool"] for r in listed] == ["add"]
     assert (conf / ".toolwire" / "state.db").exists() and not (cwd / ".toolwire").exists()
+
+
+def test_the_hints_name_the_config_so_they_work_from_another_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 'decide with toolwire approvals ...' hints carry --config: run as printed from
+    another directory, without it, they opened another store and answered 'not found'."""
+    conf, cwd = tmp_path / "my conf", tmp_path / "elsewhere"
+    conf.mkdir()
+    cwd.mkdir()
+    path = conf / "toolwire.toml"
+    path.write_text(
+        'enabled_plugins = ["approval"]\n[tools]\nmodules = ["toolwire.examples"]\n'
+        '[plugins.approval]\ntools = { add = "REQUIRED" }\n'
+    )
+    hints: list[str] = []
+
+    async def go() -> ToolResult:  # the kernel `toolwire call` and `toolwire serve` build
+        async with build_cli_kernel(load_config(path)) as kernel:
+            kernel.events.subscribe(
+                lambda e: hints.append(e.data["decide"]["cli"]), kinds=["approval_required"]
+            )
+            return await kernel.call("add", {"a": 1, "b": 2}, timeout=0.2)
+
+    assert anyio.run(go).is_error  # left pending
+    [hint] = hints
+    approve = hint.split(" | ")[0]
+    assert approve.startswith(f"toolwire --config '{path}' approvals approve ")
+    monkeypatch.chdir(cwd)
+    argv = shlex.split(approve)[1:]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "approved"
 
 
 def test_a_bad_section_is_a_config_error(

@@ -180,7 +180,7 @@ class TerminalPrompt:
         self._write(text.rstrip("\n") + "\n")
 
     async def ask(
-        self, request: ApprovalRequest, note: str | None = None
+        self, request: ApprovalRequest, note: str | None = None, *, cli: str = "toolwire approvals"
     ) -> ApprovalDecision | None:
         """Ask about ``request``; None when input ends (no decision)."""
         if note:
@@ -191,10 +191,7 @@ class TerminalPrompt:
                 f"({request.policy}, rule {request.rule}), request {request.id}"
             )
             self.say("  arguments: " + json.dumps(request.args, ensure_ascii=False, sort_keys=True))
-            self.say(
-                f"  (also: toolwire approvals approve {request.id} / "
-                f"toolwire approvals reject {request.id})"
-            )
+            self.say(f"  (also: {cli} approve {request.id} / {cli} reject {request.id})")
         while True:
             self._write("approve? [y]es / [n]o / [e]dit arguments: ")
             line = await self._read_line()

@@ -26,7 +26,9 @@ import inspect
 import itertools
 import json
 import logging
+import os
 import secrets
+import shlex
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -352,7 +354,8 @@ class ApprovalPlugin:
                     f"approval request {request_id!r} is for tool {rec['tool']!r} with arguments "
                     f"of fingerprint {rec['fingerprint'][:16]}..., not {fingerprint[:16]}...: a "
                     "decision only applies to the arguments it was made for. Look at the "
-                    "request again (GET it) and decide on what it shows.",
+                    "request again (`toolwire approvals show ID`, or GET it over HTTP) and decide "
+                    "on what it shows.",
                     request_id=request_id,
                 )
             if rec["status"] != PENDING:
@@ -788,7 +791,7 @@ class ApprovalPlugin:
         note: str | None = None
         for _ in range(5):
             try:
-                decision = await term.ask(request, note)
+                decision = await term.ask(request, note, cli=self._cli())
                 if decision is None:
                     return
                 done = await self.decide(
@@ -962,24 +965,34 @@ class ApprovalPlugin:
         # required_timeout_s, and the log line is how an operator learns what to do.
         log.log(
             logging.INFO if asked_here else logging.WARNING,
-            "tool %r %s approval (%s, rule %s): request %s; approve with `toolwire approvals "
-            "approve %s`, POST %s/%s/approve on the gateway, or a channel (see the approval "
-            "plugin's README)",
+            "tool %r %s approval (%s, rule %s): request %s; approve with `%s approve %s`, "
+            "POST %s/%s/approve on the gateway, or a channel (see the approval plugin's README)",
             req.tool,
             "waits for" if created else "still waits for",
             req.policy,
             req.rule,
             req.id,
+            self._cli(),
             req.id,
             self.config.http_prefix,
             req.id,
         )
 
+    def _cli(self) -> str:
+        """``toolwire approvals``, with ``--config`` when the kernel was loaded from a file:
+        a hint run elsewhere must open the same store."""
+        cfg = self._kernel.config if self._kernel is not None else None
+        path = cfg.path if cfg is not None else None
+        if not path:
+            return "toolwire approvals"
+        return f"toolwire --config {shlex.quote(os.path.abspath(path))} approvals"
+
     def _how_to_decide(self, rid: str) -> dict[str, str]:
         p = self.config.http_prefix
+        cli = self._cli()
         return {
             "http": f"POST {p}/{rid}/approve | POST {p}/{rid}/reject",
-            "cli": f"toolwire approvals approve {rid} | toolwire approvals reject {rid}",
+            "cli": f"{cli} approve {rid} | {cli} reject {rid}",
         }
 
     async def _emit_decided(self, kernel: Kernel, call: ToolCall, rec: dict[str, Any]) -> None:
@@ -996,7 +1009,7 @@ class ApprovalPlugin:
                 f"plugin 'approval': tool {name!r} requires approval ({rule}) and "
                 f"nobody approved request {rid} within {rec['timeout_s']:g}s, so it was rejected "
                 f"(reason 'timeout'); the tool was not run. Approve the next call with "
-                f"`toolwire approvals approve <id>` or POST {self.config.http_prefix}/<id>/approve "
+                f"`{self._cli()} approve <id>` or POST {self.config.http_prefix}/<id>/approve "
                 f"while it waits, or set plugins.approval.tools.{name} = 'NONE'"
             )
         return (
