@@ -25,6 +25,7 @@ import argparse
 import importlib.metadata as md
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,6 +44,7 @@ from ._errors import KernelError
 from ._kernel import Kernel
 from ._logging import configure_logging
 from ._terminal import TERMINAL_EXTENSION, Terminal
+from ._types import ToolResult
 from .state import StateStoreError
 
 __all__ = [
@@ -188,17 +190,38 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     kernel = build_cli_kernel(load_cli_config(args))
     # Someone at the keyboard: plugins may ask there (approval prompts).
     extensions = {TERMINAL_EXTENSION: Terminal.stdio()} if Terminal.interactive() else None
-    async with kernel:
-        result = await kernel.call(
-            args.name,
-            call_args,
-            call_id=args.call_id,
-            session_id=args.session_id,
-            tenant=args.tenant,
-            extensions=extensions,
+    results: list[ToolResult] = []
+    async with kernel, anyio.create_task_group() as tg:
+        # SIGTERM (a supervisor stopping us, `timeout`) cancels the call as Ctrl-C does:
+        # plugins release what they hold (an idempotency claim, a lease) and the kernel
+        # closes, rather than the process dying mid-call.
+        tg.start_soon(_cancel_on_sigterm, tg.cancel_scope)
+        results.append(
+            await kernel.call(
+                args.name,
+                call_args,
+                call_id=args.call_id,
+                session_id=args.session_id,
+                tenant=args.tenant,
+                extensions=extensions,
+            )
         )
-    _print(result.to_dict())
-    return 1 if result.is_error else 0
+        tg.cancel_scope.cancel()
+    if not results:
+        sys.stderr.write(
+            f"toolwire: terminated (SIGTERM) while calling {args.name!r}; the call was "
+            "cancelled and the kernel closed\n"
+        )
+        return 128 + signal.SIGTERM
+    _print(results[0].to_dict())
+    return 1 if results[0].is_error else 0
+
+
+async def _cancel_on_sigterm(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
 
 
 #: Entry points ``(server_table, file) -> None`` that validate ``[server]`` (raise ConfigError).

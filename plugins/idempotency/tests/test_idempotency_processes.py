@@ -6,10 +6,13 @@ on the same state URL and runs ``_idem_worker.py`` (via ``runpy``).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import runpy
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -163,3 +166,53 @@ async def test_owner_killed_between_running_and_storing(
             assert result.error is not None and result.error.kind == "conflict"
             assert result.error.details["reason"] == "outcome_unknown"
             assert not result.error.retryable
+
+
+def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> None:
+    """SIGTERM on `toolwire call` cancels the call as Ctrl-C does: the plugins release
+    what they hold and the kernel closes. Before, the process died mid-call; its claim
+    stayed pending for the lease, and a replay got 'still running elsewhere'."""
+    marker = tmp_path / "started"
+    (tmp_path / "slowmod.py").write_text(
+        "import anyio, pathlib\n"
+        "from toolwire import tool\n"
+        f"MARK = pathlib.Path({str(marker)!r})\n"
+        "@tool\n"
+        "async def slow() -> dict:\n"
+        "    first = not MARK.exists()\n"
+        "    MARK.write_text(MARK.read_text() + 'x' if MARK.exists() else 'x')\n"
+        "    if first:\n"
+        "        await anyio.sleep(120)\n"
+        "    return {'runs': len(MARK.read_text())}\n"
+    )
+    config = tmp_path / "toolwire.toml"
+    config.write_text(
+        f'state = "sqlite:///{tmp_path / "state.db"}"\nenabled_plugins = ["idempotency"]\n'
+        '[tools]\nmodules = ["slowmod"]\n'
+        '[plugins.idempotency]\non_in_flight = "error"\nlease_secs = 60\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    argv = [sys.executable, "-m", "toolwire.cli", "--config", str(config), "call", "slow"]
+    argv += ["--call-id", "run-1"]
+    proc = subprocess.Popen(
+        argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the tool never started"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert out == "" and "terminated (SIGTERM) while calling 'slow'" in err
+    # The claim was released (cancelled: never recorded), so the replay runs the tool
+    # rather than being told the call is still running elsewhere.
+    replay = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert json.loads(replay.stdout)["content"] == {"runs": 2}
