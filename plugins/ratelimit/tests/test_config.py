@@ -174,7 +174,11 @@ async def test_errors_in_the_included_file_name_the_file_and_key(
     kernel = kernel_from(tmp_path, '[plugins.ratelimit]\nconfig_file = "p.yaml"\n')
     with pytest.raises(ConfigError) as exc:
         await kernel.start()
-    assert "p.yaml" in str(exc.value) and "providers.brave.cooldown: unknown key" in str(exc.value)
+    assert "p.yaml" in str(exc.value)
+    # the key meant is named, as for the main config file
+    assert "providers.brave.cooldown: unknown key; did you mean 'cooldown_seconds'?" in str(
+        exc.value
+    )
 
     (tmp_path / "p.yaml").write_text(
         "backends:\n  brave:\n    keys: [{'$secretRef': NOPE_NOT_SET}]\n"

@@ -39,6 +39,7 @@ from pydantic import (
 )
 
 from toolwire import ConfigError
+from toolwire.cli import unknown_key
 from toolwire.state import MAX_TTL_S
 
 if TYPE_CHECKING:
@@ -485,12 +486,19 @@ def load_config_file(
     return data, file
 
 
-def validation_error(exc: pydantic.ValidationError, *, file: str, prefix: str = "") -> ConfigError:
-    """A ConfigError naming the file and each failing key."""
+def validation_error(
+    exc: pydantic.ValidationError, *, file: str, prefix: str = "", model: Any = None
+) -> ConfigError:
+    """A ConfigError naming the file and each failing key (``model``: the model validated,
+    for the key an unknown one was meant to be)."""
     msgs = []
     for e in exc.errors(include_url=False):
-        loc = ".".join(str(p) for p in e.get("loc", ()))
-        msg = "unknown key" if e.get("type") == "extra_forbidden" else e.get("msg", "invalid")
+        where = tuple(e.get("loc", ()))
+        loc = ".".join(str(p) for p in where)
+        if e.get("type") == "extra_forbidden":
+            msg = unknown_key(model, where) if model is not None else "unknown key"
+        else:
+            msg = e.get("msg", "invalid")
         msgs.append(f"{prefix}{loc}: {msg}")
     return ConfigError("; ".join(msgs), file=file)
 
@@ -527,4 +535,6 @@ def with_config_file(config: M, kernel: Kernel, section: str) -> M:
     try:
         return type(config).model_validate(merged)
     except pydantic.ValidationError as exc:
-        raise validation_error(exc, file=file, prefix=f"{section} (included): ") from exc
+        raise validation_error(
+            exc, file=file, prefix=f"{section} (included): ", model=type(config)
+        ) from exc
