@@ -604,6 +604,19 @@ async def test_an_attempt_timeout_no_timeout_can_use_is_the_plugins_bug(
     assert f"ctx.attempt_timeout_s = {bad!r}" in r.error.message
     assert "seconds > 0" in r.error.message and fake.calls == []
 
+    class Quiet:
+        name, order = "quiet", 1
+
+        @hookimpl
+        def before_call(self) -> None:
+            pass
+
+    # checked once after the before_call hooks: with several, the message names them all
+    r = await Kernel(tools=[fake.tool], plugins=[Quiet(), Bad()]).call("t", {})
+    assert r.error is not None and r.error.kind == "internal" and fake.calls == []
+    assert "one of the plugins 'quiet', 'bad'" in r.error.message
+    assert f"ctx.attempt_timeout_s = {bad!r}" in r.error.message
+
     class LateBad:
         name, order = "late_bad", 10
 

@@ -1074,15 +1074,13 @@ class Kernel:
         except (pydantic.ValidationError, ArgsError) as exc:
             return self._invalid_args(ctx, tool, exc)
         for invoke, is_async, plugin in ctx.hooks[0]:
-            check, limit = ctx.check_result, ctx.attempt_timeout_s
+            check = ctx.check_result
             try:
                 res = invoke(call, ctx)
                 if is_async or (res is not None and inspect.isawaitable(res)):
                     res = await res
                 if ctx.check_result is not check:
                     ctx.check_result_by = plugin
-                if ctx.attempt_timeout_s is not limit:
-                    _check_attempt_timeout(ctx.attempt_timeout_s)
             except CallRejected as rej:
                 info = ErrorInfo(
                     rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
@@ -1103,6 +1101,28 @@ class Kernel:
                     f"plugin {plugin!r}: before_call returned {problem}; the tool "
                     f"{call.name!r} was not run",
                     source=plugin,
+                )
+
+        if ctx.attempt_timeout_s is not None:  # set by a before_call hook (checked once)
+            try:
+                _check_attempt_timeout(ctx.attempt_timeout_s)
+            except ValueError as exc:
+                setters = [p for _, _, p in ctx.hooks[0]]
+                if len(setters) == 1:
+                    return self._before_failed(ctx, setters[0], exc)
+                # Checked once after the hooks (not after each: that cost every call),
+                # so the plugin is one of those whose before_call ran.
+                who = ", ".join(repr(p) for p in setters)
+                log.error("before_call of one of %s for tool %r: %s", who, call.name, exc)
+                ctx.meta.plugin_errors.append(
+                    {"plugin": who, "hook": "before_call", "error": f"ValueError: {exc}"}
+                )
+                return self._fail(
+                    ctx,
+                    ErrorKind.INTERNAL,
+                    f"the before_call hook of one of the plugins {who} failed: {exc}; the "
+                    f"tool {call.name!r} was not run",
+                    source="kernel",
                 )
 
         if ctx.before_first_attempt:
@@ -1383,52 +1403,61 @@ class Kernel:
     ) -> ToolResult:
         """The ``after_call`` hooks from ``entered[0]`` on.
 
-        ``entered[0]`` counts those started; ``entered[1]`` is the result given to the
+        When a cancellation (or another ``BaseException``) leaves a hook, ``entered[0]``
+        is set to how many had started and ``entered[1]`` to the result given to the
         latest (what a cancellation hands the others, see ``_after_cancel``).
         """
-        for invoke, is_async, plugin in ctx.hooks[2][entered[0] :]:
-            entered[0] += 1
-            entered[1] = result
-            try:
-                res = invoke(call, result, ctx)
-                if is_async or (res is not None and inspect.isawaitable(res)):
-                    res = await res
-            except Exception as exc:
+        started = entered[0]
+        try:
+            for invoke, is_async, plugin in ctx.hooks[2][started:] if started else ctx.hooks[2]:
+                started += 1
+                try:
+                    res = invoke(call, result, ctx)
+                    if is_async or (res is not None and inspect.isawaitable(res)):
+                        res = await res
+                except Exception as exc:
+                    log.error(
+                        "plugin %r: after_call failed for tool %r; the result is kept",
+                        plugin,
+                        call.name,
+                        exc_info=exc,
+                    )
+                    result.meta.plugin_errors.append(
+                        {
+                            "plugin": plugin,
+                            "hook": "after_call",
+                            "error": f"{type(exc).__name__}: {exc}",
+                        }
+                    )
+                    continue
+                if res is None:
+                    continue
+                if isinstance(res, ToolResult):
+                    problem = _content_problem(res)
+                    if problem is None:
+                        if res.meta is not result.meta:
+                            self._adopt(res, result.meta)
+                        result = res
+                        continue
+                else:
+                    problem = f"{type(res).__name__}, expected ToolResult or None"
+                # the result stands: a bad replacement must not lose it
                 log.error(
-                    "plugin %r: after_call failed for tool %r; the result is kept",
+                    "plugin %r: after_call returned %s for tool %r; ignored, the result is kept",
                     plugin,
+                    problem,
                     call.name,
-                    exc_info=exc,
                 )
                 result.meta.plugin_errors.append(
                     {
                         "plugin": plugin,
                         "hook": "after_call",
-                        "error": f"{type(exc).__name__}: {exc}",
+                        "error": f"returned {problem} (ignored)",
                     }
                 )
-                continue
-            if res is None:
-                continue
-            if isinstance(res, ToolResult):
-                problem = _content_problem(res)
-                if problem is None:
-                    if res.meta is not result.meta:
-                        self._adopt(res, result.meta)
-                    result = res
-                    continue
-            else:
-                problem = f"{type(res).__name__}, expected ToolResult or None"
-            # the result stands: a bad replacement must not lose it
-            log.error(
-                "plugin %r: after_call returned %s for tool %r; ignored, the result is kept",
-                plugin,
-                problem,
-                call.name,
-            )
-            result.meta.plugin_errors.append(
-                {"plugin": plugin, "hook": "after_call", "error": f"returned {problem} (ignored)"}
-            )
+        except BaseException:
+            entered[0], entered[1] = started, result
+            raise
         return result
 
     # ------------------------------------------------------------ config
