@@ -492,6 +492,41 @@ async def test_kernel_default_timeout_and_overall_deadline_apply_to_attempts() -
         assert r.error is not None and r.error.kind == "timeout"
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_tools_shielded_section_finishes_when_its_attempt_times_out() -> None:
+    """anyio's semantics under the attempt timeout, on every backend. Before, on asyncio
+    the kernel's timeout (asyncio.timeout, a task.cancel()) went through a tool's
+    CancelScope(shield=True) and cut its bookkeeping half-way."""
+    steps: list[str] = []
+
+    @tool(timeout=0.05)
+    async def careful() -> dict[str, str]:
+        """Bookkeeping that must finish."""
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.2)
+            steps.append("committed")
+        await anyio.sleep(5)  # the attempt's cancellation lands here
+        steps.append("late")
+        return {"ok": "yes"}
+
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[careful]).call("careful", {})
+    assert steps == ["committed"]
+    assert r.error is not None and r.error.kind == "timeout"
+    assert r.error.message.startswith("tool 'careful' timed out: no answer within 0.05s")
+
+    @tool(timeout=0.05)
+    async def finishes() -> dict[str, str]:
+        """A shielded answer, returned as soon as it is ready."""
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.2)
+            return {"ok": "kept"}
+
+    with anyio.fail_after(3):
+        r = await Kernel(tools=[finishes]).call("finishes", {})
+    assert r.content == {"ok": "kept"}  # a result computed in a shield is not thrown away
+
+
 async def test_non_json_return_is_a_clear_tool_error() -> None:
     @tool
     def bad() -> object:

@@ -74,6 +74,24 @@ def _catalog_differs(old: Mapping[str, Tool], new: Mapping[str, Tool]) -> bool:
 
 
 _get_running_loop = asyncio._get_running_loop
+
+_AsyncioCancelScope: type[anyio.CancelScope] | None = None
+
+
+def _asyncio_cancel_scope() -> anyio.CancelScope:
+    """``anyio.CancelScope()`` on asyncio, without its per-call backend lookup (~1.5 µs).
+
+    The class is anyio's asyncio one, taken from the first scope made the usual way.
+    """
+    global _AsyncioCancelScope
+    cls = _AsyncioCancelScope
+    if cls is None:
+        scope = anyio.CancelScope()
+        _AsyncioCancelScope = type(scope)
+        return scope
+    return cls()
+
+
 ProgressHandler = Callable[[float, float | None, str | None], Awaitable[None] | None]
 Mode = Literal["explicit", "semantic", "hybrid"]
 
@@ -1270,16 +1288,19 @@ class Kernel:
     ) -> Any:
         if seconds is None:
             return await tool.executor(args, ctx)
-        if _get_running_loop() is not None:
-            # asyncio.timeout costs ~6 µs where anyio.fail_after costs ~16 µs.
-            cm = asyncio.timeout(seconds)
+        loop = _get_running_loop()
+        if loop is not None:
+            # An anyio scope cancelled by a timer: anyio's semantics (a tool's shielded
+            # section finishes; asyncio.timeout's task.cancel() went through it) for
+            # ~4.7 µs, where anyio.move_on_after costs ~13 µs.
+            scope = _asyncio_cancel_scope()
+            timer = loop.call_later(seconds, scope.cancel)
             try:
-                async with cm:
+                with scope:
                     return await tool.executor(args, ctx)
-            except TimeoutError as exc:
-                if cm.expired():
-                    raise TimeoutError(_timed_out(seconds)) from exc
-                raise
+            finally:
+                timer.cancel()
+            raise TimeoutError(_timed_out(seconds))
         with anyio.move_on_after(seconds):
             return await tool.executor(args, ctx)
         raise TimeoutError(_timed_out(seconds))
