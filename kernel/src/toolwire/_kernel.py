@@ -1125,23 +1125,13 @@ class Kernel:
             try:
                 _check_attempt_timeout(ctx.attempt_timeout_s)
             except ValueError as exc:
+                # Checked once after the hooks (not after each: that cost every call),
+                # so the plugin is one of those whose before_call ran.
                 setters = [p for _, _, p in ctx.hooks[0]]
                 if len(setters) == 1:
                     return self._before_failed(ctx, setters[0], exc)
-                # Checked once after the hooks (not after each: that cost every call),
-                # so the plugin is one of those whose before_call ran.
                 who = ", ".join(repr(p) for p in setters)
-                log.error("before_call of one of %s for tool %r: %s", who, call.name, exc)
-                ctx.meta.plugin_errors.append(
-                    {"plugin": who, "hook": "before_call", "error": f"ValueError: {exc}"}
-                )
-                return self._fail(
-                    ctx,
-                    ErrorKind.INTERNAL,
-                    f"the before_call hook of one of the plugins {who} failed: {exc}; the "
-                    f"tool {call.name!r} was not run",
-                    source="kernel",
-                )
+                return self._before_failed(ctx, who, exc, f"one of the plugins {who}")
 
         if ctx.before_first_attempt:
             for plugin, fn in ctx.before_first_attempt:
@@ -1246,18 +1236,24 @@ class Kernel:
         ctx.meta.plugin_errors.append({"plugin": owner, "hook": "check_result", "error": problem})
         return None
 
-    def _before_failed(self, ctx: CallContext, plugin: str, exc: Exception) -> ToolResult:
+    def _before_failed(
+        self, ctx: CallContext, plugin: str, exc: Exception, who: str | None = None
+    ) -> ToolResult:
+        """``plugin``'s before_call failed (``who``: how to name it when it is not one
+        plugin: the source is then the kernel)."""
         name = ctx.call.name
-        log.error("plugin %r: before_call failed for tool %r", plugin, name, exc_info=exc)
+        source = plugin if who is None else "kernel"
+        who = who or f"plugin {plugin!r}"
+        log.error("%s: before_call failed for tool %r", who, name, exc_info=exc)
         ctx.meta.plugin_errors.append(
             {"plugin": plugin, "hook": "before_call", "error": f"{type(exc).__name__}: {exc}"}
         )
         return self._fail(
             ctx,
             ErrorKind.INTERNAL,
-            f"plugin {plugin!r} failed in before_call: {type(exc).__name__}: {exc}; "
+            f"{who} failed in before_call: {type(exc).__name__}: {exc}; "
             f"the tool {name!r} was not run",
-            source=plugin,
+            source=source,
         )
 
     async def _execute_guarded(self, tool: Tool, args: dict[str, Any], ctx: CallContext) -> Any:

@@ -49,6 +49,7 @@ from .state import StateStoreError
 
 __all__ = [
     "CLI_ENTRY_POINT_GROUP",
+    "add_config_option",
     "build_cli_kernel",
     "cli_plugin",
     "cli_state_url",
@@ -274,14 +275,15 @@ def _sentence(text: str, more: str = "") -> str:
     return text[:1].upper() + text[1:] + more + "."
 
 
-def _config_option(parser: argparse.ArgumentParser) -> None:
-    """``--config`` after the command too, as the plugin commands take it."""
+def add_config_option(parser: argparse.ArgumentParser, note: str = "") -> None:
+    """``--config PATH`` (``-c``) on a subcommand: the same as the global option, so it may
+    follow the command. ``note`` ends its help (e.g. where to give it)."""
     parser.add_argument(
         "--config",
         "-c",
         metavar="PATH",
         default=argparse.SUPPRESS,
-        help="path to toolwire.toml (same as the global --config)",
+        help=f"path to toolwire.toml (same as the global --config{note})",
     )
 
 
@@ -311,12 +313,12 @@ def _parser() -> argparse.ArgumentParser:
 
     help_ = "list the loaded plugins as JSON (name, version, distribution, order, hooks)"
     sp = sub.add_parser("plugins", help=help_, description=_sentence(help_))
-    _config_option(sp)
+    add_config_option(sp)
     sp.set_defaults(fn=_cmd_plugins)
 
     help_ = "list the tools (JSON), or search them with --query"
     st = sub.add_parser("tools", help=help_, description=_sentence(help_))
-    _config_option(st)
+    add_config_option(st)
     st.add_argument(
         "--query",
         "-q",
@@ -348,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
         help=help_,
         description=_sentence(help_, " (exit code 1 when the result is an error)"),
     )
-    _config_option(sc)
+    add_config_option(sc)
     sc.add_argument("name", metavar="NAME", help="the tool's name (see `toolwire tools`)")
     sc.add_argument(
         "--args",
@@ -373,7 +375,7 @@ def _parser() -> argparse.ArgumentParser:
     cfg_sub = scfg.add_subparsers(dest="config_command", required=True)
     help_ = "load and validate the config, load the plugins, print a summary"
     chk = cfg_sub.add_parser("check", help=help_, description=_sentence(help_))
-    _config_option(chk)
+    add_config_option(chk)
     chk.set_defaults(fn=_cmd_config_check)
     _plugin_commands(sub)
     _name_subcommands(p, top=True)

@@ -17,7 +17,13 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import cli_state_url, load_cli_config, positive_int, unknown_key
+from toolwire.cli import (
+    add_config_option,
+    cli_state_url,
+    load_cli_config,
+    positive_int,
+    unknown_key,
+)
 from toolwire.state import open_store
 
 from ._config import ApprovalConfig
@@ -38,13 +44,7 @@ def register(subparsers: Any) -> None:
         help="list, show, approve and reject tool-call approval requests",
         description="Approval requests of the approval plugin, in the configured state store.",
     )
-    p.add_argument(
-        "--config",
-        "-c",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help="path to toolwire.toml (same as the global --config; give it before the subcommand)",
-    )
+    add_config_option(p, "; give it before the subcommand")
     sub = p.add_subparsers(dest="approvals_command", required=True)
 
     ls = sub.add_parser("list", help="requests, oldest first (JSON; default: the pending ones)")

@@ -11,7 +11,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError, ToolwireConfig, warn_plain_secrets
-from toolwire.cli import build_cli_kernel, load_cli_config, unknown_key
+from toolwire.cli import add_config_option, build_cli_kernel, load_cli_config, unknown_key
 
 from ._config import ServeConfig, resolve_auth_token
 
@@ -26,13 +26,7 @@ def register(subparsers: Any) -> None:
         description="Serve the kernel's tools as an MCP server. Settings come from the "
         "config's [server] table; these options override them.",
     )
-    p.add_argument(
-        "--config",
-        "-c",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help="path to toolwire.toml (same as the global --config)",
-    )
+    add_config_option(p)
     p.add_argument(
         "--transport", choices=["stdio", "http"], help="stdio (default) or http (Streamable HTTP)"
     )

@@ -10,7 +10,7 @@ from typing import Any
 import pydantic
 
 from toolwire import ConfigError
-from toolwire.cli import cli_state_url, load_cli_config, unknown_key
+from toolwire.cli import add_config_option, cli_state_url, load_cli_config, unknown_key
 from toolwire.state import open_store
 
 from ._config import ProfilingConfig
@@ -28,13 +28,7 @@ def register(subparsers: Any) -> None:
         "sharing the configured state store recorded them (figures reach the store "
         "within plugins.profiling.flush_interval_s of a call, and at shutdown).",
     )
-    p.add_argument(
-        "--config",
-        "-c",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help="path to toolwire.toml (same as the global --config)",
-    )
+    add_config_option(p)
     p.add_argument(
         "--json", action="store_true", help="print JSON (every figure per tool) instead of a table"
     )

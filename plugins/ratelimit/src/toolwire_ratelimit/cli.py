@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolwire import Kernel
-from toolwire.cli import build_cli_kernel, cli_plugin, load_cli_config
+from toolwire.cli import add_config_option, build_cli_kernel, cli_plugin, load_cli_config
 
 from ._plugin import RateLimitPlugin
 
@@ -33,13 +33,7 @@ def register(subparsers: Any) -> None:
         description="The ratelimit plugin's key pools, as every process sharing the "
         "configured state store sees them. Secrets are never printed: keys go by alias.",
     )
-    p.add_argument(
-        "--config",
-        "-c",
-        metavar="PATH",
-        default=argparse.SUPPRESS,
-        help="path to toolwire.toml (same as the global --config; give it before the subcommand)",
-    )
+    add_config_option(p, "; give it before the subcommand")
     sub = p.add_subparsers(dest="keys_command", required=True)
 
     st = sub.add_parser("status", help="each provider's availability and each key's state")
