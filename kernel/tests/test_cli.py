@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -379,3 +381,70 @@ def test_call_prints_a_result_its_terminal_cannot_encode(tmp_path: Path, encodin
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["content"] == {"message": "é\ud800"}
+
+
+def test_call_keeps_the_sigterm_handler_it_found(capsys: pytest.CaptureFixture[str]) -> None:
+    """`toolwire call` run in-process (an embedding, a test) listens for SIGTERM only while
+    it calls. Before, it left SIGTERM at the default action: the host's handler was lost."""
+
+    def host_handler(signum: int, frame: object) -> None:
+        raise AssertionError("not called")
+
+    previous = signal.signal(signal.SIGTERM, host_handler)
+    try:
+        code, out, err = run(capsys, "call", "add", "--args", '{"a": 1, "b": 2}')
+        assert code == 0, err
+        assert isinstance(out, dict) and out["content"] == {"result": 3.0}
+        assert signal.getsignal(signal.SIGTERM) is host_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_call_works_outside_the_main_thread(capsys: pytest.CaptureFixture[str]) -> None:
+    """Signals reach only the main thread: there the host owns SIGTERM and the call runs
+    without a listener. Before, `toolwire call` failed there (no signal handler can be
+    installed outside the main thread)."""
+    codes: list[object] = []
+
+    def target() -> None:
+        try:
+            codes.append(main(["call", "add", "--args", '{"a": 1, "b": 2}']))
+        except BaseException as exc:  # reported below, not lost in the thread
+            codes.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(60)
+    out, err = capsys.readouterr()
+    assert codes == [0], err
+    assert json.loads(out)["content"] == {"result": 3.0}
+
+
+def test_sigterm_before_the_calls_first_pause_cancels_it(tmp_path: Path) -> None:
+    """The SIGTERM listener is in place before the call starts. Before, it started at the
+    call's first pause: a SIGTERM before that (here sent by the tool itself, before its
+    first await) killed the process mid-call, no hook releasing what it held."""
+    (tmp_path / "termmod.py").write_text(
+        "import os, signal, anyio\n"
+        "from toolwire import tool\n"
+        "@tool\n"
+        "async def term() -> dict:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    await anyio.sleep(60)\n"
+        "    return {}\n"
+    )
+    (tmp_path / "toolwire.toml").write_text('[tools]\nmodules = ["termmod"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env["TOOLWIRE_LOAD_PLUGINS"] = ""
+    env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "call", "term"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert "terminated (SIGTERM) while calling 'term'" in proc.stderr

@@ -27,11 +27,13 @@ import json
 import logging
 import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 
 from ._config import (
     ToolwireConfig,
@@ -196,7 +198,7 @@ async def _cmd_call(args: argparse.Namespace) -> int:
         # SIGTERM (a supervisor stopping us, `timeout`) cancels the call as Ctrl-C does:
         # plugins release what they hold (an idempotency claim, a lease) and the kernel
         # closes, rather than the process dying mid-call.
-        tg.start_soon(_cancel_on_sigterm, tg.cancel_scope)
+        await tg.start(_cancel_on_sigterm, tg.cancel_scope)
         results.append(
             await kernel.call(
                 args.name,
@@ -218,11 +220,26 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     return 1 if results[0].is_error else 0
 
 
-async def _cancel_on_sigterm(scope: anyio.CancelScope) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
+async def _cancel_on_sigterm(
+    scope: anyio.CancelScope, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Cancel ``scope`` on SIGTERM, listening from ``started()`` on; then put back the
+    handler found (leaving the default action would drop a host's own handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        # Signals reach only the main thread, whose owner handles them; no handler can
+        # be installed from here.
+        task_status.started()
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            task_status.started()
+            async for _ in signals:
+                scope.cancel()
+                return
+    finally:
+        if previous is not None:  # None: installed outside Python, cannot be put back
+            signal.signal(signal.SIGTERM, previous)
 
 
 #: Entry points ``(server_table, file) -> None`` that validate ``[server]`` (raise ConfigError).
