@@ -8,8 +8,10 @@ remove_plugin), test_config.py (entry points, ``order`` overrides).
 from __future__ import annotations
 
 import functools
+import gc
 import logging
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -878,6 +880,35 @@ async def test_a_check_result_returning_neither_an_error_nor_none_keeps_the_resu
     [err] = r.meta.plugin_errors
     assert (err["plugin"], err["hook"]) == ("check", "check_result")
     assert f"returned {type(verdict).__name__}" in err["error"] and "ToolError" in err["error"]
+
+
+async def test_an_async_check_result_is_named_and_never_left_unawaited() -> None:
+    """`ctx.check_result` is called, not awaited: an `async def` check returns a coroutine.
+    Before: recorded as "returned coroutine <coroutine object ...>", and the coroutine
+    never awaited (a RuntimeWarning at garbage collection). Now closed, and the record
+    says what to write instead."""
+    ran: list[str] = []
+
+    async def check(tool: Tool, content: Any) -> ToolError | None:
+        ran.append("check")  # never reached: a closed coroutine does not run
+        return ToolError("rejected")
+
+    class Check:
+        name = "check"
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            ctx.check_result = check  # type: ignore[assignment]
+
+    fake = FakeTool("t", script=[{"v": 1}])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        r = await Kernel(tools=[fake.tool], plugins=[Check()]).call("t", {})
+        gc.collect()
+    assert not r.is_error and r.content == {"v": 1} and ran == []
+    [err] = r.meta.plugin_errors
+    assert (err["plugin"], err["hook"]) == ("check", "check_result")
+    assert "coroutine" in err["error"] and "not async def" in err["error"]
 
 
 # ----------------------------------------------------------------------- after_call

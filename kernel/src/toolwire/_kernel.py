@@ -1217,10 +1217,17 @@ class Kernel:
             verdict = check(tool, content)
             if verdict is None or isinstance(verdict, ToolError):
                 return verdict
-            problem = (
-                f"returned {type(verdict).__name__} {verdict!r:.100}, expected a ToolError "
-                "(reject) or None (accept); the result is kept"
-            )
+            if inspect.iscoroutine(verdict):
+                verdict.close()  # never awaited: closed, not left to warn at collection
+                problem = (
+                    "returned a coroutine: check_result is called, not awaited - make it a "
+                    "plain function (def, not async def); the result is kept"
+                )
+            else:
+                problem = (
+                    f"returned {type(verdict).__name__} {verdict!r:.100}, expected a ToolError "
+                    "(reject) or None (accept); the result is kept"
+                )
             exc_info: Exception | None = None
         except Exception as exc:
             problem, exc_info = f"{type(exc).__name__}: {exc}", exc
