@@ -483,6 +483,43 @@ async def test_per_tool_timeout_gives_timeout_kind() -> None:
     assert "timeout_s" in r.error.message
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_caller_cancelling_as_the_attempt_times_out_gets_its_cancellation() -> None:
+    """The attempt timeout and the caller's own scope both fire while the tool is in a
+    shielded section: the section finishes, then the cancellation is the caller's
+    (the call raises it, and the caller's scope catches it), not a `timeout` result."""
+    finished: list[bool] = []
+
+    async def stubborn() -> dict[str, bool]:
+        with anyio.CancelScope(shield=True):
+            await anyio.sleep(0.3)  # both the 0.05 s timer and the caller's 0.1 s fire
+            finished.append(True)
+        await anyio.sleep(5)
+        return {"late": True}
+
+    results: list[ToolResult] = []
+    kernel = Kernel(default_timeout_s=0.05)
+    kernel.add_tool(stubborn)
+    with anyio.fail_after(3), anyio.move_on_after(0.1) as caller:
+        results.append(await kernel.call("stubborn", {}))
+    assert caller.cancelled_caught and results == [] and finished == [True]
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_tools_own_timeout_error_keeps_its_message() -> None:
+    """A TimeoutError the tool raises itself is its own (kind `timeout`, its text), not
+    the kernel's 'no answer within' for an attempt that was never timed out."""
+
+    async def own() -> None:
+        raise TimeoutError("the upstream took too long")
+
+    kernel = Kernel(default_timeout_s=5)
+    kernel.add_tool(own)
+    r = await kernel.call("own", {})
+    assert r.error is not None and r.error.kind == "timeout"
+    assert r.error.message == "tool 'own' timed out: the upstream took too long"
+
+
 async def test_kernel_default_timeout_and_overall_deadline_apply_to_attempts() -> None:
     fake = FakeTool("t", delay=5)
     with anyio.fail_after(3):
