@@ -556,6 +556,71 @@ async def test_a_cancellation_during_the_completing_write_still_records_the_resu
     assert again.meta.replayed and again.content == {"charged": 10}
 
 
+async def test_a_completing_write_past_lease_secs_gives_up_and_says_so(env: Env) -> None:
+    """The completing write is shielded but bounded by lease_secs: a store that never
+    answers costs the caller at most that long, the caller still gets its result and is
+    told it is not kept, and the record stays pending (outcome unknown after the lease)."""
+    tool, runs = counting_tool(result={"charged": 10})
+    plugin = env.plugin(lease_secs=0.2)
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        inner_cas = store.compare_and_set
+
+        async def hanging_cas(key: str, value: Any, **kw: Any) -> Any:
+            if value.get("s") == "done":
+                await anyio.sleep_forever()
+            return await inner_cas(key, value, **kw)
+
+        store.compare_and_set = hanging_cas  # type: ignore[method-assign]
+        with anyio.fail_after(10):
+            result = await kernel.call("send", {}, call_id="hang")
+        store.compare_and_set = inner_cas  # type: ignore[method-assign]
+        entry = await store.get_entry(plugin.key_for("send", "hang"))
+    assert not result.is_error and result.content == {"charged": 10}
+    not_kept = result.meta.extra["idempotency"]
+    assert not_kept["recorded"] is False and not_kept["reason"] == "store_error"
+    assert "no answer within lease_secs (0.2s)" in not_kept["message"]
+    assert "outcome unknown" in not_kept["message"]
+    assert json.loads(json.dumps(result.meta.extra)) == result.meta.extra  # JSON-safe
+    assert len(runs) == 1
+    assert plugin.counters.store_errors == 1 and plugin.counters.lost_claims == 0
+    assert entry is not None and entry.value["s"] == "pending"
+
+
+async def test_failing_to_save_a_read_only_result_says_a_replay_runs_it_again(
+    env: Env,
+) -> None:
+    """A read-only call's lapsed claim is taken over and run again, not answered
+    'outcome unknown': the note telling the caller its result is not kept says so."""
+    tool, runs = counting_tool(result={"rows": 1}, read_only=True)
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        kernel.state.fail = {"compare_and_set"}  # type: ignore[attr-defined]
+        result = await kernel.call("send", {}, call_id="ro")
+    assert not result.is_error and len(runs) == 1
+    message = result.meta.extra["idempotency"]["message"]
+    assert "outcome unknown" not in message
+    assert "runs it again" in message
+
+
+async def test_a_call_run_unprotected_after_a_store_failure_is_told_so(env: Env) -> None:
+    """on_store_error = 'fail_open': the tool ran without a claim, so its result is not
+    kept and a replay runs it again; the caller is told, as for any result not kept."""
+    tool, runs = counting_tool()
+    plugin = env.plugin(on_store_error="fail_open")
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        kernel.state.fail = {"set_if_absent_or_get"}  # type: ignore[attr-defined]
+        result = await kernel.call("send", {}, call_id="open")
+        kernel.state.fail = set()  # type: ignore[attr-defined]
+        fine = await kernel.call("send", {}, call_id="fine")
+    assert not result.is_error and len(runs) == 2
+    not_kept = result.meta.extra["idempotency"]
+    assert not_kept["recorded"] is False and not_kept["reason"] == "fail_open"
+    assert "injected failure of set_if_absent_or_get" in not_kept["message"]
+    assert "idempotency" not in fine.meta.extra
+
+
 # -- plugins around it -------------------------------------------------------------
 
 

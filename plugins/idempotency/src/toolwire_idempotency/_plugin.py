@@ -57,6 +57,8 @@ __all__ = ["IdempotencyCounters", "IdempotencyPlugin"]
 log = logging.getLogger("toolwire.idempotency")
 
 STATE_KEY = "idempotency"  # ctx.state[STATE_KEY]: the claim this call holds
+#: ctx.state[UNPROTECTED_KEY]: why a call runs without a claim (on_store_error = "fail_open")
+UNPROTECTED_KEY = "idempotency.unprotected"
 PENDING, DONE, OVERSIZED = "pending", "done", "oversized"
 
 
@@ -346,12 +348,23 @@ class IdempotencyPlugin:
                 return self._replay(call, value, waited=False)
             return await self._existing(call, ctx, key, req, read_only, pending, owner, entry)
         except StateStoreError as exc:
-            return self._store_failed(call, store, exc)
+            self._store_failed(call, store, exc)  # raises unless fail_open
+            ctx.state[UNPROTECTED_KEY] = str(exc)  # after_call tells the caller
+            return None
 
     @hookimpl
     async def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
         claim = ctx.state.get(STATE_KEY)
         if claim is None:
+            unprotected = ctx.state.pop(UNPROTECTED_KEY, None)
+            if unprotected is not None:  # on_store_error = "fail_open" let it through
+                _not_kept(
+                    result,
+                    "fail_open",
+                    f"the state store failed before the call ({unprotected}) and "
+                    "on_store_error = 'fail_open': the call was not de-duplicated, and a "
+                    "replay runs it again",
+                )
             return
         del ctx.state[STATE_KEY]
         claim.finished = True
@@ -411,8 +424,12 @@ class IdempotencyPlugin:
             _not_kept(
                 result,
                 "store_error",
-                f"the state store failed ({exc}); a replay after lease_secs answers "
-                "'outcome unknown'",
+                f"the state store failed ({exc}); a replay after lease_secs "
+                + (
+                    "runs it again (a read-only tool's lapsed claim is taken over)"
+                    if claim.pending.get("ro") is True
+                    else "answers 'outcome unknown'"
+                ),
             )
             return
         if done is None:
