@@ -439,6 +439,62 @@ async def test_a_store_outage_after_the_answer_never_costs_the_results(
         assert any("could not be set aside" in w for w in res.content["warnings"])
 
 
+class _StoreThatHangsLater:
+    """A memory store whose reads and writes never answer once ``hung`` is set."""
+
+    def __new__(cls) -> Any:
+        import anyio
+
+        from toolwire.state import MemoryStore
+
+        class Store(MemoryStore):
+            hung = False
+
+            async def get_entry(self, key: str) -> Any:
+                if self.hung:
+                    await anyio.sleep_forever()
+                return await super().get_entry(key)
+
+            async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+                if self.hung:
+                    await anyio.sleep_forever()
+                return await super().compare_and_set(key, value, **kw)
+
+        return Store()
+
+
+@pytest.mark.parametrize("month_used_up", [False, True], ids=["success", "month-used-up"])
+async def test_a_store_that_stops_answering_after_the_answer_is_logged(
+    mock: respx.MockRouter, caplog: pytest.LogCaptureFixture, month_used_up: bool
+) -> None:
+    """The bookkeeping after a good answer is bounded: past the bound the results are kept
+    and the operator is told which key's state was not recorded. Before, the bound cut it
+    without a word in the log (only a failing store was logged)."""
+    caplog.set_level(logging.WARNING)
+    store = _StoreThatHangsLater()
+    headers = headers_of("brave_web_search_200.json")
+    if month_used_up:
+        headers = {**headers, "X-RateLimit-Remaining": "0, 0"}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        store.hung = True  # the store stops answering while the backend answers
+        return ok("brave_web_search_200.json", headers)
+
+    mock.get(BRAVE_URL).mock(side_effect=answer)
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, with_retry=False, state=store)
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        store.hung = False
+    assert not res.is_error, res.error
+    assert res.content["served_by"] == "brave" and len(res.content["results"]) == 3
+    if month_used_up:
+        assert any("could not be set aside" in w for w in res.content["warnings"])
+        assert "could not set the used-up key aside" in caplog.text
+    else:
+        assert "could not record the key's success" in caplog.text
+    assert "did not answer within 2s" in caplog.text
+
+
 async def test_exa_429_is_a_rate_limit(mock: respx.MockRouter) -> None:
     mock.post(EXA_URL).mock(
         return_value=httpx.Response(429, json=load("exa_429_rate_limited.json"))

@@ -646,6 +646,11 @@ class KeyLease:
             await self.pool.report(self.alias, "success", probe=self.probe, probe_id=self._probe_id)
 
 
+#: How long the bookkeeping after an answer (a key's success) may hold the caller, even
+#: one cancelled meanwhile: the answer is in hand, a slow store must not keep it.
+BOOKKEEPING_S = 2.0
+
+
 class LeaseContext:
     """The async context manager ``KeyPool.lease()`` returns."""
 
@@ -670,8 +675,12 @@ class LeaseContext:
             # bookkeeping; a cancellation or a store outage during it must not cost the
             # answer (shielded, bounded; a failure is logged).
             try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(BOOKKEEPING_S) as slow:
                     await lease.success()
+                if slow.cancelled_caught:
+                    raise StateStoreError(
+                        f"the state store did not answer within {BOOKKEEPING_S:g}s"
+                    )
             except StateStoreError as err:
                 log.warning(
                     "provider %r key %r: could not record the key's success (%s); the "

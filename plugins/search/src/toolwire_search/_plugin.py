@@ -56,6 +56,8 @@ from ._text import tokenize
 __all__ = ["BUILTIN_BACKENDS", "DEFAULT_CHAIN", "SearchPlugin"]
 
 log = logging.getLogger("toolwire.search")
+#: How long setting a used-up key aside may hold a caller whose answer is in hand.
+_BOOKKEEPING_S = 2.0
 
 BUILTIN_BACKENDS: tuple[type[Backend], ...] = (BraveBackend, ExaBackend, SearxngBackend)
 #: The chain web_search walks when nothing configures one.
@@ -578,7 +580,7 @@ class SearchPlugin:
             # bookkeeping after the answer came: neither a store outage nor a cancellation
             # during it may cost the results (shielded, bounded)
             try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(2.0) as slow:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_BOOKKEEPING_S) as slow:
                     await pool.report(
                         alias,
                         "quota",
@@ -586,11 +588,15 @@ class SearchPlugin:
                         pattern=f"search.{b.name}.exhausted",
                         reason=exhausted.reason,
                     )
-                set_aside = (
-                    "the key could not be set aside (the state store did not answer)"
-                    if slow.cancelled_caught
-                    else "the key is set aside until its reset"
-                )
+                set_aside = "the key is set aside until its reset"
+                if slow.cancelled_caught:
+                    log.warning(
+                        "%s: could not set the used-up key aside: the state store did not "
+                        "answer within %gs",
+                        who,
+                        _BOOKKEEPING_S,
+                    )
+                    set_aside = "the key could not be set aside (the state store did not answer)"
             except StateStoreError as exc:
                 log.warning("%s: could not set the used-up key aside: %s", who, exc)
                 set_aside = "the key could not be set aside (the state store failed)"
