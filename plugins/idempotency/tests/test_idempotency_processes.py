@@ -213,6 +213,6 @@ def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> 
     assert out == "" and "terminated (SIGTERM) while calling 'slow'" in err
     # The claim was released (cancelled: never recorded), so the replay runs the tool
     # rather than being told the call is still running elsewhere.
-    replay = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True)
+    replay = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert json.loads(replay.stdout)["content"] == {"runs": 2}
