@@ -271,7 +271,8 @@ async def test_a_startup_failure_shuts_down_every_plugin_the_start_got_past() ->
     """hooks.md: an exception aborts the start with `PluginError("plugin 'x': startup
     failed: ...")`; plugins that already started are shut down again. Before: a plugin
     with a shutdown hook but no startup hook, ordered before the failing one, was never
-    shut down (close() then did nothing either, the kernel having never started)."""
+    shut down (close() then did nothing either, the kernel having never started); nor
+    was one ordered after it (it holds what it opened when it was made)."""
     log: Log = []
     k = Kernel(
         plugins=[
@@ -279,6 +280,7 @@ async def test_a_startup_failure_shuts_down_every_plugin_the_start_got_past() ->
             lifecycle("opened", 200, log, "startup", "shutdown"),
             lifecycle("broken", 300, log, "startup", "shutdown", fail="startup"),
             lifecycle("later", 400, log, "startup", "shutdown"),
+            lifecycle("quiet_later", 500, log, "shutdown"),
         ]
     )
     with pytest.raises(PluginError, match=r"^plugin 'broken': startup failed: OSError: broken"):
@@ -286,7 +288,9 @@ async def test_a_startup_failure_shuts_down_every_plugin_the_start_got_past() ->
     assert log == [
         ("opened", "startup"),
         ("broken", "startup"),
-        ("opened", "shutdown"),  # descending, and the failing plugin is not shut down
+        # descending; not the failing plugin, nor 'later', whose startup never ran
+        ("quiet_later", "shutdown"),
+        ("opened", "shutdown"),
         ("quiet", "shutdown"),
     ]
     log.clear()

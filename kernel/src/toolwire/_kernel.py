@@ -840,13 +840,21 @@ class Kernel:
         await self.state.close()
 
     async def _shutdown(self, before: str | None) -> None:
-        """Run the ``shutdown`` hooks (descending order); with ``before``, only those of the
-        plugins ordered before that one (a start that failed in its ``startup``)."""
+        """Run the ``shutdown`` hooks (descending order); with ``before`` (a start that
+        failed in that plugin's ``startup``), only those of the plugins that count as
+        started: those ordered before it, and those with no ``startup`` hook (nothing to
+        wait for: what they hold, they hold since they were made)."""
         impls = self.plugins.compiled["shutdown"]
         if before is not None:
             rank = {p.name: i for i, p in enumerate(self.plugins.ordered())}
             limit = rank.get(before, len(rank))
-            impls = [i for i in impls if rank.get(i.plugin, limit) < limit]
+            waiting = {i.plugin for i in self.plugins.compiled["startup"]}
+            impls = [
+                i
+                for i in impls
+                if rank.get(i.plugin, limit) < limit
+                or (i.plugin != before and i.plugin not in waiting)
+            ]
         await self._run_shutdown(impls)
 
     async def __aenter__(self) -> Kernel:

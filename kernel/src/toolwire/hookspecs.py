@@ -54,8 +54,8 @@ def startup(kernel: Kernel) -> None:
     Order: ascending. May be async. An exception aborts the start with a
     ``PluginError`` naming the plugin (fail-closed: a plugin that cannot start
     must not be silently absent); a ``ConfigError`` or ``PluginError`` the
-    plugin raises itself is raised as it is. The plugins ordered before it are
-    shut down again.
+    plugin raises itself is raised as it is. The plugins ordered before it, and
+    those with no ``startup`` hook, are shut down again.
     """
 
 
