@@ -164,6 +164,7 @@ class ApprovalPlugin:
         # take the threads of the kernel's sync tools (anyio's default pool)
         self._callback_threads: anyio.CapacityLimiter | None = None
         self._kernel: Kernel | None = None
+        self._cli_command: str | None = None  # `toolwire [--config PATH] approvals`
         self._store = store
         self._time = clock or time.time
         self._prefix = self.config.key_prefix
@@ -175,6 +176,8 @@ class ApprovalPlugin:
     @hookimpl
     def startup(self, kernel: Kernel) -> None:
         self._kernel = kernel
+        self._cli_command = None
+        self._cli()  # the config's absolute path now, before anyone changes directory
 
     @hookimpl
     async def before_call(self, call: ToolCall, ctx: CallContext) -> None:
@@ -981,11 +984,17 @@ class ApprovalPlugin:
     def _cli(self) -> str:
         """``toolwire approvals``, with ``--config`` when the kernel was loaded from a file:
         a hint run elsewhere must open the same store."""
-        cfg = self._kernel.config if self._kernel is not None else None
-        path = cfg.path if cfg is not None else None
-        if not path:
+        if self._kernel is None:
             return "toolwire approvals"
-        return f"toolwire --config {shlex.quote(os.path.abspath(path))} approvals"
+        if self._cli_command is None:
+            cfg = self._kernel.config
+            path = cfg.path if cfg is not None else None
+            self._cli_command = (
+                f"toolwire --config {shlex.quote(os.path.abspath(path))} approvals"
+                if path
+                else "toolwire approvals"
+            )
+        return self._cli_command
 
     def _how_to_decide(self, rid: str) -> dict[str, str]:
         p = self.config.http_prefix
