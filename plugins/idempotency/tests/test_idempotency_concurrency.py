@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import anyio
@@ -333,3 +334,93 @@ async def test_the_calls_deadline_bounds_the_wait_for_an_in_flight_duplicate(env
     assert "still running elsewhere when this call's deadline came" in dup.error.message
     assert 0.2 <= waited < 5
     assert len(runs) == 1
+
+
+async def _tick(env: Env) -> None:
+    """Make a fake clock follow real time (renewals are due on the kernel's clock)."""
+    while env.clock is not None:
+        env.clock.advance(0.05)
+        await anyio.sleep(0.05)
+
+
+def _idem_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The plugin's warnings about claims (not the one about a memory store)."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "toolwire.idempotency"
+        and r.levelno >= logging.WARNING
+        and "claim" in r.getMessage()
+    ]
+
+
+async def test_a_claim_lost_while_the_tool_runs_is_counted_once(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The renewal finds the claim gone, then the completing write is refused: one loss."""
+    gate = anyio.Event()
+    tool_, runs = counting_tool(gate=gate)
+    plugin = env.plugin(lease_secs=0.4)
+    caplog.set_level(logging.INFO)
+    async with env.kernel([tool_], [plugin]) as kernel:
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def original() -> None:
+                got.append(await kernel.call("send", {}, call_id="gone"))
+
+            tg.start_soon(original)
+            tg.start_soon(_tick, env)
+            await wait_until(lambda: runs)
+            assert await plugin.forget("send", "gone")  # the record vanishes mid-run
+            await wait_until(lambda: plugin.counters.lost_claims >= 1)  # a renewal saw it
+            gate.set()
+            await wait_until(lambda: got)
+            tg.cancel_scope.cancel()
+    (late,) = got
+    assert not late.is_error
+    assert late.meta.extra["idempotency"]["reason"] == "lost_claim"
+    assert plugin.counters.lost_claims == 1  # not again when the completion is refused
+    (warning,) = _idem_warnings(caplog)  # one loss, one warning, naming the call
+    assert "'send'" in warning and "'gone'" in warning and "while the tool ran" in warning
+
+
+async def test_a_claim_lost_while_the_call_waits_to_run_is_counted_once(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Parked in a later plugin's before_call (approval): lost at a renewal, then refused
+    when it would start; counted and logged once, and the log does not say the tool ran."""
+    hold = anyio.Event()
+
+    class Hold:
+        name, order = "hold", 300
+
+        @hookimpl
+        async def before_call(self, call: Any, ctx: Any) -> None:
+            await hold.wait()
+
+    tool_, runs = counting_tool()
+    plugin = env.plugin(lease_secs=0.4)
+    caplog.set_level(logging.INFO)
+    async with env.kernel([tool_], [plugin, Hold()]) as kernel:
+        got: list[Any] = []
+        async with anyio.create_task_group() as tg:
+
+            async def original() -> None:
+                got.append(await kernel.call("send", {}, call_id="parked"))
+
+            tg.start_soon(original)
+            tg.start_soon(_tick, env)
+            await wait_until(lambda: plugin._active)
+            await wait_until(lambda: any(c.parked for c in plugin._active.values()))
+            assert await plugin.forget("send", "parked")
+            await wait_until(lambda: plugin.counters.lost_claims >= 1)
+            hold.set()
+            await wait_until(lambda: got)
+            tg.cancel_scope.cancel()
+    (res,) = got
+    assert runs == []  # never run: it lost its claim before it started
+    assert res.error is not None and res.error.details["reason"] == "lost_claim"
+    assert plugin.counters.lost_claims == 1
+    (warning,) = _idem_warnings(caplog)
+    assert "'send'" in warning and "'parked'" in warning and "before it started" in warning

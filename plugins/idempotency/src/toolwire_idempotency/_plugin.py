@@ -120,7 +120,7 @@ class IdempotencyCounters:
     no_call_id: int = 0  #: calls without call_id (not de-duplicated)
     exempt: int = 0  #: calls of exempt tools (no store access)
     unencodable: int = 0  #: calls refused because an argument has no canonical encoding
-    lost_claims: int = 0  #: completions/renewals that found the claim gone or taken over
+    lost_claims: int = 0  #: claims found gone or taken over (renewal, start, completion): once each
     renewals: int = 0  #: lease renewals of long-running calls
 
     def as_dict(self) -> dict[str, int]:
@@ -150,6 +150,8 @@ class _Claim:
     parked: bool = False
     started: bool = False
     lock: anyio.Lock | None = None
+    #: Found gone or taken over (counted in ``lost_claims`` and logged then, once).
+    lost: bool = False
 
 
 class _Renewer:
@@ -439,13 +441,21 @@ class IdempotencyPlugin:
                 "the claim was gone or taken over when the result came; a replay does not "
                 "get this result",
             )
-            self.counters.lost_claims += 1
-            log.warning(
-                "idempotency: the claim of tool %r call %r was gone or taken over when its "
-                "result came (the lease lapsed, or the record was forgotten); result not stored",
-                call.name,
-                call.call_id,
-            )
+            if self._lost(claim):
+                log.warning(
+                    "idempotency: the claim of tool %r call %r was gone or taken over when "
+                    "its result came (the lease lapsed, or the record was forgotten); result "
+                    "not stored",
+                    call.name,
+                    call.call_id,
+                )
+            else:  # a renewal found it lost while the tool ran, and warned then
+                log.info(
+                    "idempotency: result of tool %r call %r not stored: its claim was lost "
+                    "while the tool ran",
+                    call.name,
+                    call.call_id,
+                )
         elif result.is_error:
             self.counters.errors_cached += 1
 
@@ -879,7 +889,14 @@ class IdempotencyPlugin:
                 self._store_failed(call, claim.store, exc)  # raises unless fail_open
                 return
             if done is None:
-                self.counters.lost_claims += 1
+                if self._lost(claim):
+                    log.warning(
+                        "idempotency: the claim of tool %r call %r was gone or taken over "
+                        "when it was about to start (its lease lapsed and another caller "
+                        "took it, or it was forgotten); not run here",
+                        name,
+                        call.call_id if call else None,
+                    )
                 raise CallRejected(
                     ErrorKind.CONFLICT,
                     f"tool {name!r} call {call.call_id if call else None!r} lost its "
@@ -891,6 +908,14 @@ class IdempotencyPlugin:
                 )
             claim.pending = value
             claim.renewed_at = now
+
+    def _lost(self, claim: _Claim) -> bool:
+        """Mark ``claim`` lost; True (and counted) only the first time, so log it then."""
+        if claim.lost:
+            return False
+        claim.lost = True
+        self.counters.lost_claims += 1
+        return True
 
     async def _renew_locked(self, claim: _Claim) -> None:
         now = claim.clock()
@@ -912,12 +937,18 @@ class IdempotencyPlugin:
                     self.counters.renewals += 1
                 elif not claim.finished:
                     self._active.pop(claim.owner, None)
-                    self.counters.lost_claims += 1
-                    log.warning(
-                        "idempotency: lost the claim %s while the tool still ran (its lease "
-                        "lapsed and another caller took it, or it was forgotten)",
-                        claim.key,
-                    )
+                    if self._lost(claim):
+                        call = claim.ctx.call if claim.ctx is not None else None
+                        waiting = claim.parked and not claim.started
+                        log.warning(
+                            "idempotency: lost the claim %s of tool %r call %r %s (its lease "
+                            "lapsed and another caller took it, or it was forgotten); %s",
+                            claim.key,
+                            call.name if call is not None else "?",
+                            call.call_id if call is not None else None,
+                            "before it started" if waiting else "while the tool ran",
+                            "it will not run here" if waiting else "its result will not be stored",
+                        )
         except StateStoreError as exc:
             self.counters.store_errors += 1
             log.warning("idempotency: could not renew the claim %s: %s", claim.key, exc)
