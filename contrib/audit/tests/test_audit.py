@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,3 +207,77 @@ async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path:
     (res,) = results
     assert res.meta.plugin_errors == []  # type: ignore[attr-defined]
     assert [(x["tool"], x["call_id"], x["ok"]) for x in lines(log)] == [("slow", "late", True)]
+
+
+class _ObservedLock:
+    """A lock that says when a thread has to wait for it (so a test can order threads)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._inner = threading.Lock()
+        self.waiters = 0
+        self._count = threading.Lock()
+
+    def __enter__(self) -> None:
+        if not self._inner.acquire(blocking=False):
+            with self._count:
+                self.waiters += 1
+            self._inner.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._inner.release()
+
+
+def _race_a_write_with_shutdown(audit: Any, *hook_args: object) -> list[BaseException]:
+    """Write one line while another holds the lock, and shut down meanwhile (threads);
+    returns what the threads raised."""
+    import threading
+    import time
+
+    lock = audit._lock = _ObservedLock()
+    errors: list[BaseException] = []
+
+    def run(fn: Any, *args: object) -> threading.Thread:
+        def target() -> None:
+            try:
+                fn(*args)
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=target)
+        t.start()
+        return t
+
+    def until(done: Any, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not done():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.005)
+
+    with lock:  # another line is being written
+        writer = run(audit.after_call, *hook_args)
+        until(lambda: lock.waiters >= 1, "the writer never reached the lock")
+        closer = run(audit.shutdown)  # must wait for the lock too, not close under a write
+        until(lambda: lock.waiters >= 2 or not closer.is_alive(), "shutdown hung")
+        assert closer.is_alive(), "shutdown closed the stream under a write"
+    writer.join(10)
+    closer.join(10)
+    return errors
+
+
+async def test_a_write_racing_shutdown_on_another_thread_is_never_lost(tmp_path: Path) -> None:
+    """Before: a write checked the stream outside the lock, so a shutdown on another
+    thread could close it between the check and the write (an error, the line lost).
+    Writes and the close now exclude each other: the line goes to the open file, or,
+    after the close, is appended on its own."""
+    from toolwire import CallContext, ToolCall
+
+    k, log = kernel_for(tmp_path, "")
+    async with k:
+        res = await k.call("login", {"user": "ann", "password": "pw"}, call_id="c1")
+        call = ToolCall(name="login", args={"user": "ann"}, call_id="raced")
+        ctx = CallContext(call=call, kernel=k)  # the hook only reads its "audit" state
+        assert _race_a_write_with_shutdown(k.get_plugin("audit"), call, res, ctx) == []
+    got = [(x["tool"], x["call_id"]) for x in lines(log)]
+    assert got == [("login", "c1"), ("login", "raced")]  # every line, once, whole

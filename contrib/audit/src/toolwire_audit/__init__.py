@@ -79,9 +79,12 @@ class AuditPlugin:
 
     @hookimpl
     def shutdown(self) -> None:
-        if self._stream is not None and self._stream is not sys.stderr:
-            self._stream.close()
-        self._stream = None
+        # Under the lock: a line being written (on another thread) ends before the close,
+        # and one written after it sees no stream and is appended on its own.
+        with self._lock:
+            stream, self._stream = self._stream, None
+            if stream is not None and stream is not sys.stderr:
+                stream.close()
 
     # -- hooks
     @hookimpl
@@ -147,10 +150,10 @@ class AuditPlugin:
 
     def _write(self, line: dict[str, Any]) -> None:
         text = json.dumps(line, ensure_ascii=False, default=str)
-        if self._stream is None:
-            self._write_after_close(text, line)
-            return
-        with self._lock:
+        with self._lock:  # the stream is checked and written under it: shutdown takes it too
+            if self._stream is None:
+                self._write_after_close(text, line)
+                return
             if self._path is not None:
                 self._reopen_if_rotated(self._path)
             self._stream.write(text + "\n")
@@ -158,20 +161,22 @@ class AuditPlugin:
 
     def _write_after_close(self, text: str, line: dict[str, Any]) -> None:
         """A call that ended after its kernel closed (shutdown hooks ran while it was in
-        flight) is still recorded: the file is opened for that line alone."""
+        flight) is still recorded: the file is opened for that line alone.
+
+        Called with ``self._lock`` held.
+        """
         if self._kernel is None:  # never started: where to write is not known yet
             raise RuntimeError(
                 f"audit plugin used before startup (the line of tool {line.get('tool')!r} "
                 "is not written); use `async with kernel` or kernel.start()"
             )
-        with self._lock:
-            if self._path is None:
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
-                return
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            with self._path.open("a", encoding="utf-8") as f:
-                f.write(text + "\n")
+        if self._path is None:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+            return
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        with self._path.open("a", encoding="utf-8") as f:
+            f.write(text + "\n")
 
     def _reopen_if_rotated(self, path: Path) -> None:
         """logrotate renamed or removed the file: write to a new one at ``path``."""
