@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from toolwire import Kernel, ToolError
+from toolwire.state import MemoryStore
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
     ApiKey,
@@ -462,3 +465,55 @@ async def test_on_error_without_a_lease_reports_provider_health() -> None:
         assert res.meta.extra["attempt_details"][0]["provider"] == "up"
         av = await key_pool(kernel, "up").availability()
         assert (av.available, av.retry_after_s) == (False, 4.0)
+
+
+class _StallingStore(MemoryStore):
+    """A memory store that stops answering (every read and write waits) while ``stall``."""
+
+    stall = False
+
+    async def get_entry(self, key: str) -> Any:
+        if self.stall:
+            await anyio.sleep_forever()
+        return await super().get_entry(key)
+
+    async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+        if self.stall:
+            await anyio.sleep_forever()
+        return await super().compare_and_set(key, value, **kw)
+
+
+@pytest.mark.parametrize("ending", ["success", "cancelled", "interrupted"])
+async def test_bookkeeping_cut_by_its_bound_is_logged_naming_the_key(
+    ending: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the release of a probe after a cancellation (or Ctrl-C) was cut at 2 s
+    without a word, unlike a success's bookkeeping; both now log the key and the bound."""
+    from toolwire_ratelimit import _pool
+
+    monkeypatch.setattr(_pool, "BOOKKEEPING_S", 0.05)
+    clock, store = FakeClock(), _StallingStore()
+    cfg = config(cooldown_seconds=5, keys=[{"alias": "only", "secret": SECRET_A}])
+    async with kernel_with(cfg, state=store, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("only", "rate_limit")
+        clock.advance(5.1)  # the next lease is the key's probe: its end is always recorded
+        with (
+            anyio.CancelScope() as scope,
+            pytest.raises(KeyboardInterrupt)
+            if (ending == "interrupted")
+            else contextlib.nullcontext(),
+        ):
+            async with pool.lease() as lease:
+                assert lease.probe
+                store.stall = True
+                if ending == "cancelled":
+                    scope.cancel()
+                    await anyio.lowlevel.checkpoint()  # the cancellation arrives here
+                elif ending == "interrupted":
+                    raise KeyboardInterrupt
+        assert scope.cancelled_caught == (ending == "cancelled")
+        store.stall = False
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "toolwire.ratelimit"]
+    assert "'acme'" in warning and "'only'" in warning
+    assert "did not answer within 0.05s" in warning

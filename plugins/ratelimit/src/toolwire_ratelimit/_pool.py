@@ -22,7 +22,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -646,9 +646,34 @@ class KeyLease:
             await self.pool.report(self.alias, "success", probe=self.probe, probe_id=self._probe_id)
 
 
-#: How long the bookkeeping after an answer (a key's success) may hold the caller, even
-#: one cancelled meanwhile: the answer is in hand, a slow store must not keep it.
+#: How long the bookkeeping after an answer (a key's success), or after a cancellation or
+#: KeyboardInterrupt (ending a probe), may hold the caller, even one cancelled meanwhile:
+#: the outcome is settled, a slow store must not keep it.
 BOOKKEEPING_S = 2.0
+
+
+async def _bookkeeping(
+    lease: KeyLease, record: Callable[[], Awaitable[None]], what: str, then: str
+) -> None:
+    """Run ``record`` shielded from cancellation and bounded by ``BOOKKEEPING_S``.
+
+    A store failure, or no answer within the bound, is logged (naming the key, what was
+    not recorded and the bound) and not raised: the caller's outcome stands.
+    """
+    try:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(BOOKKEEPING_S) as slow:
+            await record()
+        if slow.cancelled_caught:
+            raise StateStoreError(f"the state store did not answer within {BOOKKEEPING_S:g}s")
+    except StateStoreError as err:
+        log.warning(
+            "provider %r key %r: could not %s (%s); %s",
+            lease.provider,
+            lease.alias,
+            what,
+            err,
+            then,
+        )
 
 
 class LeaseContext:
@@ -673,26 +698,20 @@ class LeaseContext:
         if exc is None:
             # The request worked: its answer is in hand. Recording the key's success is
             # bookkeeping; a cancellation or a store outage during it must not cost the
-            # answer (shielded, bounded; a failure is logged).
-            try:
-                with anyio.CancelScope(shield=True), anyio.move_on_after(BOOKKEEPING_S) as slow:
-                    await lease.success()
-                if slow.cancelled_caught:
-                    raise StateStoreError(
-                        f"the state store did not answer within {BOOKKEEPING_S:g}s"
-                    )
-            except StateStoreError as err:
-                log.warning(
-                    "provider %r key %r: could not record the key's success (%s); the "
-                    "request's answer is kept",
-                    lease.provider,
-                    lease.alias,
-                    err,
-                )
+            # answer.
+            await _bookkeeping(
+                lease, lease.success, "record the key's success", "the request's answer is kept"
+            )
             return False
         if not isinstance(exc, Exception):  # cancellation, KeyboardInterrupt...
-            with anyio.CancelScope(shield=True), anyio.move_on_after(2.0):
-                await lease.release()
+            await _bookkeeping(
+                lease,
+                lease.release,
+                "end the key's half-open probe",
+                f"the {type(exc).__name__} goes on; no other probe of the key starts until "
+                f"probe_timeout_seconds ({lease.pool.settings.probe_timeout_s:g}s) after this "
+                "one began",
+            )
             return False
         replacement = await self.pool._plugin._lease_failed(lease, exc)
         if replacement is not None:
