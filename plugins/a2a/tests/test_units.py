@@ -56,7 +56,7 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         ('agents = [{url = "http://x", nickname = "Bad Name"}]', "nickname 'Bad Name' must be"),
         (
             'agents = [{url = "http://a", nickname = "n"}, {url = "http://b", nickname = "n"}]',
-            "two agents use the nickname 'n'",
+            "plugins.a2a.agents: two agents use the nickname 'n'",
         ),
         ("context = {when = 1979-05-27T07:32:00Z}", "JSON message metadata"),
         ('registry = {url = "http://r", selector = {tagz = ["x"]}}', "unknown key"),
@@ -67,7 +67,9 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         # the kernel then failed to start: "tool 'agent_b' provided by a2a:b and a2a:b"
         (
             'agents = [{url = "http://a", nickname = "x"}, {url = "http://a/", nickname = "y"}]',
-            "two agents have the same card http://a/.well-known/agent-card.json",
+            # the key is named (it was "plugins.a2a.: two agents ...")
+            "plugins.a2a.agents: two agents have the same card "
+            "http://a/.well-known/agent-card.json",
         ),
         ("interrupted_ttl_s = inf", "plugins.a2a.interrupted_ttl_s"),
         ("interrupted_ttl_s = 1e16", "plugins.a2a.interrupted_ttl_s"),

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from toolwire.state import MAX_TTL_S
 
@@ -285,10 +285,13 @@ class A2AConfig(BaseModel):
         _check_json(v, "context")
         return v
 
-    @model_validator(mode="after")
-    def _unique(self) -> A2AConfig:
+    @field_validator("agents", mode="after")
+    @classmethod
+    def _unique(cls, agents: list[AgentConfig]) -> list[AgentConfig]:
+        # A field validator, not a model validator: the error is then located at
+        # ``plugins.a2a.agents`` (a model validator's error has no key to name).
         cards: dict[str, str] = {}
-        for a in self.agents:
+        for a in agents:
             if not a.enabled:
                 continue
             if a.card_url in cards:  # one handle per card: the second would take its tools
@@ -298,7 +301,7 @@ class A2AConfig(BaseModel):
                 )
             cards[a.card_url] = a.url
         seen: dict[str, str] = {}
-        for a in self.agents:
+        for a in agents:
             if a.nickname is None:
                 continue
             if a.nickname in seen:
@@ -307,4 +310,4 @@ class A2AConfig(BaseModel):
                     f"{a.url}); give each a distinct `nickname`"
                 )
             seen[a.nickname] = a.url
-        return self
+        return agents
