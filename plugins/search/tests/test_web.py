@@ -287,9 +287,38 @@ async def test_invalid_arguments_never_reach_a_backend(mock: respx.MockRouter) -
         )
         unknown = await kernel.call("web_search", {"query": "x", "backend": "bing"})
         empty = await kernel.call("web_search", {"query": "   "})
-    for res in (both, unknown, empty):
+        reversed_range = await kernel.call(
+            "web_search", {"query": "x", "start_date": "2026-10-01", "end_date": "2026-09-01"}
+        )
+        end_and_freshness = await kernel.call(
+            "web_search", {"query": "x", "freshness": "week", "end_date": "2026-01-01"}
+        )
+    for res in (both, unknown, empty, reversed_range, end_and_freshness):
         assert res.error is not None and res.error.kind == "invalid_args"
-    assert "bing" in unknown.error.message  # type: ignore[union-attr]
+    # each names its field, without pydantic's "Value error, " or a dump of every argument
+    # (was "invalid arguments ...: Value error, give either ... (got {'query': 'x', 'fr)")
+    problems = {
+        name: res.error.details["problems"]  # type: ignore[union-attr]
+        for name, res in {
+            "both": both,
+            "unknown": unknown,
+            "reversed": reversed_range,
+            "end": end_and_freshness,
+        }.items()
+    }
+    assert [p["field"] for p in problems["both"]] == ["start_date"]
+    assert problems["both"][0]["message"].startswith(
+        "give either freshness or start_date/end_date, not both"
+    )
+    assert [p["field"] for p in problems["end"]] == ["end_date"]
+    assert [p["field"] for p in problems["reversed"]] == ["end_date"]
+    assert "end_date is before start_date (2026-10-01)" in problems["reversed"][0]["message"]
+    assert [p["field"] for p in problems["unknown"]] == ["backend"]
+    assert problems["unknown"][0]["message"].startswith(
+        "unknown backend 'bing'; use 'auto' or one of ['brave', 'exa', 'searxng']"
+    )
+    for res in (both, unknown, reversed_range, end_and_freshness):
+        assert "Value error" not in res.error.message  # type: ignore[union-attr]
     assert not mock.calls
 
 

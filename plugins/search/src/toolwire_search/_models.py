@@ -14,8 +14,8 @@ from pydantic import (
     Field,
     ValidationInfo,
     field_validator,
-    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from ._text import domain_matches, strip_html
 
@@ -98,16 +98,40 @@ class SearchQuery(BaseModel):
     def _known_backend(cls, v: str, info: ValidationInfo) -> str:
         known = (info.context or {}).get("backends")
         if known is not None and v != "auto" and v not in known:
-            raise ValueError(f"unknown backend {v!r}; use 'auto' or one of {sorted(known)}")
+            raise PydanticCustomError(
+                "unknown_backend",
+                "unknown backend '{backend}'; use 'auto' or one of {known}",
+                {"backend": v, "known": str(sorted(known))},
+            )
         return v
 
-    @model_validator(mode="after")
-    def _dates(self) -> SearchQuery:
-        if self.freshness is not None and (self.start_date or self.end_date):
-            raise ValueError("give either freshness or start_date/end_date, not both")
-        if self.start_date and self.end_date and self.start_date > self.end_date:
-            raise ValueError("start_date is after end_date")
-        return self
+    # Field validators, not a model validator, so the error names the field
+    # (a model validator's error has none); PydanticCustomError, so the message
+    # is not prefixed with pydantic's "Value error, ".
+    @field_validator("start_date")
+    @classmethod
+    def _start_not_with_freshness(cls, v: dt.date | None, info: ValidationInfo) -> dt.date | None:
+        if v is not None and info.data.get("freshness") is not None:
+            raise PydanticCustomError(
+                "date_conflict", "give either freshness or start_date/end_date, not both"
+            )
+        return v
+
+    @field_validator("end_date")
+    @classmethod
+    def _end_after_start(cls, v: dt.date | None, info: ValidationInfo) -> dt.date | None:
+        if v is None or "start_date" not in info.data:  # start_date invalid: reported there
+            return v
+        start = info.data["start_date"]
+        if start is None and info.data.get("freshness") is not None:
+            raise PydanticCustomError(
+                "date_conflict", "give either freshness or start_date/end_date, not both"
+            )
+        if start is not None and start > v:
+            raise PydanticCustomError(
+                "date_order", "end_date is before start_date ({start})", {"start": str(start)}
+            )
+        return v
 
     @property
     def has_date_range(self) -> bool:
