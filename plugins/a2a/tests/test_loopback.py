@@ -71,6 +71,13 @@ async def cut_by_its_deadline_then_found_again(kernel: Kernel, loopback: Loopbac
     cut = await kernel.call("agent_loopback_specialist", {"query": "wait"}, timeout=1.0)
     assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
     running = cut.meta.extra["a2a"]["task_id"]
+    # the error itself says so, for callers that never see meta.extra (MCP, the CLI)
+    assert cut.error.details["task_id"] == running
+    assert cut.to_dict()["error"]["details"]["task_id"] == running
+    assert (
+        f"do not send the message again, get its outcome with agent_loopback_specialist_task "
+        f"and task_id={running!r}"
+    ) in cut.error.message
     loopback.agent.executor.release()
     done = await kernel.call("agent_loopback_specialist_task", {"task_id": running, "wait_s": 10})
     assert done.content["text"] == "Findings on: wait", done.content
@@ -167,6 +174,7 @@ async def test_without_a_stream_a_call_cut_by_its_attempt_timeout_keeps_the_task
         assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
         running = cut.meta.extra["a2a"].get("task_id")
         assert running, cut.meta.extra
+        assert cut.error.details["task_id"] == running and running in cut.error.message
         loopback.agent.executor.release()
         done = await kernel.call(
             "agent_loopback_specialist_task", {"task_id": running, "wait_s": 0.9}

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import httpx
 
-from toolwire import BackgroundTask, Tool, hookimpl
+from toolwire import BackgroundTask, ErrorInfo, ErrorKind, Tool, ToolResult, hookimpl
 
 from ._agent import AgentHandle, AgentSpec
 from ._cards import (
@@ -136,6 +136,39 @@ class A2APlugin:
             self._http = None
         self._kernel = None
         self._published = None
+
+    @hookimpl
+    def after_call(self, result: ToolResult) -> ToolResult | None:
+        """A call of an agent tool cut by its timeout, after the agent took the task: the
+        error says so and carries the task id, so any caller (an MCP client, ``toolwire
+        call``: they do not see ``meta.extra``) can follow it with ``agent_<nick>_task``
+        rather than send the message again."""
+        err = result.error
+        info = result.meta.extra.get("a2a")
+        if (
+            err is None
+            or err.kind != ErrorKind.TIMEOUT
+            or not isinstance(info, dict)
+            or not info.get("task_id")
+            or "task_id" in err.details
+        ):
+            return None
+        nick, task_id = info.get("agent"), info["task_id"]
+        hint = (
+            f"; the agent had already taken the task {task_id!r}: do not send the message "
+            f"again, get its outcome with agent_{nick}_task and task_id={task_id!r}"
+        )
+        details = {**err.details, "task_id": task_id, "context_id": info.get("context_id")}
+        again = ErrorInfo(
+            err.kind,
+            err.message + hint,
+            err.retryable,
+            err.retry_after_s,
+            err.source,
+            details,
+            err.exception,
+        )
+        return ToolResult.from_error(again, result.meta)
 
     @hookimpl
     def discover(self, query: str | None) -> list[Tool] | None:
