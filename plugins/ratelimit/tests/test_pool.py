@@ -295,6 +295,7 @@ async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_
         with pytest.raises(PoolUnavailable) as exc:
             await pool.acquire()
         assert exc.value.kind == "auth" and exc.value.availability.retry_at is None
+        assert "`toolwire keys clear acme`" in str(exc.value)  # the operator's way out
         await pool.clear("b")
         assert (await pool.acquire()).alias == "b"
     # the operator replaced key a's secret: the quarantine is lifted
@@ -305,7 +306,11 @@ async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_
         ]
     )
     async with kernel_with(fixed, state=url) as kernel:
-        assert "a" in {(await key_pool(kernel, "acme").acquire()).alias for _ in range(4)}
+        pool = key_pool(kernel, "acme")
+        status = await pool.status()
+        # before: 'ok', with the old secret's quarantine reason still listed
+        assert status["keys"]["a"] == {**status["keys"]["a"], "state": "ok", "quarantine": None}
+        assert "a" in {(await pool.acquire()).alias for _ in range(4)}
 
 
 async def test_quota_suspends_the_whole_pool() -> None:

@@ -261,8 +261,9 @@ class KeyPool:
                 "quarantined",
                 "auth",
                 f"every key ({', '.join(quarantined)}) is quarantined after an authentication "
-                "failure; replace the keys in the configuration or clear them "
-                "(await pool.clear(alias))",
+                f"failure; replace the keys in the configuration, or clear them once they "
+                f"work again: `toolwire keys clear {self.provider}` (in code: `await "
+                "pool.clear()`)",
                 None,
                 None,
                 shown,
@@ -305,6 +306,8 @@ class KeyPool:
         for a in self.aliases:
             ks = rec["keys"].get(a) or {}
             q = ks.get("q") if isinstance(ks.get("q"), dict) else None
+            if q is not None and q.get("fp") != self._keys[a].fingerprint:
+                q = None  # its secret changed since: that quarantine no longer holds
             keys[a] = {
                 "state": av.keys.get(a, "ok"),
                 "weight": self._keys[a].weight,
