@@ -422,5 +422,6 @@ async def test_a_claim_lost_while_the_call_waits_to_run_is_counted_once(
     assert runs == []  # never run: it lost its claim before it started
     assert res.error is not None and res.error.details["reason"] == "lost_claim"
     assert plugin.counters.lost_claims == 1
+    assert plugin.counters.released == 0  # not ours to give back: not counted as released
     (warning,) = _idem_warnings(caplog)
     assert "'send'" in warning and "'parked'" in warning and "before it started" in warning

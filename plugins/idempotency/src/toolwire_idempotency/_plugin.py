@@ -389,6 +389,8 @@ class IdempotencyPlugin:
                         or err.kind == ErrorKind.CANCELLED
                         or not ctx.attempts  # the tool never ran: nothing to protect
                     ):
+                        if claim.lost:  # someone else's record now: nothing of ours to give back
+                            return
                         await store.compare_and_delete(claim.key, expected_owner=claim.owner)
                         self.counters.released += 1
                         return
