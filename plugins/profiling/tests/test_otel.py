@@ -205,3 +205,13 @@ async def test_an_exporter_or_span_processor_that_fails_never_costs_the_result()
         if isinstance(processor, Broken):  # the plugin's after_call raised: noted, not fatal
             assert [e["plugin"] for e in r.meta.plugin_errors] == ["profiling"]
         provider.shutdown()
+
+
+def test_a_wrong_provider_or_config_type_is_a_typed_error_at_construction() -> None:
+    """Not an AttributeError from deep inside the kernel's startup: the argument is named."""
+    with pytest.raises(TypeError, match=r"tracer_provider must be an OpenTelemetry TracerProvider"):
+        ProfilingPlugin(tracer_provider="http://collector:4318")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"meter_provider must be an OpenTelemetry MeterProvider"):
+        ProfilingPlugin(meter_provider=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"config must be a ProfilingConfig, not dict"):
+        ProfilingPlugin({"tracing": "on"})  # type: ignore[arg-type]

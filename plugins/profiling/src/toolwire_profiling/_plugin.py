@@ -172,6 +172,22 @@ class ProfilingPlugin:
         meter_provider: MeterProvider | None = None,
         store: StateStore | None = None,
     ) -> None:
+        if config is not None and not isinstance(config, ProfilingConfig):
+            raise TypeError(
+                f"profiling: config must be a ProfilingConfig, not {type(config).__name__}; "
+                "build one with ProfilingConfig(**settings) or ProfilingConfig.model_validate(...)"
+            )
+        for arg, method, kind in (
+            (tracer_provider, "get_tracer", "TracerProvider"),
+            (meter_provider, "get_meter", "MeterProvider"),
+        ):
+            if arg is not None and not callable(getattr(arg, method, None)):
+                raise TypeError(
+                    f"profiling: {kind[:-8].lower()}_provider must be an OpenTelemetry {kind} "
+                    f"(with a {method}() method), not {type(arg).__name__}; pass e.g. "
+                    f"opentelemetry.sdk.{'trace' if kind == 'TracerProvider' else 'metrics'}."
+                    f"{kind}(), or None to use the global one"
+                )
         self.config = cfg = config if config is not None else ProfilingConfig()
         self._tracer_provider = tracer_provider
         self._meter_provider = meter_provider
