@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from toolwire_profiling.cli import render_table
+import pytest
+
+from toolwire import ConfigError
+from toolwire_profiling.cli import profiling_config, render_table
 
 
 def run(
@@ -119,6 +122,22 @@ def test_stats_config_errors(tmp_path: Path) -> None:
     (tmp_path / "toolwire.toml").write_text("[plugins.profiling]\nflush_interval_s = -1\n")
     r = run(tmp_path, "stats")
     assert r.returncode == 2 and "plugins.profiling.flush_interval_s" in r.stderr
+
+
+def test_stats_config_error_names_the_environment_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bad value set by TOOLWIRE_PLUGINS__PROFILING__<KEY> is blamed on the variable,
+    not on the toml file that never held it (as the kernel's own config errors do)."""
+    monkeypatch.delenv("TOOLWIRE_PLUGINS__PROFILING__FLUSH_INTERVAL_S", raising=False)
+    with pytest.raises(ConfigError) as info:
+        profiling_config({"flush_interval_s": -1}, "toolwire.toml")
+    assert "environment variable" not in str(info.value)
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__PROFILING__FLUSH_INTERVAL_S", "-1")
+    with pytest.raises(ConfigError) as info:
+        profiling_config({"flush_interval_s": -1}, "toolwire.toml")
+    assert "plugins.profiling.flush_interval_s" in str(info.value)
+    assert "environment variable TOOLWIRE_PLUGINS__PROFILING__FLUSH_INTERVAL_S" in str(info.value)
 
 
 def test_render_table() -> None:

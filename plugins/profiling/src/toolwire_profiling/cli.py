@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -58,6 +59,11 @@ def profiling_config(data: dict[str, Any], file: str | None) -> ProfilingConfig:
                 if e.get("type") == "extra_forbidden"
                 else e.get("msg", "invalid")
             )
+            var = "TOOLWIRE_PLUGINS__PROFILING__" + "__".join(
+                str(p).upper() for p in e.get("loc", ())
+            )
+            if var in os.environ:
+                msg = f"{msg} (the value comes from the environment variable {var})"
             msgs.append(f"plugins.profiling.{loc}: {msg}")
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 
