@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -426,9 +427,13 @@ async def test_a_decision_after_the_request_expired_is_refused() -> None:
             req = await pending.next()
             tg.cancel_scope.cancel()
         assert [r.id for r in await p.pending()] == [req["id"]]  # still pending, unwatched
-        clock.advance(60)
-        with pytest.raises(ApprovalExpiredError, match="expired"):
+        clock.advance(65)
+        with pytest.raises(ApprovalExpiredError, match="expired") as exc:
             await p.approve(req["id"])
+        # A date the approver can read, not a bare epoch number.
+        when = datetime.fromtimestamp(req["expires_at"], UTC).isoformat(timespec="seconds")
+        assert f"expired at {when} (5s ago;" in str(exc.value)
+        assert "calling the tool again asks again" in str(exc.value)
         with pytest.raises(ApprovalExpiredError, match="expired"):
             await p.reject(req["id"], "too late")
     assert rec.runs == []

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -369,9 +370,12 @@ class ApprovalPlugin:
                     request_id=request_id,
                 )
             if now >= rec["expires_at"]:
+                when = datetime.fromtimestamp(rec["expires_at"], UTC).isoformat(timespec="seconds")
                 raise ApprovalExpiredError(
-                    f"approval request {request_id!r} expired at {rec['expires_at']:.0f} "
-                    f"({rec['policy']}, timeout {rec['timeout_s']:g}s); a new call asks again",
+                    f"approval request {request_id!r} expired at {when} "
+                    f"({now - rec['expires_at']:.0f}s ago; {rec['policy']}, timeout "
+                    f"{rec['timeout_s']:g}s) and can no longer be decided; calling the tool "
+                    "again asks again",
                     request_id=request_id,
                 )
             if isinstance(decision, Approve):
