@@ -264,6 +264,17 @@ async def test_the_http_api_refuses_unknown_body_keys_instead_of_ignoring_them()
             r = await http.post(url + path, json=body)
             assert r.status_code == 400, (body, r.text)
             assert bad in r.json()["error"]["message"]
+            assert r.json()["error"]["request_id"] == req["id"]
+        # Every 400 names the request, as the README's error shape says (these did not).
+        for path, raw, bad in [
+            ("/approve", b"not json", "not valid JSON"),
+            ("/reject", b"[1]", "must be a JSON object"),
+            ("", b'{"decision": "maybe"}', '"decision": "approve" or "reject"'),
+        ]:
+            r = await http.post(url + path, content=raw)
+            assert r.status_code == 400, (raw, r.text)
+            error = r.json()["error"]
+            assert bad in error["message"] and error["request_id"] == req["id"], error
         assert (await p.get(req["id"])).status == "pending"  # nothing was decided
         ok = await http.post(url, json={"decision": "approve", "args": {"to": "b@x"}})
         assert ok.status_code == 200, ok.text

@@ -82,13 +82,16 @@ def build_routes(plugin: ApprovalPlugin, prefix: str = "/approvals") -> list[Bas
         try:
             body = json.loads(raw) if raw.strip() else {}
         except ValueError as exc:
-            return _error(400, "bad_request", f"the body is not valid JSON: {exc}")
+            return _error(400, "bad_request", f"the body is not valid JSON: {exc}", request_id=rid)
         if not isinstance(body, dict):
-            return _error(400, "bad_request", "the body must be a JSON object")
+            return _error(400, "bad_request", "the body must be a JSON object", request_id=rid)
         action = action or body.get("decision")
         if action not in ("approve", "reject"):
             return _error(
-                400, "bad_request", 'say "decision": "approve" or "reject" (or POST .../approve)'
+                400,
+                "bad_request",
+                'say "decision": "approve" or "reject" (or POST .../approve)',
+                request_id=rid,
             )
         # An unknown key is refused, not ignored: {"arguments": {...}} (for "args") would
         # otherwise approve the call with its original arguments instead of the edited ones.
