@@ -190,6 +190,9 @@ async def test_a_decision_for_other_args_is_refused() -> None:
             await p.approve(req["id"], fingerprint=other)
         with pytest.raises(FingerprintMismatchError):
             await p.reject(req["id"], fingerprint=other)
+        with pytest.raises(FingerprintMismatchError) as short:  # "abc", not "abc..."
+            await p.approve(req["id"], fingerprint="abc")
+        assert f"of fingerprint {req['fingerprint'][:16]}..., not abc: " in str(short.value)
         assert (await p.get(req["id"])).status == "pending" and rec.runs == []
         await p.approve(req["id"], fingerprint=req["fingerprint"])
     assert not result().is_error and len(rec.runs) == 1

@@ -356,7 +356,7 @@ class ApprovalPlugin:
                 )  # fmt: skip
                 raise FingerprintMismatchError(
                     f"approval request {request_id!r} is for tool {rec['tool']!r} with arguments "
-                    f"of fingerprint {rec['fingerprint'][:16]}..., not {fingerprint[:16]}...: a "
+                    f"of fingerprint {_short_fp(rec['fingerprint'])}, not {_short_fp(fingerprint)}: a "
                     "decision only applies to the arguments it was made for. Look at the "
                     "request again (`toolwire approvals show ID`, or GET it over HTTP) and decide "
                     "on what it shows.",
@@ -1172,3 +1172,8 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004
     )
+
+
+def _short_fp(fingerprint: str) -> str:
+    """A fingerprint as messages show it: its first 16 characters, "..." if it had more."""
+    return fingerprint if len(fingerprint) <= 16 else fingerprint[:16] + "..."
