@@ -198,6 +198,9 @@ async def test_fallback_on_empty() -> None:
         res = await k.call("a", {})
     assert not res.is_error and res.content == {"results": []}
     assert res.meta.served_by == "a" and res.meta.extra["recovered"] == "fallback_on_empty"
+    # the recovered result is a's: b's attempt keeps its own provider, served_by names a's
+    assert [d["provider"] for d in res.meta.extra["attempt_details"]] == ["pa", "pb"]
+    assert res.meta.extra["served_by"] == {"tool": "a", "provider": "pa"}
 
     assert (
         is_empty(None)

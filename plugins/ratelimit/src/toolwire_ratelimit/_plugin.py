@@ -572,6 +572,11 @@ class RateLimitPlugin:
         leases = ctx.state.get("ratelimit")
         rec = leases.get(ctx.attempt) if leases else None
         served_by = result.meta.served_by
+        # A result recovered from an earlier attempt (retry's fallback_on_empty) was not
+        # served by the last attempt: neither its lease nor its detail is the server's.
+        last_served = ctx.attempts[-1].tool == served_by
+        if not last_served:
+            rec = None
         if rec is not None:
             provider = rec["provider"]
         else:  # the hot path: a success without a lease
@@ -584,7 +589,8 @@ class RateLimitPlugin:
                 if not isinstance(provider, str) or not provider:
                     return
         served = {"tool": served_by, "provider": provider}
-        attempt_detail(ctx, len(ctx.attempts))["provider"] = provider
+        if last_served:
+            attempt_detail(ctx, len(ctx.attempts))["provider"] = provider
         if rec is not None and rec.get("alias"):
             served["key"] = rec["alias"]
         result.meta.extra["served_by"] = served
