@@ -121,6 +121,7 @@ async def test_a_timed_out_side_effecting_tool_is_never_retried() -> None:
         assert len(ft.calls) == expected, (read_only, idempotent)
         if expected == 1:
             assert "may have side effects" in res.error.details["retry"]
+            assert res.error.details["gave_up"] == res.error.details["retry"]
 
 
 async def test_only_classified_errors_are_retried() -> None:
@@ -319,8 +320,10 @@ async def test_fallback_on_empty_leaves_shared_tools_alone() -> None:
 async def test_retries_can_be_switched_off_per_tool_and_the_kernel_caps_attempts() -> None:
     ft, t = fake("busy", [BUSY], read_only=True)
     async with kernel([t], retry={"tools": {"busy": {"retry": False}}}) as k:
-        await k.call("busy", {})
+        res = await k.call("busy", {})
     assert len(ft.calls) == 1
+    # the error says why it was not retried, as every give-up does
+    assert res.error is not None and res.error.details["gave_up"] == "retries are off for this tool"
     ft, t = fake("busy", [BUSY], read_only=True)
     async with kernel(
         [t], retry={"max_provider_attempts": 10, "max_attempts": 10}, max_attempts=3

@@ -743,6 +743,8 @@ class RetryPlugin:
         detail.setdefault("decision", "give_up")
         if why:
             detail["reason"] = why
+            if terminal:  # (the exhausted paths set it themselves, after aggregating)
+                error.details.setdefault("gave_up", why)
         return None
 
     async def _exhausted(
