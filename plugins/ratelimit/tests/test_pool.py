@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from toolwire import Kernel, ToolError
+from toolwire import CallContext, ErrorInfo, Kernel, Retry, ToolCall, ToolError, hookimpl
 from toolwire.state import MemoryStore
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
@@ -470,6 +470,75 @@ async def test_on_error_without_a_lease_reports_provider_health() -> None:
         assert res.meta.extra["attempt_details"][0]["provider"] == "up"
         av = await key_pool(kernel, "up").availability()
         assert (av.available, av.retry_after_s) == (False, 4.0)
+
+
+class _RetryRetryable:
+    """An on_error plugin after ratelimit (order 500): retries what was classified retryable."""
+
+    name = "retry_retryable"
+    order = 500
+
+    @hookimpl
+    def on_error(self, call: ToolCall, error: ErrorInfo, ctx: CallContext) -> Retry | None:
+        return Retry() if error.retryable else None
+
+
+class _RetryFirst:
+    """An on_error plugin before ratelimit (order 100): retries every attempt but the first,
+    so ratelimit's on_error never runs for those."""
+
+    name = "retry_first"
+    order = 100
+
+    @hookimpl
+    def on_error(self, call: ToolCall, error: ErrorInfo, ctx: CallContext) -> Retry | None:
+        return Retry() if ctx.attempt > 1 else None
+
+
+async def test_attempt_details_cover_a_retried_success_without_a_provider() -> None:
+    calls = 0
+
+    async def flaky(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ToolError("too many requests", status=429)
+        return {"ok": True}
+
+    from toolwire import Tool
+
+    tool = Tool("flaky", "Flaky.", {"type": "object"}, flaky)
+    async with Kernel(plugins=[RateLimitPlugin(), _RetryRetryable()], tools=[tool]) as kernel:
+        res = await kernel.call("flaky", {})
+        assert not res.is_error and len(res.meta.attempts) == 2
+        details = res.meta.extra["attempt_details"]
+        assert [d["attempt"] for d in details] == [1, 2]
+        assert details[0]["kind"] == "rate_limit"
+        assert "served_by" not in res.meta.extra  # no provider: nothing to name
+        res = await kernel.call("flaky", {})  # a success at once records nothing
+        assert "attempt_details" not in res.meta.extra
+
+
+async def test_attempt_details_cover_a_failed_attempt_ratelimit_did_not_see() -> None:
+    async def busy(args: dict[str, Any], ctx: Any) -> dict[str, Any]:
+        raise ToolError("too many requests", status=429)
+
+    from toolwire import Tool
+
+    tool = Tool("busy", "Busy.", {"type": "object"}, busy)
+    plugins = [RateLimitPlugin(), _RetryRetryable(), _RetryFirst()]
+    async with Kernel(plugins=plugins, tools=[tool], max_attempts=2) as kernel:
+        res = await kernel.call("busy", {})
+        assert res.is_error and len(res.meta.attempts) == 2
+        details = res.meta.extra["attempt_details"]
+        assert details == [
+            {
+                "attempt": 1,
+                "kind": "rate_limit",
+                "pattern": "default.rate_limit.text",
+            },
+            {"attempt": 2},
+        ]
 
 
 class _StallingStore(MemoryStore):

@@ -72,6 +72,15 @@ def attempt_detail(ctx: CallContext, attempt: int | None = None) -> dict[str, An
     return detail
 
 
+def _align_details(ctx: CallContext) -> None:
+    """Once any attempt has a detail, give every attempt one, so that
+    ``attempt_details`` stays as long as ``meta.attempts`` (a retried tool with no
+    provider that then succeeds has no fact about its last attempt)."""
+    lst = ctx.meta.extra.get("attempt_details")
+    if lst is not None and len(lst) < len(ctx.attempts):
+        attempt_detail(ctx, len(ctx.attempts))
+
+
 def _small_json(v: Any, max_depth: int = 16, max_nodes: int = 1000) -> bool:
     """Whether ``v`` is plain JSON data, at most ``max_depth`` deep and ``max_nodes`` large."""
     stack: list[tuple[Any, int]] = [(v, 0)]
@@ -566,6 +575,8 @@ class RateLimitPlugin:
             if self.redactor:
                 self._scrub(err)
                 result.content = self.redactor.value(result.content)
+            if result.meta is ctx.meta:
+                _align_details(ctx)
             return
         if result.meta is not ctx.meta or not ctx.attempts:
             return
@@ -587,6 +598,7 @@ class RateLimitPlugin:
                     tool = ctx.kernel.get_tool(served_by) if served_by else None
                 provider = tool.settings.get("provider") if tool is not None else None
                 if not isinstance(provider, str) or not provider:
+                    _align_details(ctx)
                     return
         served = {"tool": served_by, "provider": provider}
         if last_served:
