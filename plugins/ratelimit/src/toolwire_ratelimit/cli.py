@@ -152,6 +152,8 @@ async def _cmd_clear(args: argparse.Namespace) -> int:
             )
             return 2
         what = f"key {args.alias!r}" if args.alias else "every key"
+        if not args.keep_suspension:
+            what += " and the pool's suspension"
         sys.stdout.write(f"{args.provider}: cleared {what}\n")
         return 0
 
