@@ -69,6 +69,19 @@ def test_unknown_keys_and_bad_values_name_the_key(tmp_path: Path) -> None:
         )
 
 
+def test_a_bad_key_entry_names_its_field_not_pydantics_union(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        kernel_from(
+            tmp_path,
+            '[plugins.ratelimit.providers.x]\nkeys = [{alias = "k", secret = "secret-1234", '
+            "weight = 0}, 5]\n",
+        )
+    msg = str(exc.value)
+    assert "providers.x.keys.0.key.weight: Input should be greater than or equal to 1" in msg
+    assert "providers.x.keys.1.secret: Input should be a valid string" in msg
+    assert "lax-or-strict" not in msg and "KeySpec" not in msg
+
+
 @pytest.mark.parametrize(
     ("toml", "key", "problem"),
     [

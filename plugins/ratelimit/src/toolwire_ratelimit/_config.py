@@ -230,6 +230,18 @@ class KeySpec(BaseModel):
     weight: int = Field(1, ge=1, le=1000)
 
 
+def _key_kind(v: Any) -> str:
+    return "key" if isinstance(v, (dict, KeySpec)) else "secret"
+
+
+#: A key entry: a secret string, or ``{alias, secret, weight}`` (errors name the entry's
+#: field, not pydantic's union of the two).
+KeyEntry = Annotated[
+    Annotated[SecretStr, Tag("secret")] | Annotated[KeySpec, Tag("key")],
+    Discriminator(_key_kind),
+]
+
+
 def _rate(v: Any) -> Any:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         return {"requests": v}
@@ -277,7 +289,7 @@ class ProviderConfig(PatternKeys):
         default_factory=list,
         description="tools served by this provider (the first is its fallback target)",
     )
-    keys: list[SecretStr | KeySpec] = Field(
+    keys: list[KeyEntry] = Field(
         default_factory=list, validation_alias=AliasChoices("keys", "api_keys")
     )
     api_key: SecretStr | None = None
