@@ -73,6 +73,23 @@ def test_sqlite_url_options_and_errors(tmp_path: Path) -> None:
         open_store(f"sqlite:///{tmp_path}/x.db?timeout=1")
     with pytest.raises(ValueError, match="busy_timeout"):
         open_store(f"sqlite:///{tmp_path}/x.db?busy_timeout=soon")
+    # before: -1 was accepted, and inf failed at open with a bare OverflowError
+    for bad in ("-1", "inf", "nan", "1e12"):
+        with pytest.raises(ValueError, match=r"busy_timeout must be a number of seconds from 0"):
+            open_store(f"sqlite:///{tmp_path}/x.db?busy_timeout={bad}")
+    assert open_store(f"sqlite:///{tmp_path}/x.db?busy_timeout=0")._busy_timeout == 0  # type: ignore[attr-defined]
+    with pytest.raises(TypeError, match="busy_timeout"):
+        SQLiteStore(tmp_path / "x.db", busy_timeout="5")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "url", ["redis://:pw@localhost:6379/abc", "redis://localhost/0/1", "rediss+cluster://h:1/x"]
+)
+def test_redis_path_that_is_not_a_database_number(url: str) -> None:
+    """Before: redis-py ignored the path and silently used database 0."""
+    with pytest.raises(ValueError, match="the path must be a database number") as info:
+        open_store(url)
+    assert "pw" not in str(info.value)
 
 
 def test_sqlite_home_is_expanded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -106,13 +106,23 @@ def open_store(url: str, *, clock: Callable[[], float] | None = None) -> StateSt
                 raise ValueError(
                     f"state store URL {shown!r}: busy_timeout must be a number of seconds"
                 ) from None
-        return SQLiteStore(path, clock=clock, **options)
+        try:
+            return SQLiteStore(path, clock=clock, **options)
+        except ValueError as exc:  # busy_timeout out of range
+            raise ValueError(f"state store URL {shown!r}: {exc}") from None
 
     if scheme in _REDIS_SCHEMES:
         if clock is not None and clock is not time.time:
             raise ValueError(
                 f"state store URL {shown!r}: the redis backend uses the Redis server's clock; "
                 "clock= only applies to memory:// and sqlite://"
+            )
+        db = parts.path.strip("/")
+        if scheme != "unix" and db and not db.isdigit():
+            # redis-py ignores a database it cannot parse and uses 0: say so instead
+            raise ValueError(
+                f"state store URL {shown!r}: the path must be a database number "
+                f"(redis://host:6379/0), not {parts.path!r}"
             )
         return RedisStore(url.strip())
 

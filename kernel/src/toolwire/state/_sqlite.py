@@ -104,6 +104,10 @@ def _vacuum(conn: sqlite3.Connection, pragma: str) -> None:
         log.debug("sqlite state: incremental vacuum skipped: %s", exc)
 
 
+#: The longest ``busy_timeout`` (seconds): SQLite's is milliseconds in a signed 32-bit int.
+_MAX_BUSY_TIMEOUT_S = 2_000_000.0
+
+
 class SQLiteStore(StateStore):
     """State in one SQLite file, safe across the tasks and processes of a host.
 
@@ -132,6 +136,16 @@ class SQLiteStore(StateStore):
     ) -> None:
         self.path = os.fspath(path)
         self._clock: Callable[[], float] = clock or time.time
+        if isinstance(busy_timeout, bool) or not isinstance(busy_timeout, (int, float)):
+            raise TypeError(
+                f"busy_timeout must be a number of seconds, not {type(busy_timeout).__name__}"
+            )
+        # SQLite takes whole milliseconds in a C int: inf or 1e300 cannot be given to it
+        if not 0 <= busy_timeout <= _MAX_BUSY_TIMEOUT_S:
+            raise ValueError(
+                f"busy_timeout must be a number of seconds from 0 to {_MAX_BUSY_TIMEOUT_S:g} "
+                f"(about 23 days), not {busy_timeout!r}"
+            )
         self._busy_timeout = float(busy_timeout)
         self._conn: sqlite3.Connection | None = None
         self._state: Literal["new", "open", "closed"] = "new"
