@@ -12,7 +12,7 @@ import anyio
 import anyio.abc
 import pytest
 
-from toolwire.state import Entry, RedisStore, StateStoreError, open_store
+from toolwire.state import Entry, RedisStore, StateDataError, StateStoreError, open_store
 from toolwire.state._redis import CHANNEL_PREFIX, redact_url
 
 pytestmark = pytest.mark.anyio
@@ -230,6 +230,51 @@ async def test_incr_overflow(fresh_redis_url: str) -> None:
         with pytest.raises(StateStoreError, match="64-bit"):
             await store.incr("big")
         assert await store.get("big") == 2**63 - 1
+        # an amount past 64 bits is refused before a new key stores it (before, it was
+        # stored, and every later incr of the key failed)
+        for amount in (2**63, -(2**63) - 1):
+            with pytest.raises(StateStoreError, match="amount does not fit"):
+                await store.incr("new", amount)
+        assert await store.get_entry("new") is None
+        assert await store.incr("new", -(2**63)) == -(2**63)
+
+
+@pytest.mark.redis
+async def test_incr_on_a_foreign_hash_is_a_data_error(fresh_redis_url: str) -> None:
+    """Before: "its value is null (null), not an integer", a plain StateStoreError."""
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        await raw.hset("foreign:hash", "a", "b")
+        with pytest.raises(StateDataError, match="'foreign:hash' is a hash without"):
+            await store.incr("foreign:hash")
+        assert await raw.hgetall("foreign:hash") == {"a": "b"}
+
+
+def _with_path_and_query(url: str, path: str, query: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+
+
+@pytest.mark.redis
+async def test_unknown_url_option_is_an_invalid_url(redis_url: str) -> None:
+    """Before: "command failed in the Redis client (TypeError ...); a write may or may
+    not have been applied", on every call."""
+    url = _with_path_and_query(redis_url, urlsplit(redis_url).path, "no_such_option=1")
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert f"redis state store URL {redact_url(url)} is invalid" in message
+    assert "no_such_option" in message and "fix the state URL" in message
+    assert "may or may not" not in message
+
+
+@pytest.mark.redis
+async def test_database_the_server_lacks_says_which_numbers_exist(redis_url: str) -> None:
+    url = _with_path_and_query(redis_url, "/100000", urlsplit(redis_url).query)
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert "the server has no such database" in message
+    assert "/0 to /15" in message
 
 
 @pytest.mark.redis

@@ -237,7 +237,7 @@ return n
 _LUA_INCR = """
 if redis.call('EXISTS', k) == 1 then
   local v = redis.call('HGET', k, 'v')
-  if not v or not string.match(v, '^%-?%d+$') then return {'notint', v or 'null'} end
+  if not v or not string.match(v, '^%-?%d+$') then return {'notint', v} end
   local r = redis.pcall('HINCRBY', k, 'v', ARGV[2])
   if type(r) == 'table' and r.err then return {'overflow', v} end
   bump(true)
@@ -631,6 +631,7 @@ class RedisStore(StateStore):
             if self._state == "open":
                 return
             import redis.asyncio
+            from redis import exceptions as rx
             from redis.asyncio.retry import Retry
             from redis.backoff import EqualJitterBackoff
             from redis.exceptions import ConnectionError as RedisConnectionError
@@ -667,7 +668,25 @@ class RedisStore(StateStore):
                 ) from exc
             try:
                 with self._errors(None):
-                    await client.ping()
+                    try:
+                        await client.ping()
+                    except TypeError as exc:
+                        # redis-py hands unknown ?options= to the connection as keywords
+                        if "unexpected keyword argument" not in str(exc):
+                            raise
+                        raise StateStoreError(
+                            f"redis state store URL {self.safe_url} is invalid: an option in "
+                            f"its query is not a Redis connection option ({exc}); fix the "
+                            "state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
+                        ) from exc
+                    except rx.ResponseError as exc:
+                        if "DB index is out of range" not in str(exc):
+                            raise
+                        raise StateStoreError(
+                            f"redis state store at {self.safe_url}: the server has no such "
+                            f"database ({exc}); use a database number below the server's "
+                            "`databases` setting (16 by default: /0 to /15) in the state URL"
+                        ) from exc
             except BaseException:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
@@ -990,8 +1009,19 @@ class RedisStore(StateStore):
         _check_key(key)
         _check_amount(amount)
         ttl = _check_ttl(ttl)
+        if not -(2**63) <= amount < 2**63:  # else a new key would store it and fail later
+            raise StateStoreError(
+                f"cannot incr state key {key!r} by {amount}: the amount does not fit in the "
+                "64-bit integers Redis counts with"
+            )
         status, text = await self._script("incr", key, [str(amount), _ttl_ms(ttl)])
         if status == "notint":
+            if text is None:  # Lua's false: a hash without toolwire's value field
+                raise StateDataError(
+                    f"redis state store at {self.safe_url}: key {key!r} is a hash without "
+                    "a toolwire value field: something other than toolwire wrote it. Delete "
+                    "the key (or choose another key prefix)"
+                )
             raise _not_int_error(key, _decode(text, key))
         if status == "overflow":
             raise StateStoreError(
