@@ -118,6 +118,13 @@ def test_call_refuses_an_empty_id(capsys: pytest.CaptureFixture[str]) -> None:
 def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, out, _ = run(capsys, "config", "check")
     assert code == 0 and isinstance(out, dict) and out["ok"] and out["state"] == "sqlite"
+    assert out["state_url"] == "sqlite:///.toolwire/state.db"  # in the working directory
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "toolwire.toml").write_text("enabled_plugins = []\n")
+    code, out, _ = run(capsys, "--config", str(conf / "toolwire.toml"), "config", "check")
+    assert code == 0 and isinstance(out, dict)
+    assert out["state_url"].endswith(f"{conf}/.toolwire/state.db")  # beside the config file
     bad = tmp_path / "bad.toml"
     bad.write_text('state = "memory://"\nunknown_key = 1\n')
     code, out, err = run(capsys, "--config", str(bad), "config", "check")

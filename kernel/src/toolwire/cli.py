@@ -47,7 +47,7 @@ from ._kernel import Kernel
 from ._logging import configure_logging
 from ._terminal import TERMINAL_EXTENSION, Terminal
 from ._types import ToolResult
-from .state import StateStoreError
+from .state import StateStoreError, redact_url
 
 __all__ = [
     "CLI_ENTRY_POINT_GROUP",
@@ -267,6 +267,8 @@ async def _cmd_config_check(args: argparse.Namespace) -> int:
             "ok": True,
             "config_file": cfg.path,
             "state": kernel.state.backend,
+            # which file or server: the embedded SQLite file's place depends on the config
+            "state_url": redact_url(cli_state_url(cfg)),
             "plugins": [p.name for p in kernel.plugins.ordered()],
             "tools": len(kernel.list_tools()),
         }
