@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from toolwire_mcp_testkit import HttpUpstream, clean_env, write_config
+from toolwire_mcp_testkit import UPSTREAM, HttpUpstream, clean_env, write_config
 
 from toolwire import Kernel
 from toolwire_mcp import MCPConfig, MCPPlugin
@@ -105,6 +105,37 @@ async def test_a_cwd_that_does_not_exist_is_named_as_the_cwd(tmp_path: Path) -> 
     entry = {"command": sys.executable, "args": ["-c", "pass"], "cwd": str(tmp_path / "gone")}
     msg = await down_message(plugin(entry))
     assert f"`cwd` {str(tmp_path / 'gone')!r} of [plugins.mcp.servers.s] does not exist" in msg
+
+
+async def test_a_relative_cwd_is_relative_to_the_config_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: relative to the gateway's working directory, unlike every other path in
+    toolwire.toml; an MCP client spawning `toolwire serve --config /abs/toolwire.toml` from
+    its own directory got "`cwd` 'work' ... does not exist"."""
+    conf = tmp_path / "conf"
+    (conf / "work").mkdir(parents=True)
+    # Found only from the right directory: the relative script path proves the child's cwd.
+    (conf / "work" / "server.py").write_text(
+        f"import runpy\nrunpy.run_path({str(UPSTREAM)!r}, run_name='__main__')\n"
+    )
+    write_config(
+        conf / "toolwire.toml",
+        {"state": "memory://", "enabled_plugins": ["mcp"]},
+        {
+            "plugins.mcp.servers.s": {
+                "command": sys.executable,
+                "args": ["server.py"],
+                "cwd": "work",
+            }
+        },
+    )
+    monkeypatch.chdir(tmp_path)  # not the config file's directory
+    async with Kernel.from_config(conf / "toolwire.toml") as k:
+        status = k.get_plugin("mcp").servers()["s"]
+        assert status["status"] == "up", status
+        r = await k.call("s_forecast", {"city": "Lyon"})
+    assert r.error is None and r.content == {"result": "sunny in Lyon"}, r
 
 
 async def test_a_command_that_is_a_directory_or_not_on_path_says_what_to_fix(

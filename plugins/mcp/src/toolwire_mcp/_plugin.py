@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from toolwire import Kernel, Tool, hookimpl
 
-from ._config import MCPConfig
+from ._config import MCPConfig, ServerConfig
 
 if TYPE_CHECKING:
     from ._upstream import Upstream
@@ -18,6 +19,22 @@ if TYPE_CHECKING:
 __all__ = ["MCPPlugin"]
 
 log = logging.getLogger("toolwire.mcp")
+
+
+def _cwd_beside(cfg: ServerConfig, cfg_file: str | None) -> ServerConfig:
+    """``cfg`` with a relative ``cwd`` made absolute under the config file's directory.
+
+    Like every path in toolwire.toml: relative to the file, not to wherever the gateway
+    was started (an MCP client spawning ``toolwire serve --config`` picks that directory,
+    often / or the home directory). Without a config file it stays as written.
+    """
+    if cfg.cwd is None or not cfg_file:
+        return cfg
+    cwd = os.path.expanduser(cfg.cwd)
+    if os.path.isabs(cwd):
+        return cfg
+    base = os.path.dirname(os.path.abspath(cfg_file))
+    return cfg.model_copy(update={"cwd": os.path.join(base, cwd)})
 
 
 class MCPPlugin:
@@ -55,7 +72,9 @@ class MCPPlugin:
 
         self._kernel = kernel
         self._refresh_lock = anyio.Lock()
+        cfg_file = kernel.config.path if kernel.config is not None else None
         for name, cfg in servers.items():
+            cfg = _cwd_beside(cfg, cfg_file)
             up = Upstream(name, cfg, self.config, kernel, self._refresh)
             await up.load_known_tools()
             self._upstreams[name] = up
