@@ -241,6 +241,8 @@ async def test_a_timeout_answers_timeout(upstream: HttpUpstream, direct: bool) -
         r = await k.call("up_slow", {"seconds": 5})
         assert r.error is not None and r.error.kind == "timeout", r.error
         assert r.error.details["mcp_code"] == -32001
+        # Before: only "Request 'tools/call' timed out": which limit, set where?
+        assert "`timeout` = 300 ms of [plugins.mcp.servers.up]" in r.error.message, r.error
         assert (await k.call("up_forecast", {"city": "Kyiv"})).content is not None
         assert up.direct_calls == (2 if direct else 0)
 

@@ -1102,8 +1102,15 @@ class Upstream:
                 mcp_types.INVALID_PARAMS: ErrorKind.INVALID_ARGS,
                 mcp_types.METHOD_NOT_FOUND: ErrorKind.NOT_FOUND,
             }.get(code, ErrorKind.TOOL_ERROR)
+            hint = ""
+            if code == mcp_types.REQUEST_TIMEOUT and self.cfg.timeout:
+                # The limit is ours: say which setting it is, or the caller guesses.
+                hint = (
+                    f"; no answer within `timeout` = {self.cfg.timeout} ms of "
+                    f"[plugins.mcp.servers.{self.name}]: raise it if the tool needs longer"
+                )
             return ToolError(
-                f"{prefix}: {exc.message} (MCP error {code})",
+                f"{prefix}: {exc.message} (MCP error {code}){hint}",
                 kind=kind,
                 details={**where, "mcp_code": code},
             )
