@@ -33,7 +33,7 @@ from toolwire_mcp._convert import (
         ({"url": "http://h", "transport": "stdio"}, "needs transport 'http' or 'sse'"),
         ({"command": "x", "transport": "stdio", "type": "sse"}, "disagree"),
         ({"command": "x", "colour": "red"}, "Extra inputs"),
-        ({"command": "x", "timeout": 0}, "greater than 0"),
+        ({"command": "x", "timeout": 0}, "whole number of milliseconds > 0"),
     ],
 )
 def test_server_entries_are_checked(entry: dict[str, Any], needle: str) -> None:
@@ -457,8 +457,22 @@ def test_keys_of_the_other_kind_of_server_are_config_errors(
     entry: dict[str, Any], stray: str
 ) -> None:
     """Before: headers on a stdio entry or env on an HTTP entry were ignored without a word."""
-    with pytest.raises(pydantic.ValidationError, match=f"{stray} do\\(es\\) not apply to"):
+    verb = "do" if ", " in stray else "does"
+    with pytest.raises(pydantic.ValidationError, match=f"{stray} {verb} not apply to"):
         ServerConfig.model_validate(entry)
+
+
+@pytest.mark.parametrize("bad", [1.5, 0.5, 0, -100, True])
+def test_a_timeout_that_is_not_whole_milliseconds_says_the_unit(bad: Any) -> None:
+    """Before: `timeout = 1.5` (seconds, as one guesses) got pydantic's "Input should be a
+    valid integer, got a number with a fractional part", naming no unit."""
+    with pytest.raises(pydantic.ValidationError, match="whole number of milliseconds > 0"):
+        ServerConfig.model_validate({"command": "srv", "timeout": bad})
+
+
+def test_a_timeout_in_whole_milliseconds_is_kept() -> None:
+    for good, ms in ((1500, 1500), (2000.0, 2000), ("2500", 2500)):
+        assert ServerConfig.model_validate({"command": "srv", "timeout": good}).timeout == ms
 
 
 def test_timed_http_protocol_takes_a_finite_positive_deadline() -> None:

@@ -96,6 +96,20 @@ class ServerConfig(BaseModel):
     enabled: bool = Field(True, description="false: ignore this entry")
     description: str | None = Field(None, description="free text (ignored)")
 
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _timeout_in_ms(cls, v: Any) -> Any:
+        # Seconds are the usual guess (timeout = 1.5, timeout = 0.5): say the unit.
+        if v is None or isinstance(v, str):
+            return v  # None, or a string from the environment: pydantic's own check
+        whole = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+        if whole and not isinstance(v, bool) and v > 0:
+            return v
+        raise ValueError(
+            f"got {v!r}: `timeout` is a whole number of milliseconds > 0 (the mcpServers "
+            "convention), e.g. 30000 for 30 s"
+        )
+
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, v: str | None) -> str | None:
@@ -154,7 +168,8 @@ class ServerConfig(BaseModel):
         )
         if stray:
             what = "a stdio server (`command`)" if self.command else "an HTTP server (`url`)"
-            raise ValueError(f"{', '.join(f'`{k}`' for k in stray)} do(es) not apply to {what}")
+            verb = "does" if len(stray) == 1 else "do"
+            raise ValueError(f"{', '.join(f'`{k}`' for k in stray)} {verb} not apply to {what}")
         return self
 
     @property
