@@ -153,6 +153,10 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kern
     assert "connection was lost during the call to 'crash'" in r.error.message
     assert "simulated crash" in r.error.message  # the server's last stderr lines
     assert r.error.details["in_flight"] is True
+    assert "_ConnectionLost" not in r.error.message  # before: a private class name, quoted
+    down = await kernel.call("up_forecast", {"city": "Oslo"})  # reconnecting, most likely
+    if down.error is not None:
+        assert "_ConnectionLost" not in down.error.message, down.error.message
     r = await call_until_back(kernel, "up_forecast", {"city": "Oslo"})
     assert r.content == {"result": "sunny in Oslo"}
 

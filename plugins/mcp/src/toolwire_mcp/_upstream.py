@@ -249,6 +249,8 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
+    if isinstance(exc, _ConnectionLost):  # ours: its text says it, the class name is noise
+        return str(exc)
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, RuntimeError) else text
 
