@@ -420,108 +420,70 @@ async def test_a_success_that_uses_up_the_month_suspends_the_pool(mock: respx.Mo
     assert second.content["served_by"] == "exa" and brave.call_count == 1
 
 
-class _StoreThatFailsLater:
-    """A memory store whose reads and writes fail once ``down`` is set (Redis went away)."""
+class _StoreThatGoesAway:
+    """A memory store whose reads and writes, once ``gone`` is set, fail (``"down"``: Redis
+    went away) or never answer (``"hung"``)."""
 
-    def __new__(cls) -> Any:
-        from toolwire.state import MemoryStore, StateStoreError
-
-        class Store(MemoryStore):
-            down = False
-
-            async def get_entry(self, key: str) -> Any:
-                if self.down:
-                    raise StateStoreError("memory state store: injected outage")
-                return await super().get_entry(key)
-
-            async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
-                if self.down:
-                    raise StateStoreError("memory state store: injected outage")
-                return await super().compare_and_set(key, value, **kw)
-
-        return Store()
-
-
-@pytest.mark.parametrize("month_used_up", [False, True], ids=["success", "month-used-up"])
-async def test_a_store_outage_after_the_answer_never_costs_the_results(
-    mock: respx.MockRouter, month_used_up: bool
-) -> None:
-    """Before: the key's bookkeeping after a good answer (its success, or the used-up month)
-    raised StateStoreError out of the tool: the search had run, its results were dropped."""
-    store = _StoreThatFailsLater()
-    headers = headers_of("brave_web_search_200.json")
-    if month_used_up:
-        headers = {**headers, "X-RateLimit-Remaining": "0, 0"}
-
-    def answer(request: httpx.Request) -> httpx.Response:
-        store.down = True  # the store goes away while the backend answers
-        return ok("brave_web_search_200.json", headers)
-
-    mock.get(BRAVE_URL).mock(side_effect=answer)
-    kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, with_retry=False, state=store)
-    async with kernel:
-        res = await kernel.call("web_search", {"query": "q"})
-        store.down = False
-    assert not res.is_error, res.error
-    assert res.content["served_by"] == "brave" and len(res.content["results"]) == 3
-    if month_used_up:
-        assert any("could not be set aside" in w for w in res.content["warnings"])
-
-
-class _StoreThatHangsLater:
-    """A memory store whose reads and writes never answer once ``hung`` is set."""
-
-    def __new__(cls) -> Any:
+    def __new__(cls, how: str) -> Any:
         import anyio
 
-        from toolwire.state import MemoryStore
+        from toolwire.state import MemoryStore, StateStoreError
+
+        async def away() -> None:
+            if how == "down":
+                raise StateStoreError("memory state store: injected outage")
+            await anyio.sleep_forever()
 
         class Store(MemoryStore):
-            hung = False
+            gone = False
 
             async def get_entry(self, key: str) -> Any:
-                if self.hung:
-                    await anyio.sleep_forever()
+                if self.gone:
+                    await away()
                 return await super().get_entry(key)
 
             async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
-                if self.hung:
-                    await anyio.sleep_forever()
+                if self.gone:
+                    await away()
                 return await super().compare_and_set(key, value, **kw)
 
         return Store()
 
 
+@pytest.mark.parametrize("how", ["down", "hung"])
 @pytest.mark.parametrize("month_used_up", [False, True], ids=["success", "month-used-up"])
-async def test_a_store_that_stops_answering_after_the_answer_is_logged(
-    mock: respx.MockRouter, caplog: pytest.LogCaptureFixture, month_used_up: bool
+async def test_a_store_outage_after_the_answer_never_costs_the_results(
+    mock: respx.MockRouter, caplog: pytest.LogCaptureFixture, month_used_up: bool, how: str
 ) -> None:
-    """The bookkeeping after a good answer is bounded: past the bound the results are kept
-    and the operator is told which key's state was not recorded. Before, the bound cut it
-    without a word in the log (only a failing store was logged)."""
+    """Before: the key's bookkeeping after a good answer (its success, or the used-up month)
+    raised StateStoreError out of the tool: the search had run, its results were dropped.
+    The bookkeeping is bounded too: a store that stops answering is logged, naming what was
+    not recorded (before, the bound cut it without a word)."""
     caplog.set_level(logging.WARNING)
-    store = _StoreThatHangsLater()
+    store = _StoreThatGoesAway(how)
     headers = headers_of("brave_web_search_200.json")
     if month_used_up:
         headers = {**headers, "X-RateLimit-Remaining": "0, 0"}
 
     def answer(request: httpx.Request) -> httpx.Response:
-        store.hung = True  # the store stops answering while the backend answers
+        store.gone = True  # the store goes away while the backend answers
         return ok("brave_web_search_200.json", headers)
 
     mock.get(BRAVE_URL).mock(side_effect=answer)
     kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, with_retry=False, state=store)
     async with kernel:
         res = await kernel.call("web_search", {"query": "q"})
-        store.hung = False
+        store.gone = False
     assert not res.is_error, res.error
     assert res.content["served_by"] == "brave" and len(res.content["results"]) == 3
     if month_used_up:
         assert any("could not be set aside" in w for w in res.content["warnings"])
-        assert "could not set the used-up key aside" in caplog.text
-    else:
-        assert "could not record the key's success" in caplog.text
-    assert "did not answer within 2s" in caplog.text
+    if how == "hung":
+        if month_used_up:
+            assert "could not set the used-up key aside" in caplog.text
+        else:
+            assert "could not record the key's success" in caplog.text
+        assert "did not answer within 2s" in caplog.text
 
 
 async def test_exa_429_is_a_rate_limit(mock: respx.MockRouter) -> None:
