@@ -377,3 +377,43 @@ def test_a_field_alias_is_refused_when_the_tool_is_built() -> None:
 
     with pytest.raises(TypeError, match="Field alias"):
         build_tool(f)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "says"),
+    [
+        ({"tags": "files"}, TypeError, r"tags=\['files'\]"),
+        ({"tags": ["files", 1]}, TypeError, "every tag must be a non-empty str, got 1"),
+        ({"tags": [""]}, TypeError, "non-empty str"),
+        ({"tags": 3}, TypeError, "give a list of str, not int"),
+        ({"timeout": -1}, ValueError, r"timeout=-1\): give the per-attempt limit in seconds"),
+        ({"timeout": 0}, ValueError, "a number > 0"),
+        ({"timeout": "5"}, ValueError, "a number > 0"),
+        ({"timeout": True}, ValueError, "a number > 0"),
+        ({"timeout": float("nan")}, ValueError, "a number > 0"),
+        ({"read_only": "yes"}, TypeError, r"read_only='yes'\): give True, False or None"),
+        ({"destructive": 1}, TypeError, "destructive=1"),
+        ({"annotations": {"readOnlyHint": True}}, TypeError, "give a toolwire.ToolAnnotations"),
+        ({"name": 3}, TypeError, r"@tool\(name=...\): give a str or None, not int"),
+        ({"title": 3}, TypeError, r"@tool\(title=...\)"),
+    ],
+)
+def test_bad_tool_options_are_refused_where_written(
+    options: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    # Accepted, they broke later and elsewhere: tags="files" became five
+    # one-letter tags, an int tag made every find_tools of the catalog raise,
+    # read_only="yes" went to MCP clients as a non-boolean hint.
+    with pytest.raises(error, match=says):
+        tool(**options)
+
+
+def test_good_tool_options_still_pass() -> None:
+    @tool(tags=("files", "io"), timeout=2.5, read_only=True, destructive=False, title="T")
+    def f(x: int) -> int:
+        return x
+
+    t = build_tool(f)
+    assert t.tags == frozenset({"files", "io"})
+    assert t.timeout_s == 2.5
+    assert t.annotations.to_dict() == {"title": "T", "readOnlyHint": True, "destructiveHint": False}

@@ -108,6 +108,20 @@ def tool(
         annotations: a full ``ToolAnnotations`` instead of the flags above.
         settings: free-form per-tool settings plugins may read (e.g. ``approval="REQUIRED"``).
     """
+    _check_options(
+        name,
+        description,
+        timeout,
+        tags,
+        annotations,
+        title=title,
+        flags={
+            "read_only": read_only,
+            "destructive": destructive,
+            "idempotent": idempotent,
+            "open_world": open_world,
+        },
+    )
     ann = annotations or ToolAnnotations(
         title=title,
         readOnlyHint=read_only,
@@ -134,6 +148,51 @@ def tool(
     if fn is not None:
         return mark(fn)
     return mark
+
+
+def _check_options(
+    name: Any,
+    description: Any,
+    timeout: Any,
+    tags: Any,
+    annotations: Any,
+    *,
+    title: Any,
+    flags: dict[str, Any],
+) -> None:
+    """Refuse ``@tool`` options that would break the catalog or its exports later."""
+    for key, value in (("name", name), ("description", description), ("title", title)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"@tool({key}=...): give a str or None, not {type(value).__name__}")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ValueError(
+            f"@tool(timeout={timeout!r}): give the per-attempt limit in seconds, a number > 0, "
+            "or None for no limit of the tool's own"
+        )
+    if isinstance(tags, (str, bytes)):
+        raise TypeError(f"@tool(tags={tags!r}): give a list of tags, e.g. tags=[{tags!r}]")
+    try:
+        bad = [t for t in tags if not isinstance(t, str) or not t]
+    except TypeError:
+        raise TypeError(f"@tool(tags=...): give a list of str, not {type(tags).__name__}") from None
+    if bad:
+        raise TypeError(f"@tool(tags=...): every tag must be a non-empty str, got {bad[0]!r}")
+    for key, value in flags.items():
+        if value is not None and not isinstance(value, bool):
+            raise TypeError(
+                f"@tool({key}={value!r}): give True, False or None (unset); "
+                "MCP clients read it as a boolean hint"
+            )
+    if annotations is not None and not isinstance(annotations, ToolAnnotations):
+        raise TypeError(
+            f"@tool(annotations=...): give a toolwire.ToolAnnotations, not "
+            f"{type(annotations).__name__} (or use title=, read_only=, destructive=, ...)"
+        )
 
 
 # --------------------------------------------------------------- docstrings
