@@ -197,7 +197,7 @@ async def test_discover_returning_garbage_names_the_plugin() -> None:
 
 async def test_removing_what_is_not_there_says_what_is() -> None:
     async with Kernel(tools=[ping], plugins=[Source("s", ["a"])]) as k:
-        with pytest.raises(KeyError, match="its source is 's', not local"):
+        with pytest.raises(KeyError, match=r"discover listing \(source 's'\): remove that plugin"):
             k.remove_tool("a")
         with pytest.raises(KeyError, match="no tool of that name is in the catalog"):
             k.remove_tool("nope")
@@ -576,3 +576,33 @@ def test_a_module_naming_one_tool_twice_adds_it_once(
 
     k = Kernel()
     assert [t.name for t in k.add_tool(aliasmod)] == ["lookup"]
+
+
+async def test_adding_a_held_name_says_how_to_add_it_anyway() -> None:
+    k = Kernel(tools=[ping])
+
+    def other() -> str:
+        return "other"
+
+    with pytest.raises(ToolCollisionError, match=r"already holds it.*remove_tool\('ping'\)") as ei:
+        k.add_tool(other, name="ping")
+    assert "namespace=" in str(ei.value) and "tools.modules" not in str(ei.value)
+    assert ei.value.name == "ping"
+    async with Kernel(plugins=[Source("s", ["a"])]) as k2:
+        # a plugin's tool cannot be removed with remove_tool: not suggested
+        with pytest.raises(ToolCollisionError, match="source 's'") as ei:
+            k2.add_tool(other, name="a")
+        assert "remove_tool" not in str(ei.value)
+    assert k.add_tool(k.get_tool("ping")) == [k.get_tool("ping")]  # the same Tool: no clash
+
+
+async def test_a_source_tool_with_non_str_tags_is_refused() -> None:
+    async def ex(args: dict[str, Any], ctx: Any) -> Any:
+        return 1
+
+    bad = Tool(name="t", description="", input_schema={"type": "object"}, executor=ex)
+    bad.tags = frozenset({1})  # type: ignore[arg-type]
+    k = Kernel()
+    with pytest.raises(ValueError, match="tags must be a set of non-empty str"):
+        k.add_tool(bad)
+    assert k.find_tools("t") == []  # the catalog, and its index, stay usable

@@ -49,7 +49,12 @@ class PluginError(KernelError):
 class ToolCollisionError(KernelError):
     """Two tool sources contributed the same tool name."""
 
-    def __init__(self, name: str, first: str, second: str) -> None:
+    def __init__(self, name: str, first: str, second: str, *, hint: str | None = None) -> None:
+        self.name = name
+        self.sources = (first, second)
+        if hint is not None:  # the caller knows better what to do (e.g. add_tool)
+            super().__init__(f"tool name {name!r}: {hint}")
+            return
         hints = []
         for source in (first, second):
             kind, _, rest = source.partition(":")

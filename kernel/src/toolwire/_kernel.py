@@ -117,6 +117,12 @@ def _check_tool(tool: Tool, source: str) -> None:
             f"tool {name!r} (from {source}): input_schema must be a JSON Schema (a dict), "
             f"not {type(schema).__name__}"
         )
+    tags = tool.tags
+    if isinstance(tags, (str, bytes)) or not all(isinstance(t, str) and t for t in tags):
+        raise ValueError(
+            f"tool {name!r} (from {source}): tags must be a set of non-empty str, got "
+            f"{tags!r}; e.g. tags=frozenset({{'files'}})"
+        )
     kind = schema.get("type")
     if kind is not None and kind != "object" and not (isinstance(kind, list) and "object" in kind):
         raise ValueError(
@@ -124,6 +130,15 @@ def _check_tool(tool: Tool, source: str) -> None:
             'arguments are always one JSON object: give it "type": "object" and "properties" '
             "(MCP, OpenAI and Anthropic refuse any other)"
         )
+
+
+def _added_twice(held: Tool, local: bool) -> str:
+    """What to do when ``add_tool`` meets a name the catalog already holds."""
+    where = f"the catalog already holds it (source {held.source!r}): add this one under another "
+    where += "name with add_tool(..., name=...) or namespace=..."
+    if local:
+        return f"{where}, or remove_tool({held.name!r}) first to replace it"
+    return where
 
 
 def _timed_out(seconds: float) -> str:
@@ -453,10 +468,20 @@ class Kernel:
         seen: dict[str, Tool] = {}
         for t in new:
             _check_tool(t, "local")
-            self._check_collision(t, self._local)
+            held = self._local.get(t.name) or self._catalog.get(t.name)
+            if held is not None and held is not t:
+                raise ToolCollisionError(
+                    t.name, held.source, t.source, hint=_added_twice(held, t.name in self._local)
+                )
             twin = seen.setdefault(t.name, t)
             if twin is not t:
-                raise ToolCollisionError(t.name, twin.source, t.source)
+                raise ToolCollisionError(
+                    t.name,
+                    twin.source,
+                    t.source,
+                    hint="two tools of this add_tool call have that name: rename one "
+                    "(@tool(name=...))",
+                )
         for t in new:
             self._local[t.name] = t
         self._rebuild_catalog()
@@ -466,20 +491,15 @@ class Kernel:
         """Remove a local tool."""
         if name not in self._local:
             where = (
-                f"its source is {self._catalog[name].source!r}, not local: remove that source "
-                "or exclude the tool there"
+                f"it comes from a plugin's discover listing (source "
+                f"{self._catalog[name].source!r}): remove that plugin (remove_plugin) "
+                "or exclude the tool in its configuration"
                 if name in self._catalog
                 else "no tool of that name is in the catalog"
             )
             raise KeyError(f"no local tool {name!r} (added with add_tool) to remove; {where}")
         del self._local[name]
         self._rebuild_catalog()
-
-    def _check_collision(self, tool: Tool, *others: Mapping[str, Tool]) -> None:
-        for other in (*others, self._catalog):
-            prev = other.get(tool.name)
-            if prev is not None and prev is not tool:
-                raise ToolCollisionError(tool.name, prev.source, tool.source)
 
     def _rebuild_catalog(self) -> None:
         cat: dict[str, Tool] = dict(self._local)
