@@ -188,3 +188,49 @@ async def test_hostile_bodies_in_details_stay_serializable() -> None:
             text = json.dumps(res.to_dict())
             assert len(text) < 20_000
             assert res.error is not None and res.error.details["body_truncated"]
+
+
+@pytest.mark.parametrize("leased", [True, False])
+async def test_a_quota_that_suspends_the_pool_says_when_to_come_back(
+    api: FakeProvider, client: httpx.AsyncClient, leased: bool
+) -> None:
+    # a 402 without a reset time suspends the pool for suspend_seconds: the error itself
+    # carries that delay (not only the next call's PoolUnavailable), still not retryable
+    from toolwire import ToolError
+
+    @tool(name="acme_plain", provider="acme")
+    async def acme_plain(q: str) -> Any:
+        """Fails like a tool that reports its HTTP failure without leasing a key."""
+        raise ToolError("payment required", status=402, details={"body": "out of credits"})
+
+    api.script(Reply(402, json={"error": "You have run out of credits."}))
+    clock = FakeClock()
+    config = cfg()
+    config.providers["acme"].suspend_seconds = 3600
+    tools = [search_tool(api.url, client), acme_plain]
+    async with Kernel(clock=clock, plugins=[RateLimitPlugin(config)], tools=tools) as kernel:
+        r1 = await kernel.call("acme_search" if leased else "acme_plain", {"q": "x"})
+        assert r1.error is not None
+        assert (r1.error.kind, r1.error.retryable, r1.error.retry_after_s) == (
+            "quota",
+            False,
+            3600.0,
+        )
+        assert r1.meta.extra["attempt_details"][-1]["retry_after_s"] == 3600.0
+        clock.advance(600)
+        r2 = await kernel.call("acme_search", {"q": "x"})
+        assert r2.error is not None and r2.error.kind == "quota"
+        assert r2.error.retry_after_s == pytest.approx(3000.0)
+
+
+async def test_a_quota_reset_time_from_the_provider_wins_over_suspend_seconds(
+    api: FakeProvider, client: httpx.AsyncClient
+) -> None:
+    api.script(Reply(402, json={"error": "out of credits"}, headers={"Retry-After": "120"}))
+    async with Kernel(
+        clock=FakeClock(), plugins=[RateLimitPlugin(cfg())], tools=[search_tool(api.url, client)]
+    ) as kernel:
+        r = await kernel.call("acme_search", {"q": "x"})
+        assert r.error is not None
+        assert (r.error.kind, r.error.retryable, r.error.retry_after_s) == ("quota", False, 120.0)
+        assert (await key_pool(kernel, "acme").availability()).retry_after_s == 120.0

@@ -438,11 +438,13 @@ class RateLimitPlugin:
             await lease.release()
             return None
         c, ev = self.classify_exception(exc, provider=lease.provider, lease=lease)
-        await lease._report(c)
+        suspended_s = await lease._report(c)
         if lease.ctx is not None:
             rec = self._call_state(lease.ctx).get(lease.attempt or 0)
             if rec is not None:
                 rec["c"], rec["ev"] = c, ev
+                if suspended_s is not None:
+                    rec["suspended_until"] = self._now() + suspended_s
         if not (self.redactor and (self.redactor.contains(ev.text) or self._exc_has_secret(exc))):
             return None
         msg = self.redactor.text(f"{type(exc).__name__}: {exc}")[:MAX_MESSAGE]
@@ -503,6 +505,7 @@ class RateLimitPlugin:
         alias = (rec or {}).get("alias")
         c: Classification | None = None
         ev: Evidence | None = None
+        suspended_until: float | None = (rec or {}).get("suspended_until")
         if error.details.get("classified_by"):
             kind = str(error.kind)
             error.retryable = (
@@ -519,14 +522,19 @@ class RateLimitPlugin:
                 ev = gather(error, max_body=self.settings.max_body_bytes)
                 c = self.classifier.classify(ev, self._scopes(call.name, provider), now=self._now())
                 if provider is not None and rec is None and c.kind in ("rate_limit", "quota"):
-                    await self.pool(provider).report(
+                    suspended_s = await self.pool(provider).report(
                         None, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
                     )
+                    if suspended_s is not None:
+                        suspended_until = self._now() + suspended_s
         if c is not None:
             error.kind = c.kind
             error.retryable = c.retryable
             if c.retry_after_s is not None:
                 error.retry_after_s = c.retry_after_s
+            elif c.kind == "quota" and suspended_until is not None and error.retry_after_s is None:
+                # the failure suspended the whole pool: say when it may be used again
+                error.retry_after_s = max(0.0, suspended_until - self._now())
             extra = self._details(c, ev, provider, alias)
             if any(k in error.details for k in BODY_KEYS):
                 extra.pop("body", None)  # keep the tool's own body (bounded by _scrub)

@@ -415,7 +415,7 @@ class KeyPool:
         reason: str | None = None,
         probe: bool | None = None,
         probe_id: str | None = None,
-    ) -> None:
+    ) -> float | None:
         """Record what happened with a key (``alias=None``: the provider as a whole).
 
         ``outcome``: ``success`` (clears cooldown strikes), ``rate_limit``
@@ -430,11 +430,14 @@ class KeyPool:
         probe (``KeyLease`` passes it); a ``success`` or ``release`` of a probe that
         is no longer the key's current one (its holder outlived
         ``probe_timeout_s`` and another lease took over) is treated the same way.
+
+        Returns the seconds the whole pool is now suspended for when this report
+        suspended it (a ``quota``), else None.
         """
         s = self.settings
         if alias is None:
             if not self._implicit and outcome not in ("quota",):
-                return  # a failure not tied to a key of a keyed pool: only suspension applies
+                return None  # a failure not tied to a key of a keyed pool: only suspension applies
             a = IMPLICIT if self._implicit else None
         else:
             if alias not in self._keys:
@@ -442,8 +445,11 @@ class KeyPool:
             a = alias
         ra = retry_after_s if retry_after_s is not None and retry_after_s >= 0 else None
         logged: list[str] = []
+        suspended: list[float] = []
 
         def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
+            logged.clear()  # fn runs again when a concurrent writer won the update
+            suspended.clear()
             keys = rec["keys"]
             ks = dict(keys.get(a) or {}) if a is not None else {}
             before = dict(ks)
@@ -488,6 +494,7 @@ class KeyPool:
                         "key": None if self._implicit else a,
                     }
                     logged.append(f"whole pool suspended for {dur:.0f}s")
+                    suspended.append(dur)
                 else:
                     ks.update(cool_until=now + dur, strikes=int(_num(ks, "strikes")) + 1)
                     logged.append(f"key exhausted, cooling for {dur:.0f}s")
@@ -526,6 +533,7 @@ class KeyPool:
             )
             lvl = logging.WARNING if outcome in ("auth", "quota") else logging.INFO
             log.log(lvl, "%s: %s: %s (pattern %s)", who, outcome, msg, pattern)
+        return suspended[-1] if suspended else None
 
     async def clear(self, alias: str | None = None, *, suspension: bool = True) -> None:
         """Lift cooldowns and quarantine of ``alias`` (None: every key), and the suspension."""
@@ -634,19 +642,21 @@ class KeyLease:
         await self._report(c)
         return c
 
-    async def _report(self, c: Classification) -> None:
+    async def _report(self, c: Classification) -> float | None:
+        """Report ``c``; the seconds the whole pool is suspended for, if it now is."""
         if self._done:
-            return
+            return None
         self._done = True
         if c.kind in ("rate_limit", "quota", "auth"):
-            await self.pool.report(
+            return await self.pool.report(
                 self.alias, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
             )
-        elif c.kind in ("unavailable", "timeout"):
+        if c.kind in ("unavailable", "timeout"):
             if self.probe:  # only this lease's own probe ends (see release)
                 await self.pool.report(self.alias, "release", probe_id=self._probe_id)
         else:  # the key worked; the request itself failed (bad query, denied...)
             await self.pool.report(self.alias, "success", probe=self.probe, probe_id=self._probe_id)
+        return None
 
 
 #: How long the bookkeeping after an answer (a key's success), or after a cancellation or
