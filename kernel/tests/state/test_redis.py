@@ -196,11 +196,16 @@ async def test_foreign_keys_are_reported_or_skipped(fresh_redis_url: str) -> Non
             await store.set("foreign:str", 1)
         assert await raw.get("foreign:str") == "x"
         assert await store.get_entry("foreign:hash") is None
-        assert [e.key for e in await store.scan("foreign:")] == ["foreign:ours"]
+        # scan reports the string as get does (before, it skipped it silently)
+        with pytest.raises(StateDataError, match="foreign:str"):
+            await store.scan("foreign:")
         for key in ("foreign:str", "foreign:hash"):
             with pytest.raises(StateStoreError, match=key):
                 await store.set_if_absent_or_get(key, 1)
         assert await raw.hgetall("foreign:hash") == {"a": "b"}
+        await raw.delete("foreign:str")
+        # a hash without toolwire's fields is absent to get, and to scan
+        assert [e.key for e in await store.scan("foreign:")] == ["foreign:ours"]
 
 
 @pytest.mark.redis

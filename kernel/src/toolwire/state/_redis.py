@@ -875,8 +875,9 @@ class RedisStore(StateStore):
     async def scan(self, prefix: str, *, limit: int | None = None) -> list[Entry]:
         """Live entries whose key starts with ``prefix``, sorted by key.
 
-        Uses SCAN over the whole database, so it costs O(number of keys).
-        Keys that are not toolwire entries (other data types) are skipped.
+        Uses SCAN over the whole database, so it costs O(number of keys). A key
+        under ``prefix`` that holds another Redis type (a string, a list...) or a
+        corrupt toolwire hash is a ``StateDataError`` naming it, as ``get`` raises.
         """
         _check_key(prefix)
         if limit is not None and limit < 0:
@@ -898,8 +899,9 @@ class RedisStore(StateStore):
                         pipe.hmget(k, ["v", "ver", "o", "x"])
                     replies = await pipe.execute(raise_on_error=False)
                 for k, fields in zip(batch, replies, strict=True):
-                    if isinstance(fields, Exception):
-                        continue  # e.g. WRONGTYPE: not ours
+                    if isinstance(fields, Exception):  # e.g. WRONGTYPE: named as get does
+                        with self._errors(k):
+                            raise fields
                     entry = _from_fields(k, fields)
                     if entry is not None:
                         out.append(entry)
@@ -1087,4 +1089,13 @@ def _from_fields(key: str, fields: list[Any]) -> Entry | None:
     text, ver, owner, expires = fields
     if text is None or ver is None:
         return None
-    return Entry(key, _decode(text, key), int(ver), owner, int(expires) / 1000 if expires else None)
+    try:
+        version = int(ver)
+        expires_at = int(expires) / 1000 if expires else None
+    except ValueError:
+        raise StateDataError(
+            f"state key {key!r} is a hash whose version {ver!r} or expiry {expires!r} is not "
+            "an integer; something other than toolwire wrote it. Delete the key (or choose "
+            "another key prefix)"
+        ) from None
+    return Entry(key, _decode(text, key), version, owner, expires_at)
