@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -18,6 +19,7 @@ from toolwire.state._redis import CHANNEL_PREFIX, redact_url
 pytestmark = pytest.mark.anyio
 
 redis_asyncio = pytest.importorskip("redis.asyncio")
+redis_sync = pytest.importorskip("redis")
 
 
 @pytest.fixture
@@ -61,6 +63,68 @@ async def test_wrong_credentials_are_named_as_such_not_as_unreachable(redis_url:
     message = str(info.value)
     assert "refused the credentials" in message and "unreachable" not in message
     assert "wrong-pass-123" not in message
+
+
+@pytest.mark.redis
+async def test_rediss_to_a_server_without_tls_says_it_may_not_speak_tls(redis_url: str) -> None:
+    """Before: after 5 s, "is unreachable: Timeout connecting ...; start redis-server"."""
+    scheme, rest = redis_url.split("://", 1)
+    assert scheme == "redis", "TOOLWIRE_REDIS_URL should be a plain (non-TLS) server"
+    url = f"rediss://{rest.split('?', 1)[0]}?socket_connect_timeout=0.5"
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert "may not speak TLS" in message and "redis://" in message, message
+    assert "start redis-server" not in message
+
+
+@pytest.fixture
+def password_redis(free_tcp_port: int) -> Iterator[str]:
+    """A private redis-server that requires a password: its URL without the password."""
+    import os
+    import shutil
+    import subprocess
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        if os.environ.get("TOOLWIRE_REQUIRE_REDIS") == "1":
+            pytest.fail("redis-server is not on PATH")
+        pytest.skip("redis-server is not on PATH")
+    args = ["--bind", "127.0.0.1", "--port", str(free_tcp_port), "--save", ""]
+    args += ["--appendonly", "no", "--requirepass", "s3cret-pw"]
+    proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{free_tcp_port}/0"
+        client = redis_sync.Redis.from_url(url, password="s3cret-pw")
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis_sync.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("user", ["", "default@"])
+async def test_a_missing_password_is_named_as_such(password_redis: str, user: str) -> None:
+    """Before: "refused the credentials: HELLO must be called with the client already
+    authenticated..." (or NOAUTH), which does not say that a password is missing."""
+    url = password_redis.replace("redis://", f"redis://{user}", 1)
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert "requires a password" in message and "gives none" in message, message
+    assert "redis://:PASSWORD@" in message
+    # with the password it works
+    scheme, rest = password_redis.split("://", 1)
+    async with RedisStore(f"{scheme}://:s3cret-pw@{rest}") as store:
+        await store.set("k", 1)
+        assert await store.get("k") == 1
 
 
 async def test_dead_redis_error_redacts_the_password(free_tcp_port: int) -> None:

@@ -765,6 +765,42 @@ class RedisStore(StateStore):
             raise StateStoreError(f"redis state store at {self.safe_url} is closed; {CLOSED_HINT}")
         return self._client
 
+    def _lacks_password(self) -> bool:
+        """Whether neither the URL nor the client options give a password."""
+        if self._client_options.get("password"):
+            return False
+        try:
+            return not urllib.parse.urlsplit(self._connect_url).password
+        except ValueError:
+            return False
+
+    def _missing_password(self, exc: BaseException) -> StateStoreError:
+        return StateStoreError(
+            f"redis state store at {self.safe_url}: the server requires a password and the "
+            f"state URL gives none ({exc}); put it in the URL: redis://:PASSWORD@host:6379/0, "
+            "or redis://USER:PASSWORD@host:6379/0 for an ACL user"
+        )
+
+    def _unreachable(self, exc: BaseException) -> StateStoreError:
+        text = str(exc)
+        if self.url.lower().startswith("rediss") and (
+            isinstance(exc, TimeoutError) or "Timeout" in text or "SSL" in text
+        ):
+            # a TLS client waits for the server's handshake, which a server without TLS
+            # never sends (it waits for a command): a timeout, not a refusal
+            hint = (
+                "the server may not speak TLS (the URL says rediss://): use redis:// for a "
+                "server without TLS, or point the URL at the server's tls-port"
+            )
+        else:
+            hint = (
+                "start redis-server or fix the state URL "
+                "(`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
+            )
+        return StateStoreError(
+            f"redis state store at {self.safe_url} is unreachable: {exc}; {hint}"
+        )
+
     @contextlib.contextmanager
     def _errors(self, key: str | None) -> Iterator[None]:
         """Turn redis-py / socket errors into StateStoreError naming the server."""
@@ -773,6 +809,11 @@ class RedisStore(StateStore):
         try:
             yield
         except rx.AuthenticationError as exc:
+            # a server with requirepass answers a client without a password "NOAUTH
+            # Authentication required" or (RESP3) "HELLO must be called with the client
+            # already authenticated..."; a user without a password: "invalid username-password"
+            if self._lacks_password():
+                raise self._missing_password(exc) from exc
             raise StateStoreError(
                 f"redis state store at {self.safe_url} refused the credentials: {exc}; check "
                 "the user and password in the state URL (redis://user:password@host:6379/0)"
@@ -792,16 +833,17 @@ class RedisStore(StateStore):
                         "concurrency"
                     )
                 ) from exc
-            raise StateStoreError(
-                f"redis state store at {self.safe_url} is unreachable: {exc}; "
-                "start redis-server or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
-            ) from exc
+            raise self._unreachable(exc) from exc
         except (rx.TimeoutError, OSError) as exc:
-            raise StateStoreError(
-                f"redis state store at {self.safe_url} is unreachable: {exc}; "
-                "start redis-server or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
-            ) from exc
+            raise self._unreachable(exc) from exc
         except (rx.ClusterDownError, rx.RedisClusterException) as exc:
+            text = str(exc)
+            if (
+                "NOAUTH" in text or "Authentication required" in text or "HELLO must" in text
+            ) and self._lacks_password():
+                raise self._missing_password(exc) from exc
+            if self.cluster and "Timeout" in text and self.url.lower().startswith("rediss"):
+                raise self._unreachable(exc) from exc
             hint = (
                 "check the cluster (redis-cli --cluster check) or fix the state URL"
                 if self.cluster
@@ -813,6 +855,8 @@ class RedisStore(StateStore):
         except rx.RedisError as exc:
             what = "" if key is None else f" on key {key!r}"
             hint = ""
+            if "NOAUTH" in str(exc) and self._lacks_password():
+                raise self._missing_password(exc) from exc
             if "WRONGTYPE" in str(exc):
                 raise StateDataError(
                     f"redis state store at {self.safe_url}: command{what} failed: {exc} (the "
