@@ -4,7 +4,8 @@ Every test that takes ``store`` (or ``backend``) runs against each backend:
 memory and sqlite under asyncio *and* trio (with a fake clock), redis under
 asyncio against a real server, and redis-cluster against a real three-node
 Redis Cluster. A test module may restrict the backends with
-``STATE_BACKENDS = ("sqlite", "redis")``.
+``STATE_BACKENDS = ("sqlite", "redis")``, a test with
+``@pytest.mark.state_backends("redis", "redis-cluster")``.
 
 Redis: the URL comes from ``TOOLWIRE_REDIS_URL`` (default
 ``redis://127.0.0.1:6379/15``). THAT DATABASE IS FLUSHED before every redis
@@ -104,7 +105,8 @@ class Backend:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend_spec" in metafunc.fixturenames:
-        wanted = getattr(metafunc.module, "STATE_BACKENDS", ALL_BACKENDS)
+        marker = metafunc.definition.get_closest_marker("state_backends")
+        wanted = marker.args if marker else getattr(metafunc.module, "STATE_BACKENDS", ALL_BACKENDS)
         specs = [p for p in _SPECS if p.values[0][0] in wanted]  # type: ignore[index]
         metafunc.parametrize("backend_spec", specs, indirect=True)
 
