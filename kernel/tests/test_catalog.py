@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -606,3 +607,88 @@ async def test_a_source_tool_with_non_str_tags_is_refused() -> None:
     with pytest.raises(ValueError, match="tags must be a set of non-empty str"):
         k.add_tool(bad)
     assert k.find_tools("t") == []  # the catalog, and its index, stay usable
+
+
+# ---------------------------------------------------------- sources of listed tools
+def _bare(name: str) -> Tool:
+    """A tool built as a plugin might, without a ``source``."""
+    return Tool(name=name, description=f"{name}.", input_schema={"type": "object"}, executor=_noop)
+
+
+class Bare:
+    """A tool source that returns the same ``Tool`` objects every time, sources as built."""
+
+    def __init__(
+        self, name: str, tools: list[Tool], *, by_query: dict[str, list[Tool]] | None = None
+    ) -> None:
+        self.name = name
+        self.tools = tools
+        self.by_query = by_query or {}
+
+    @hookimpl
+    def discover(self, query: str | None) -> list[Tool] | None:
+        return list(self.tools) if query is None else self.by_query.get(query)
+
+
+async def test_a_listed_tool_without_a_source_is_recorded_under_its_plugin() -> None:
+    """Before: it kept source 'local', so `source:<plugin>` found none of a plugin's tools."""
+    now, alerts, extra = _bare("weather_now"), _bare("weather_alerts"), _bare("extra_x")
+    maps = dataclasses.replace(_bare("weather_map"), source="weather:maps")
+    src = Bare("weather", [now, maps], by_query={"alerts": [alerts]})
+    async with Kernel(tools=[ping], plugins=[src]) as k:
+        await k.discover("alerts")
+        await k.add_plugin(Bare("extra", [extra]))
+        sources = {t.name: t.source for t in k.list_tools()}
+        assert sources == {
+            "ping": "local",
+            "weather_now": "weather",
+            "weather_map": "weather:maps",  # a source the plugin set is kept
+            "weather_alerts": "weather",  # found by a query
+            "extra_x": "extra",  # listed by a plugin added while running
+        }
+        found = k.find_tools("source:weather", mode="explicit")
+        assert [t.name for t in found] == ["weather_now", "weather_alerts"]
+        assert (await k.call("weather_now", {})).error is None
+    assert now.source == "local"  # the plugin's own Tool is left as it was
+
+
+async def test_one_tool_object_listed_in_two_kernels_gets_each_plugins_name() -> None:
+    shared = _bare("lookup")
+    ka, kb = Kernel(plugins=[Bare("a", [shared])]), Kernel(plugins=[Bare("b", [shared])])
+    async with ka, kb:
+        assert ka.get_tool("lookup").source == "a"  # type: ignore[union-attr]
+        assert kb.get_tool("lookup").source == "b"  # type: ignore[union-attr]
+
+
+async def test_relisting_the_same_tool_keeps_its_catalog_entry() -> None:
+    """The entry the kernel records a listed tool under is made once per tool object: a
+    refresh returning the same objects changes nothing (not even the ranker's index)."""
+    tool_ = _bare("lookup")
+    src = Bare("a", [tool_])
+    async with Kernel(plugins=[src]) as k:
+        held = k.get_tool("lookup")
+        await k.refresh_tools()
+        assert k.get_tool("lookup") is held
+        src.tools = [dataclasses.replace(tool_, description="Changed.")]
+        await k.refresh_tools()
+        new = k.get_tool("lookup")
+        assert new is not held and new is not None
+        assert (new.source, new.description) == ("a", "Changed.")
+
+
+async def test_a_query_finding_a_name_another_plugin_listed_is_a_clash() -> None:
+    """Before: both tools were 'local', so b's was taken for a's and silently dropped."""
+    a = Bare("a", [_bare("lookup")])
+    b = Bare("b", [], by_query={"look": [_bare("lookup")]})
+    async with Kernel(plugins=[a, b]) as k:
+        with pytest.raises(ToolCollisionError) as ei:
+            await k.discover("look")
+        assert ei.value.sources == ("a", "b")
+
+
+async def test_a_clash_between_two_plugins_names_the_plugins() -> None:
+    """Before: both sources were 'local'."""
+    k = Kernel(plugins=[Bare("alpha", [_bare("lookup")]), Bare("beta", [_bare("lookup")])])
+    with pytest.raises(ToolCollisionError) as ei:
+        await k.start()
+    assert ei.value.sources == ("alpha", "beta")

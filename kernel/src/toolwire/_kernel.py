@@ -269,6 +269,9 @@ class Kernel:
         self._catalog_lock: anyio.Lock | None = None
         #: tools a query brought in (``discover(query)``), with the plugin that gave them
         self._queried: dict[str, tuple[str, Tool]] = {}
+        #: (plugin, name) -> (the plugin's Tool, the catalog's copy recorded under the
+        #: plugin's name): the same object listed again keeps the same catalog entry
+        self._renamed: dict[tuple[str, str], tuple[Tool, Tool]] = {}
         self._locks: dict[object, anyio.Lock] = {}
         self._started = False
         self._start_lock: anyio.Lock | None = None
@@ -511,6 +514,8 @@ class Kernel:
         for n, (_, t) in self._queried.items():
             cat.setdefault(n, t)  # a full listing or a local tool of that name wins
         old, self._catalog = self._catalog, cat
+        if self._renamed:  # forget the copies of tools no longer listed
+            self._renamed = {k: v for k, v in self._renamed.items() if cat.get(k[1]) is v[1]}
         self._aliases_stale = True
         index = self._index
         if index is not None:  # incremental: ~40 µs per changed tool instead of a rebuild
@@ -694,8 +699,9 @@ class Kernel:
             self._rebuild_catalog()
         return list(out.values())
 
-    @staticmethod
-    def _check_tools(plugin: str, res: Any) -> list[Tool]:
+    def _check_tools(self, plugin: str, res: Any) -> list[Tool]:
+        """The tools a plugin's ``discover`` returned, checked; those that kept the default
+        source ``"local"`` as copies recorded under the plugin's name."""
         if res is None:
             return []
         if not isinstance(res, (list, tuple)) or not all(isinstance(t, Tool) for t in res):
@@ -714,7 +720,19 @@ class Kernel:
                 _check_tool(t, plugin)
             except ValueError as exc:
                 raise PluginError(plugin, str(exc)) from None
-        return list(res)
+        return [self._under(plugin, t) if t.source == "local" else t for t in res]
+
+    def _under(self, plugin: str, tool: Tool) -> Tool:
+        """``tool`` recorded under ``plugin``'s name: "local" is the source of tools added
+        with ``add_tool``, never of a plugin's. A copy (the plugin's object may be in other
+        kernels), made once per object, so relisting it changes nothing."""
+        key = (plugin, tool.name)
+        held = self._renamed.get(key)
+        if held is not None and held[0] is tool:
+            return held[1]
+        copy = dataclasses.replace(tool, source=plugin)
+        self._renamed[key] = (tool, copy)
+        return copy
 
     async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
         try:
