@@ -546,8 +546,9 @@ async def test_add_plugin_is_not_stopped_by_a_clash_between_other_sources() -> N
         await k.refresh_tools(keep_on_collision=True)
         await k.add_plugin(Source("z", ["z_tool"]))
         assert k.get_tool("z_tool") is not None
-        with pytest.raises(ToolCollisionError, match="'x_only'"):
+        with pytest.raises(ToolCollisionError, match="'x_only'") as ei:
             await k.add_plugin(Source("w", ["x_only"]))  # its own clash still fails
+        assert ei.value.plugins == ("x", "w")
         assert "w" not in k.plugins.plugins
 
 
@@ -684,6 +685,7 @@ async def test_a_query_finding_a_name_another_plugin_listed_is_a_clash() -> None
         with pytest.raises(ToolCollisionError) as ei:
             await k.discover("look")
         assert ei.value.sources == ("a", "b")
+        assert ei.value.plugins == ("a", "b")
 
 
 async def test_a_clash_between_two_plugins_names_the_plugins() -> None:
@@ -692,3 +694,95 @@ async def test_a_clash_between_two_plugins_names_the_plugins() -> None:
     with pytest.raises(ToolCollisionError) as ei:
         await k.start()
     assert ei.value.sources == ("alpha", "beta")
+    assert ei.value.plugins == ("alpha", "beta")
+
+
+# ---------------------------------------------------------------- collision advice
+def _sourced(plugin: str, source: str, *names: str) -> Bare:
+    return Bare(plugin, [dataclasses.replace(_bare(n), source=source) for n in names])
+
+
+async def _clash(*plugins: Bare, tools: list[Any] | None = None) -> ToolCollisionError:
+    k = Kernel(tools=tools or [], plugins=plugins)
+    with pytest.raises(ToolCollisionError) as ei:
+        await k.start()
+    await k.close()
+    return ei.value
+
+
+async def test_a_clash_between_third_party_plugins_says_to_configure_them() -> None:
+    """Before: any source not `mcp:<server>` was told to set `tools.modules = [{module = ...,
+    namespace = ...}]`, a setting of local tool modules that cannot rename a plugin's tools."""
+    msg = str(await _clash(Source("alpha", ["lookup"]), Source("beta", ["lookup"])))
+    assert "tools.modules" not in msg, msg
+    assert "for source 'alpha', configure the tool names of plugin 'alpha'" in msg, msg
+    assert "for source 'beta', configure the tool names of plugin 'beta'" in msg, msg
+
+
+async def test_a_clash_with_a_local_tool_says_how_to_rename_each() -> None:
+    err = await _clash(Source("remote", ["ping"]), tools=[ping])
+    assert err.plugins == (None, "remote")  # None: a local tool
+    msg = str(err)
+    assert "for source 'local', add it under another name: add_tool(..., name=...)" in msg, msg
+    assert "configure the tool names of plugin 'remote'" in msg, msg
+    assert "tools.modules" not in msg, msg
+    from toolwire import examples
+
+    msg = str(await _clash(Source("remote", ["add"]), tools=[examples]))
+    assert 'tools.modules = [{module = "toolwire.examples", namespace = ...}]' in msg, msg
+
+
+async def test_a_clash_with_an_a2a_agent_points_at_its_nickname() -> None:
+    msg = str(
+        await _clash(
+            _sourced("a2a", "a2a:research", "agent_research"), Source("x", ["agent_research"])
+        )
+    )
+    assert "give agent 'research' another `nickname` in [plugins.a2a] agents" in msg, msg
+    assert "tools.modules" not in msg and "namespace" not in msg, msg
+
+
+@pytest.mark.parametrize(
+    ("name", "advice"),
+    [
+        ("search_docs", "rename [plugins.search.collections.docs]"),
+        (
+            "web_search_brave",
+            "its name is fixed: turn backend 'brave' off with "
+            "[plugins.search.brave] enabled = false",
+        ),
+        (
+            "web_search_mine",
+            "its name is fixed: turn backend 'mine' off with "
+            "[plugins.search.backends.mine] enabled = false",
+        ),
+        ("web_search", "web_search is a fixed name of the search plugin: rename the other tool"),
+    ],
+)
+async def test_a_clash_with_a_search_tool_says_what_the_search_plugin_can_change(
+    name: str, advice: str
+) -> None:
+    msg = str(await _clash(_sourced("search", "search", name), Source("x", [name])))
+    assert f"for source 'search', {advice}" in msg, msg
+    assert "tools.modules" not in msg and "namespace" not in msg, msg
+
+
+def test_a_collision_error_built_without_plugins_goes_by_the_sources() -> None:
+    e = ToolCollisionError("t", "mcp:a", "mcp:b")
+    assert e.plugins is None
+    assert "`namespace` of [plugins.mcp.servers.a]" in str(e)
+    assert "`namespace` of [plugins.mcp.servers.b]" in str(e)
+    odd = str(ToolCollisionError("t", "local", "vendor"))
+    assert "add_tool(..., name=...)" in odd  # 'local' is only ever a local tool
+    assert "for source 'vendor', rename or namespace it where that source is set up" in odd
+
+
+async def test_a_refresh_keeping_the_holder_logs_the_advice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    alpha, beta = Source("alpha", ["search"]), Source("beta", [])
+    async with Kernel(plugins=[alpha, beta]) as k:
+        beta.tools = ["search"]
+        await k.refresh_tools(keep_on_collision=True)
+    logged = [r.getMessage() for r in caplog.records if "claimed by" in r.getMessage()]
+    assert len(logged) == 1 and "configure the tool names of plugin 'beta'" in logged[0], logged

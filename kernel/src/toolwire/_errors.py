@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,32 +48,108 @@ class PluginError(KernelError):
 
 
 class ToolCollisionError(KernelError):
-    """Two tool sources contributed the same tool name."""
+    """Two tool sources contributed the same tool name.
 
-    def __init__(self, name: str, first: str, second: str, *, hint: str | None = None) -> None:
+    ``plugins`` pairs with ``sources``: the plugin whose ``discover`` listed each
+    tool, None for a local tool (``add_tool``, ``[tools] modules``). The message
+    says, for each source, how that source can give the tool another name. Built
+    without ``plugins`` (None), the advice goes by the source strings alone.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        first: str,
+        second: str,
+        *,
+        hint: str | None = None,
+        plugins: tuple[str | None, str | None] | None = None,
+    ) -> None:
         self.name = name
         self.sources = (first, second)
+        self.plugins = plugins
         if hint is not None:  # the caller knows better what to do (e.g. add_tool)
             super().__init__(f"tool name {name!r}: {hint}")
             return
-        hints = []
-        for source in (first, second):
-            kind, _, rest = source.partition(":")
-            if kind == "mcp" and rest:  # an upstream MCP server of the mcp plugin
-                hint = (
-                    f"`namespace` of [plugins.mcp.servers.{rest}] (or [plugins.mcp] name_template)"
-                )
-            else:
-                hint = "tools.modules = [{module = ..., namespace = ...}]"
-            if hint not in hints:
-                hints.append(hint)
         super().__init__(
             f"tool name {name!r} is provided by both source {first!r} and source {second!r}; "
-            f"give one of them a namespace (e.g. {' or '.join(hints)}) "
-            f"or exclude the tool from one source"
+            "give it another name in one of them, or leave it out of one: "
+            + collision_advice(name, self.sources, plugins)
         )
-        self.name = name
-        self.sources = (first, second)
+
+
+_UNKNOWN = object()  # who listed a tool is not known: go by its source alone
+
+
+def collision_advice(
+    name: str, sources: tuple[str, str], plugins: tuple[str | None, str | None] | None = None
+) -> str:
+    """For each of two sources claiming ``name``: how that source can rename its tool.
+
+    ``plugins`` as in ``ToolCollisionError``. One clause per source,
+    ``for source 'x', ...``, joined with ``; `` (one when both read the same).
+    """
+    parts: list[str] = []
+    for i, source in enumerate(sources):
+        by: object = _UNKNOWN if plugins is None else plugins[i]
+        part = f"for source {source!r}, {_source_advice(name, source, by)}"
+        if part not in parts:
+            parts.append(part)
+    return "; ".join(parts)
+
+
+def _source_advice(name: str, source: str, by: object) -> str:
+    """How ``source`` can give its tool ``name`` another name (``by``: the listing plugin,
+    None for a local tool, ``_UNKNOWN``)."""
+    kind, _, rest = source.partition(":")
+    if by is None or (by is _UNKNOWN and source == "local"):
+        if source in sys.modules:  # a module's tools carry its name
+            return (
+                f'give the module a namespace: tools.modules = [{{module = "{source}", '
+                "namespace = ...}] (in code: add_tool(module, namespace=...))"
+            )
+        return "add it under another name: add_tool(..., name=...) or add_tool(..., namespace=...)"
+    if kind == "mcp" and rest:  # an upstream MCP server of the mcp plugin
+        return (
+            f"set `namespace` of [plugins.mcp.servers.{rest}] (or [plugins.mcp] name_template), "
+            "or leave the tool out with that server's `exclude`"
+        )
+    if kind == "a2a" and rest:  # an agent of the a2a plugin: its tools are agent_<nickname>
+        return (
+            f"give agent {rest!r} another `nickname` in [plugins.a2a] agents (its tools are "
+            "agent_<nickname> and agent_<nickname>_task), or drop that agent"
+        )
+    if source == "search":
+        return _search_advice(name)
+    if isinstance(by, str):
+        return (
+            f"configure the tool names of plugin {by!r} (see its documentation), "
+            "or remove one of the two"
+        )
+    return (
+        "rename or namespace it where that source is set up (a tool module: tools.modules = "
+        "[{module = ..., namespace = ...}]; a plugin: its tool-name settings), "
+        "or remove one of the two"
+    )
+
+
+def _search_advice(name: str) -> str:
+    """The search plugin's tool names are fixed: web_search, web_search_<backend>,
+    search_<collection>."""
+    if name.startswith("search_"):
+        collection = name.removeprefix("search_")
+        return (
+            f"rename [plugins.search.collections.{collection}] "
+            "(its tool is search_<collection name>)"
+        )
+    if name.startswith("web_search_"):
+        backend = name.removeprefix("web_search_")
+        table = backend if backend in ("brave", "exa", "searxng") else f"backends.{backend}"
+        return (
+            f"its name is fixed: turn backend {backend!r} off with "
+            f"[plugins.search.{table}] enabled = false"
+        )
+    return "web_search is a fixed name of the search plugin: rename the other tool"
 
 
 class ToolCallError(KernelError):

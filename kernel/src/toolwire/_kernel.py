@@ -20,7 +20,7 @@ import pydantic
 
 from ._background import BackgroundTask
 from ._clock import Clock, SystemClock
-from ._errors import KernelError, PluginError, ToolCollisionError
+from ._errors import KernelError, PluginError, ToolCollisionError, collision_advice
 from ._events import EventBus
 from ._hooks import TRACE_ENV, PluginInfo, PluginRegistry
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image
@@ -371,7 +371,8 @@ class Kernel:
             for t in self._check_tools(impl.plugin, res):
                 prev = found.get(t.name) or self._catalog.get(t.name)
                 if prev is not None and prev is not t:
-                    raise ToolCollisionError(t.name, prev.source, t.source)
+                    first = plugin if t.name in found else self._listed_by(t.name)
+                    raise ToolCollisionError(t.name, prev.source, t.source, plugins=(first, plugin))
                 found[t.name] = t
         if found:
             self._discovered.update(found)
@@ -509,7 +510,9 @@ class Kernel:
         for n, t in self._discovered.items():
             prev = cat.get(n)
             if prev is not None:
-                raise ToolCollisionError(n, prev.source, t.source)
+                raise ToolCollisionError(
+                    n, prev.source, t.source, plugins=(None, self._discovered_by.get(n))
+                )
             cat[n] = t
         for n, (_, t) in self._queried.items():
             cat.setdefault(n, t)  # a full listing or a local tool of that name wins
@@ -613,8 +616,9 @@ class Kernel:
             for t in self._check_tools(impl.plugin, res):
                 prev = found.get(t.name) or self._local.get(t.name)
                 if prev is not None:
+                    pair = (by.get(t.name), impl.plugin)  # None: a local tool
                     if not keep_on_collision:
-                        raise ToolCollisionError(t.name, prev.source, t.source)
+                        raise ToolCollisionError(t.name, prev.source, t.source, plugins=pair)
                     held = self._catalog.get(t.name)
                     keep, drop = (prev, t)
                     if t.name not in self._local and held is not None and held.source == t.source:
@@ -623,13 +627,14 @@ class Kernel:
                         by[t.name] = impl.plugin
                     log.warning(
                         "tool name %r is claimed by %s and %s: keeping %s's, leaving out "
-                        "%s's until the clash is resolved (rename one: a namespace or "
-                        "name_template, or exclude it)",
+                        "%s's until the clash is resolved; give it another name in one of "
+                        "them, or leave it out of one: %s",
                         t.name,
                         prev.source,
                         t.source,
                         keep.source,
                         drop.source,
+                        collision_advice(t.name, (prev.source, t.source), pair),
                     )
                     continue
                 found[t.name] = t
@@ -692,12 +697,24 @@ class Kernel:
                     new[t.name] = (impl.plugin, t)
                     held = t
                 elif held.source != t.source:
-                    raise ToolCollisionError(t.name, held.source, t.source)
+                    first = added[0] if added is not None else self._listed_by(t.name)
+                    raise ToolCollisionError(
+                        t.name, held.source, t.source, plugins=(first, impl.plugin)
+                    )
                 out.setdefault(t.name, held)
         if new:
             self._queried.update(new)
             self._rebuild_catalog()
         return list(out.values())
+
+    def _listed_by(self, name: str) -> str | None:
+        """The plugin that listed the catalog's tool ``name``; None for a local tool."""
+        if name in self._local:
+            return None
+        by = self._discovered_by.get(name)
+        if by is None and name in self._queried:
+            by = self._queried[name][0]
+        return by
 
     def _check_tools(self, plugin: str, res: Any) -> list[Tool]:
         """The tools a plugin's ``discover`` returned, checked; those that kept the default
