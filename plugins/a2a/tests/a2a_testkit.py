@@ -51,6 +51,25 @@ FIXTURES = Path("/work/shared/fixtures/a2a")
 RESEARCH = "http://research.test"
 #: The file the ``file`` command returns (256 KiB).
 BLOB = bytes(range(256)) * 1024
+#: The data parts the ``numbers`` command returns, as the agent's code writes them.
+NUMBERS: list[Any] = [
+    {
+        "count": 3,
+        "negative": -7,
+        "zero": 0,
+        "ratio": 0.25,
+        "whole_float": 2.0,  # indistinguishable from 2 once it is a double
+        "largest_exact": 2**53,
+        "smallest_exact": -(2**53),
+        "past_exact": 2**53 + 2,  # a double still, but past where every integer is one
+        "flag": True,
+        "off": False,
+        "nothing": None,
+        "label": "3",
+        "rows": [1, 2.5, {"n": 4, "ok": True}],
+    },
+    [10, 1.5, -0.0],
+]
 
 Scope = dict[str, Any]
 KernelFactory = Callable[..., Any]
@@ -85,6 +104,7 @@ class ScriptedExecutor(AgentExecutor):
     - ``reject``: a data artifact (``{"rows": 3}``), then the task is rejected with a reason.
     - ``wait``: works until ``gate`` is set, then completes.
     - ``file``: an artifact with a 256 KiB file (``BLOB``), inline.
+    - ``numbers``: an artifact with the data parts ``NUMBERS``.
     - ``stream``: a status message, then an artifact in two appended chunks.
     - anything else: one artifact "Findings on: <text>".
     """
@@ -162,6 +182,9 @@ class ScriptedExecutor(AgentExecutor):
         elif text == "file":
             part = Part(raw=BLOB, media_type="application/octet-stream", filename="blob.bin")
             await up.add_artifact([part], name="blob")
+            await up.complete()
+        elif text == "numbers":
+            await up.add_artifact([new_data_part(d) for d in NUMBERS], name="numbers")
             await up.complete()
         elif text == "stream":
             await up.update_status(

@@ -8,7 +8,16 @@ from typing import Any
 
 import anyio
 import pytest
-from toolwire_a2a_testkit import BLOB, RESEARCH, Agent, KernelFactory, Router, fixture, make_agent
+from toolwire_a2a_testkit import (
+    BLOB,
+    NUMBERS,
+    RESEARCH,
+    Agent,
+    KernelFactory,
+    Router,
+    fixture,
+    make_agent,
+)
 
 from toolwire import ErrorKind
 
@@ -165,6 +174,38 @@ async def test_a_large_file_artifact_is_returned_whole(
     assert base64.b64decode(again.content["artifacts"][0]["files"][0]["base64"]) == BLOB
 
 
+def exact(value: Any) -> str:
+    """``value`` as JSON text: tells 3 from 3.0 and True from 1, which ``==`` does not."""
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_integers_in_data_parts_come_back_as_integers(
+    make_kernel: KernelFactory, streaming: bool
+) -> None:
+    """Before: a data part travels as a protobuf Value, whose numbers are doubles, so the
+    agent's {"count": 3} came back as {"count": 3.0} (and == hid it: 3 == 3.0)."""
+    kernel, _ = await make_kernel({**AGENTS, "streaming": streaming})
+    res = await kernel.call("agent_research", {"query": "numbers"})
+    assert not res.is_error, res.content
+    sent = NUMBERS[0]
+    expected = [
+        {
+            **sent,
+            "whole_float": 2,  # the agent's 2.0: a double cannot tell it from 2
+            "past_exact": float(2**53 + 2),  # past 2**53 a number stays the float it came as
+        },
+        [10, 1.5, -0.0],  # -0.0 is no integer
+    ]
+    [artifact] = res.content["artifacts"]
+    assert artifact["name"] == "numbers"
+    assert exact(artifact["data"]) == exact(expected)
+    assert type(artifact["data"][0]["count"]) is int and artifact["data"][0]["flag"] is True
+    # the task read back (GetTask) gives the same
+    again = await kernel.call("agent_research_task", {"task_id": res.content["task_id"]})
+    assert exact(again.content["artifacts"][0]["data"]) == exact(expected)
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 async def test_a_rejected_task_with_a_data_artifact_gives_the_agents_reason(
     make_kernel: KernelFactory, streaming: bool
@@ -176,7 +217,7 @@ async def test_a_rejected_task_with_a_data_artifact_gives_the_agents_reason(
     assert res.is_error and res.error is not None
     assert "rejected the task: not my field" in res.error.message, res.error.message
     details = res.error.details
-    assert details["artifacts"] == [{"name": "sample", "data": [{"rows": 3}]}]
+    assert exact(details["artifacts"]) == exact([{"name": "sample", "data": [{"rows": 3}]}])
     assert details["partial_text"] == ""
     assert details["state"] == "rejected"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from toolwire_a2a import A2AConfig, A2APlugin, card_url_for
 from toolwire_a2a._cards import describe_card, make_entry, selector_matches
 from toolwire_a2a._config import Selector
 from toolwire_a2a._errors import map_error
-from toolwire_a2a._results import StreamAggregator, task_result
+from toolwire_a2a._results import StreamAggregator, message_result, restore_ints, task_result
 
 pytestmark = pytest.mark.anyio
 
@@ -228,6 +229,49 @@ def test_v0_3_states_and_data_and_file_parts() -> None:
             ],
         }
     ]
+
+
+def test_data_parts_get_their_integers_back_and_nothing_else_changes() -> None:
+    """A data part's numbers arrive as doubles (protobuf Value): integral ones up to 2**53
+    become ints, recursively; the rest is left as it came."""
+    got = restore_ints(
+        {
+            "n": 3.0,
+            "neg": -(2.0**53),
+            "nested": [1.0, {"deep": [4.0, 0.5]}],
+            "frac": 0.5,
+            "past": 2.0**53 + 2,
+            "huge": 1e300,
+            "nan": math.nan,
+            "inf": -math.inf,
+            "negzero": -0.0,
+            "yes": True,
+            "no": False,
+            "null": None,
+            "text": "3.0",
+        }
+    )
+    assert [(k, type(v).__name__) for k, v in got.items()] == [
+        ("n", "int"),
+        ("neg", "int"),
+        ("nested", "list"),
+        ("frac", "float"),
+        ("past", "float"),
+        ("huge", "float"),
+        ("nan", "float"),
+        ("inf", "float"),
+        ("negzero", "float"),
+        ("yes", "bool"),
+        ("no", "bool"),
+        ("null", "NoneType"),
+        ("text", "str"),
+    ]
+    assert json.dumps(got["nested"]) == '[1, {"deep": [4, 0.5]}]'
+    assert got["neg"] == -(2**53) and math.copysign(1.0, got["negzero"]) == -1.0
+    assert restore_ints(7.0) == 7 and type(restore_ints(7.0)) is int  # a bare number part
+    # a reply that is a message (no task) goes through the same conversion
+    reply = message_result("a", {"parts": [{"text": "hi"}, {"data": {"rows": 2.0}}]})
+    assert json.dumps(reply["artifacts"]) == '[{"name": "message", "data": [{"rows": 2}]}]'
 
 
 # ------------------------------------------------------------------ errors

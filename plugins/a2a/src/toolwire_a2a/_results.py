@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 __all__ = [
+    "EXACT_INT",
     "INTERRUPTED",
     "RUNNING",
     "TERMINAL",
     "StreamAggregator",
     "message_result",
+    "restore_ints",
     "state_name",
     "task_result",
 ]
@@ -27,6 +30,35 @@ def state_name(raw: Any) -> str:
     return "canceled" if name == "cancelled" else name
 
 
+#: Every integer up to this magnitude is exactly a double; past it doubles skip integers.
+EXACT_INT = 2**53
+
+
+def restore_ints(value: Any) -> Any:
+    """``value`` with its integral numbers as ``int`` again, in nested dicts and lists.
+
+    A data part travels as a ``google.protobuf.Value``, whose numbers are all
+    doubles: the ``{"count": 3}`` an agent sends arrives as ``{"count": 3.0}``.
+    A float that is integral and at most 2**53 in magnitude becomes an ``int``;
+    a fraction, a larger number (already rounded on the way: it stays the
+    float it arrived as), ``-0.0``, NaN and infinities stay floats. Booleans
+    are their own kind of ``Value`` and come back as booleans.
+    """
+    if type(value) is float:
+        if (
+            value.is_integer()
+            and abs(value) <= EXACT_INT
+            and not (value == 0 and math.copysign(1.0, value) < 0)
+        ):
+            return int(value)
+        return value
+    if isinstance(value, dict):
+        return {k: restore_ints(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [restore_ints(v) for v in value]
+    return value
+
+
 def _parts(parts: Any) -> tuple[list[str], list[Any], list[dict[str, Any]]]:
     """(texts, data values, files) of a list of A2A parts."""
     texts: list[str] = []
@@ -40,7 +72,7 @@ def _parts(parts: Any) -> tuple[list[str], list[Any], list[dict[str, Any]]]:
         if isinstance(p.get("text"), str):
             texts.append(p["text"])
         elif "data" in p:
-            data.append(p["data"])
+            data.append(restore_ints(p["data"]))
         elif "url" in p or "raw" in p:
             f: dict[str, Any] = {}
             if p.get("filename"):
