@@ -78,6 +78,17 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         ("request_timeout_s = inf", "plugins.a2a.request_timeout_s"),
         ("poll_interval_s = 1e16", "plugins.a2a.poll_interval_s"),
         ('agents = [{url = "http://a", timeout_s = nan}]', "plugins.a2a.agents.0.timeout_s"),
+        # was sent as a double: the agent got 9007199254740992, silently
+        (
+            "context = {ids = [1, 9007199254740993]}",
+            "plugins.a2a.context: `context.ids.1` = 9007199254740993 is past 2**53 in "
+            "magnitude: message metadata numbers are doubles, which hold every integer only "
+            'up to 2**53 (it would arrive as 9007199254740992.0); write it as a string ("',
+        ),
+        (
+            'agents = [{url = "http://a", context = {n = -9007199254740993}}]',
+            "plugins.a2a.agents.0.context: `context.n` = -9007199254740993 is past 2**53",
+        ),
     ],
 )
 def test_config_errors_name_the_key_and_the_fix(

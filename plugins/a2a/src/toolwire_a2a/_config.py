@@ -36,6 +36,28 @@ def _check_url(url: str, what: str) -> str:
     return url
 
 
+#: Every integer up to this magnitude is exactly a double (message metadata numbers are
+#: doubles: a protobuf Struct).
+_EXACT_INT = 2**53
+
+
+def _inexact_int(value: Any, where: str) -> tuple[str, int] | None:
+    """The first integer in ``value`` (dicts, lists) that a double cannot hold: (key, value)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (where, value) if abs(value) > _EXACT_INT else None
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for k, v in items:
+        found = _inexact_int(v, f"{where}.{k}")
+        if found is not None:
+            return found
+    return None
+
+
 def _check_json(value: dict[str, Any], what: str) -> None:
     try:
         json.dumps(value, allow_nan=False)
@@ -44,6 +66,14 @@ def _check_json(value: dict[str, Any], what: str) -> None:
             f"`{what}` is sent as JSON message metadata; use strings, numbers, booleans, "
             f"arrays and tables only ({exc})"
         ) from None
+    found = _inexact_int(value, what)
+    if found is not None:
+        key, n = found
+        raise ValueError(
+            f"`{key}` = {n} is past 2**53 in magnitude: message metadata numbers are "
+            f"doubles, which hold every integer only up to 2**53 (it would arrive as "
+            f'{float(n)!r}); write it as a string ("{n}")'
+        )
 
 
 class Selector(BaseModel):
