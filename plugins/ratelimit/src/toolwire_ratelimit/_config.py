@@ -435,18 +435,51 @@ def _lookup(
     )
 
 
+def _unreadable(path: str, p: Path, base_dir: Any, key: str, exc: Exception) -> str:
+    """Why the included file ``path`` (read as ``p``) cannot be used, and what to do."""
+    resolved = os.path.abspath(p)
+    if Path(path).expanduser().is_absolute():
+        looked = "" if resolved == path else f" (read as {resolved})"
+    elif base_dir is not None:
+        looked = (
+            f" (looked for {resolved}: a relative path is read from the directory of toolwire.toml)"
+        )
+    else:
+        looked = (
+            f" (looked for {resolved}: with no toolwire.toml, a relative path is read from "
+            "the working directory)"
+        )
+    section, _, _ = key.rpartition(".")
+    keys = f"the keys of [{section}]" if section else "the keys of this table"
+    if isinstance(exc, FileNotFoundError):
+        what = f"does not exist; create it (YAML, TOML or JSON with {keys}) or fix the path"
+    elif isinstance(exc, IsADirectoryError) or p.is_dir():
+        what = "is a directory; name a YAML, TOML or JSON file"
+    elif isinstance(exc, UnicodeDecodeError):
+        what = f"is not UTF-8 text ({exc}); save it as UTF-8"
+    else:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        what = f"cannot be read ({reason}); make it readable by this process or fix the path"
+    return f"the included config file {path!r}{looked} {what}"
+
+
 def load_config_file(
     path: str,
     *,
     base_dir: str | os.PathLike[str] | None = None,
     env: Mapping[str, str] | None = None,
     secrets: Mapping[str, str] | None = None,
+    key: str = "config_file",
+    written_in: str | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Read an included config file (YAML, TOML or JSON by suffix): (data, resolved path).
 
-    Relative paths are taken from ``base_dir`` (the directory of toolwire.toml).
-    Secrets are resolved (``$secretRef`` and ``${NAME}``); ``backends`` is
-    renamed ``providers``. Errors are ``ConfigError`` naming the file.
+    Relative paths are taken from ``base_dir`` (the directory of toolwire.toml),
+    else from the working directory. Secrets are resolved (``$secretRef`` and
+    ``${NAME}``); ``backends`` is renamed ``providers``. Errors are
+    ``ConfigError`` naming the file; a file that cannot be read is named by the
+    key that points at it (``key``, written in the file ``written_in``), with
+    the path as written and as resolved.
     """
     p = Path(path).expanduser()
     if not p.is_absolute() and base_dir is not None:
@@ -454,8 +487,10 @@ def load_config_file(
     file = str(p)
     try:
         text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read the included config file: {exc}", file=file) from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            _unreadable(path, p, base_dir, key, exc), file=written_in, key=key
+        ) from exc
     suffix = p.suffix.lower()
     try:
         if suffix in (".yaml", ".yml"):
@@ -541,7 +576,13 @@ def with_config_file(config: M, kernel: Kernel, section: str) -> M:
             sp = base / sp
         if sp.exists():
             secrets = read_secrets_file(sp)
-    data, file = load_config_file(path, base_dir=base, secrets=secrets)
+    data, file = load_config_file(
+        path,
+        base_dir=base,
+        secrets=secrets,
+        key=f"{section}.config_file",
+        written_in=kcfg.path if kcfg is not None else None,
+    )
     merged = deep_merge(data, inline_data(config))
     merged.pop("config_file", None)
     try:
