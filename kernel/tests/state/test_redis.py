@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,7 +68,10 @@ async def test_wrong_credentials_are_named_as_such_not_as_unreachable(redis_url:
 
 @pytest.mark.redis
 async def test_rediss_to_a_server_without_tls_says_it_may_not_speak_tls(redis_url: str) -> None:
-    """Before: after 5 s, "is unreachable: Timeout connecting ...; start redis-server"."""
+    """Before: after 5 s, "is unreachable: Timeout connecting ...; start redis-server".
+
+    Here the connect timeout (0.5 s) ends the handshake before the plain-text probe
+    (after TLS_PROBE_AFTER_S, 1 s) runs: the hint of the timeout is what is left."""
     scheme, rest = redis_url.split("://", 1)
     assert scheme == "redis", "TOOLWIRE_REDIS_URL should be a plain (non-TLS) server"
     url = f"rediss://{rest.split('?', 1)[0]}?socket_connect_timeout=0.5"
@@ -76,6 +80,136 @@ async def test_rediss_to_a_server_without_tls_says_it_may_not_speak_tls(redis_ur
     message = str(info.value)
     assert "may not speak TLS" in message and "redis://" in message, message
     assert "start redis-server" not in message
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("cluster", [False, True])
+async def test_rediss_to_a_server_without_tls_says_so_before_the_connect_timeout(
+    redis_url: str, cluster: bool
+) -> None:
+    """Before: the TLS handshake waited the whole socket_connect_timeout (5 s by default;
+    30 s here, which then ended in "Timeout connecting"): a server without TLS reads the
+    ClientHello as an inline command and waits for its end. Now a plain-text PING on a
+    second connection finds Redis there, and the error says the server has no TLS."""
+    scheme, rest = redis_url.split("://", 1)
+    assert scheme == "redis", "TOOLWIRE_REDIS_URL should be a plain (non-TLS) server"
+    hostport = rest.split("?", 1)[0].split("/", 1)[0].rsplit("@", 1)[-1]
+    tls = "rediss+cluster" if cluster else "rediss"
+    url = f"{tls}://{hostport}?socket_connect_timeout=30"
+    with pytest.raises(StateStoreError) as info:
+        await open_store(url).get("k")
+    message = str(info.value)
+    assert message == (
+        f"redis state store at {url}: the server does not speak TLS (the URL says {tls}://): "
+        "its port answers Redis in plain text and left the TLS handshake unanswered; use "
+        f"{tls.replace('rediss', 'redis')}:// for a server without TLS, or point the URL at "
+        "the server's tls-port"
+    )
+
+
+@pytest.fixture
+def tls_redis(free_tcp_port: int, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """A private redis-server that speaks TLS only: (its port, the CA file to trust)."""
+    import os
+    import shutil
+    import subprocess
+
+    exe, openssl = shutil.which("redis-server"), shutil.which("openssl")
+    if exe is None or openssl is None:
+        missing = "redis-server" if exe is None else "openssl"
+        if os.environ.get("TOOLWIRE_REQUIRE_REDIS") == "1":
+            pytest.fail(f"{missing} is not on PATH")
+        pytest.skip(f"{missing} is not on PATH")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            *(openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+            *("-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1"),
+            *("-addext", "subjectAltName=IP:127.0.0.1"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    args = ["--bind", "127.0.0.1", "--port", "0", "--tls-port", str(free_tcp_port)]
+    args += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+    args += ["--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
+    args += ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
+    log = tmp_path / "redis.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([exe, *args], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        client = redis_sync.Redis(
+            host="127.0.0.1", port=free_tcp_port, ssl=True, ssl_ca_certs=str(cert)
+        )
+        for _ in range(100):
+            if proc.poll() is not None:  # e.g. a redis-server built without TLS
+                text = log.read_text(errors="replace")
+                pytest.skip(f"redis-server cannot serve TLS here: {text[-300:]}")
+            try:
+                client.ping()
+                break
+            except redis_sync.ConnectionError:
+                time.sleep(0.05)
+        client.close()
+        yield free_tcp_port, cert
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.asynccontextmanager
+async def slow_relay(port: int, delay: float) -> AsyncIterator[tuple[int, list[bytes]]]:
+    """A TCP relay to 127.0.0.1:``port`` that holds each chunk the server sends for
+    ``delay`` s (a far-away server): yields its port and the first bytes of each client."""
+    firsts: list[bytes] = []
+
+    async def handle(client: anyio.abc.SocketStream) -> None:
+        async with (
+            client,
+            await anyio.connect_tcp("127.0.0.1", port) as server,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def pump(src: Any, dst: Any, hold: bool) -> None:
+                first = True
+                with contextlib.suppress(anyio.BrokenResourceError, OSError):
+                    async for chunk in src:
+                        if first and not hold:
+                            firsts.append(chunk)
+                        first = False
+                        if hold:
+                            await anyio.sleep(delay)
+                        await dst.send(chunk)
+                tg.cancel_scope.cancel()  # one side closed: close both
+
+            tg.start_soon(pump, client, server, False)
+            tg.start_soon(pump, server, client, True)
+
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, handle)
+        yield listener.extra(anyio.abc.SocketAttribute.local_port), firsts
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.redis
+async def test_a_slow_tls_server_is_waited_for_not_taken_for_one_without_tls(
+    tls_redis: tuple[int, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plain-text probe only fails a rediss:// store on a Redis reply: a TLS server
+    whose handshake takes longer than TLS_PROBE_AFTER_S is probed, and still used."""
+    from toolwire.state import _redis
+
+    port, ca = tls_redis
+    monkeypatch.setattr(_redis, "TLS_PROBE_AFTER_S", 0.05)
+    async with slow_relay(port, delay=0.5) as (relay, firsts):
+        url = f"rediss://127.0.0.1:{relay}/0?ssl_ca_certs={ca}"
+        async with RedisStore(url) as store:
+            await store.set("k", 1)
+            assert await store.get("k") == 1
+    # the probe ran (its PING went to the TLS server) while the handshake was held
+    assert b"PING\r\n" in firsts, firsts
+    assert any(f.startswith(b"\x16\x03") for f in firsts)  # the TLS ClientHello
 
 
 @pytest.fixture

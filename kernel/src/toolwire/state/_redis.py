@@ -85,6 +85,9 @@ _POLL_SUBSCRIBED = 1.0
 _CONFIRM_TIMEOUT = 1.0  # max wait for a SUBSCRIBE confirmation before polling
 _LISTEN_TIMEOUT = 0.5  # the listener's read timeout (also its housekeeping period)
 _SCAN_BATCH = 500
+#: A ``rediss://`` store whose first PING is still in its TLS handshake after this many
+#: seconds asks the port, on a second connection, whether it speaks Redis without TLS.
+TLS_PROBE_AFTER_S = 1.0
 
 
 def redact_url(url: str) -> str:
@@ -434,6 +437,29 @@ def _fast_path_supported(pool: Any) -> bool:
     return all(hasattr(conn, a) for a in _CONN_ATTRS)
 
 
+async def _answers_plain_redis(host: str, port: int) -> bool:
+    """Whether ``host:port`` answers a plain-text PING as Redis does (``+PONG``, ``-NOAUTH``...).
+
+    Only a RESP reply line counts: a TLS server answers these bytes with an alert or
+    closes the connection, and a failure of the probe itself is a "no" too.
+    """
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except Exception:
+        return False
+    try:
+        writer.write(b"PING\r\n")
+        await writer.drain()
+        line = await reader.readline()
+    except Exception:  # OSError, or ValueError: a long line without a newline
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    return line[:1] in (b"+", b"-") and line.endswith(b"\r\n")
+
+
 class _Notifier:
     """One pub/sub connection per store, shared by all its waiters (asyncio only).
 
@@ -669,7 +695,7 @@ class RedisStore(StateStore):
             try:
                 with self._errors(None):
                     try:
-                        await client.ping()
+                        await self._ping(client)
                     except TypeError as exc:
                         # redis-py hands unknown ?options= to the connection as keywords
                         if "unexpected keyword argument" not in str(exc):
@@ -706,6 +732,58 @@ class RedisStore(StateStore):
             }
             self._notifier = _Notifier(client)
             self._state = "open"
+
+    async def _ping(self, client: Redis | RedisCluster) -> None:
+        """PING the server; for ``rediss://``, fail at once when the port has no TLS.
+
+        A redis-server without TLS takes the TLS ClientHello for an inline command
+        and waits for its end (it looks for a newline with ``strchr``, which stops at
+        the NUL bytes of the record's header), so the handshake would only end with
+        ``socket_connect_timeout``. redis-py has no separate handshake timeout, and a
+        shorter deadline would fail TLS servers that are merely slow. Instead, a
+        PING still waiting after ``TLS_PROBE_AFTER_S`` sends ``PING`` in plain text
+        on a second connection: a Redis reply proves the port speaks no TLS. Any
+        other outcome (an alert, a close, silence) leaves the PING to finish or time
+        out as before.
+        """
+        address = self._tls_address()
+        if address is None:
+            await client.ping()
+            return
+        ping = asyncio.ensure_future(client.ping())
+        probe: asyncio.Future[bool] | None = None
+        try:
+            await asyncio.wait({ping}, timeout=TLS_PROBE_AFTER_S)
+            if not ping.done():
+                probe = asyncio.ensure_future(_answers_plain_redis(*address))
+                await asyncio.wait({ping, probe}, return_when=asyncio.FIRST_COMPLETED)
+                if not ping.done() and probe.result():
+                    scheme = self.url.partition("://")[0]
+                    raise StateStoreError(
+                        f"redis state store at {self.safe_url}: the server does not speak "
+                        f"TLS (the URL says {scheme}://): its port answers Redis in plain "
+                        f"text and left the TLS handshake unanswered; use "
+                        f"{scheme.replace('rediss', 'redis', 1)}:// for a server without "
+                        "TLS, or point the URL at the server's tls-port"
+                    )
+            await ping
+        finally:
+            pending = [f for f in (ping, probe) if f is not None and not f.done()]
+            for f in pending:
+                f.cancel()
+            if pending:
+                with anyio.CancelScope(shield=True):
+                    await asyncio.gather(*pending, return_exceptions=True)
+
+    def _tls_address(self) -> tuple[str, int] | None:
+        """The (host, port) of a ``rediss://`` URL (cluster: the seed node), else None."""
+        if not self._connect_url.lower().startswith("rediss://"):
+            return None
+        try:
+            parts = urllib.parse.urlsplit(self._connect_url)
+            return parts.hostname or "localhost", parts.port or 6379
+        except ValueError:
+            return None
 
     def _cluster_client(self, options: dict[str, Any]) -> RedisCluster:
         """A ``RedisCluster`` seeded by the URL's node (a cluster has no queueing pool)."""
