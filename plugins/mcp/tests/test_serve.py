@@ -391,3 +391,18 @@ async def test_session_idle_timeout_none_means_never(
     async with app.router.lifespan_context(app):
         pass
     assert seen == [expected]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_run_server_under_trio_says_it_needs_asyncio() -> None:
+    """Before: an ExceptionGroup around 'RuntimeError: no running event loop', after the
+    HTTP socket was already bound."""
+    from toolwire_mcp import ServeConfig, run_server
+
+    ready: list[dict[str, Any]] = []
+    for transport in ("http", "stdio"):
+        cfg = ServeConfig(transport=transport, port=0)
+        with pytest.raises(RuntimeError, match=r"needs an asyncio event loop.*not trio") as info:
+            await run_server(Kernel(tools=[reporter]), cfg, on_ready=ready.append)
+        assert "toolwire serve" in str(info.value) and "anyio.run(main)" in str(info.value)
+    assert ready == []

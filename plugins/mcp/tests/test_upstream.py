@@ -411,7 +411,8 @@ def test_the_client_side_needs_asyncio() -> None:
         return "started"
 
     msg = trio.run(run)
-    assert "need an asyncio event loop" in msg
+    assert msg.startswith("plugin 'mcp': startup failed") and "need an asyncio event loop" in msg
+    assert "remove [plugins.mcp.servers]" in msg
 
 
 async def test_an_http_upstream_with_bearer_auth(tmp_path: Path, serve_process: Any) -> None:

@@ -769,6 +769,12 @@ async def run_server(
     remaining calls are cancelled (their ``after_call`` hooks still run). The
     caller closes the kernel.
     """
+    if asyncio._get_running_loop() is None:
+        raise RuntimeError(
+            "toolwire-mcp's server (run_server, `toolwire serve`) needs an asyncio event loop: "
+            "FastMCP's server, uvicorn and the stdio reader run on asyncio, not trio; run it "
+            "under asyncio (anyio.run(main) or asyncio.run(main))"
+        )
     token = resolve_auth_token(cfg) if cfg.transport == "http" else None
     gate = serve_gate(cfg)
     app: Starlette | None = None
