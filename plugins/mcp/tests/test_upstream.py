@@ -402,6 +402,8 @@ def test_the_client_side_needs_asyncio() -> None:
     trio = pytest.importorskip("trio")
 
     async def run() -> str:
+        async with Kernel(plugins=[plugin({})]) as idle:  # no servers: nothing to refuse
+            assert idle.list_tools() == []
         k = Kernel(plugins=[plugin({"up": upstream_entry()})])
         try:
             await k.start()
