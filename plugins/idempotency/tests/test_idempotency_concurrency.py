@@ -261,24 +261,30 @@ async def test_renewal_task_is_stopped_at_shutdown_and_claims_are_not_leaked(env
     assert "toolwire-idempotency-renewer" not in names
 
 
-# -- trio ------------------------------------------------------------------------
+# -- event loops: asyncio and trio -------------------------------------------------
+
+STAMPED: list[int] = []
 
 
 @tool
 async def stamp(n: int) -> dict[str, int]:
     """Return n."""
-    await anyio.sleep(0.8)
+    STAMPED.append(n)
+    await anyio.sleep(0.3)
     return {"n": n}
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("state", ["memory", "sqlite"])
-async def test_under_trio(state: str, tmp_path: Any) -> None:
+async def test_duplicates_wait_replays_return_the_result_and_claims_renew_on_each_loop(
+    state: str, tmp_path: Any
+) -> None:
     from toolwire import Kernel
     from toolwire_idempotency import IdempotencyConfig, IdempotencyPlugin
 
+    STAMPED.clear()
     url = "memory://" if state == "memory" else f"sqlite:///{tmp_path}/s.db"
-    plugin = IdempotencyPlugin(IdempotencyConfig(lease_secs=1.0), env={})
+    plugin = IdempotencyPlugin(IdempotencyConfig(lease_secs=0.4), env={})  # renews every 0.1 s
     results: list[Any] = []
     async with Kernel(tools=[stamp], plugins=[plugin], state=url) as kernel:
 
@@ -288,10 +294,29 @@ async def test_under_trio(state: str, tmp_path: Any) -> None:
         async with anyio.create_task_group() as tg:
             for _ in range(5):
                 tg.start_soon(call)
+        replay = await kernel.call("stamp", {"n": 7}, call_id="t")
+    assert STAMPED == [7]
     assert [r.content for r in results] == [{"n": 7}] * 5
-    assert plugin.counters.misses == 1 and plugin.counters.hits == 4
-    assert plugin.counters.renewals >= 1  # the renewal task ran under trio
+    assert replay.content == {"n": 7} and replay.meta.replayed is True
+    assert plugin.counters.misses == 1 and plugin.counters.hits == 5
+    assert plugin.counters.renewals >= 1  # the renewal task ran on this loop
     assert plugin._renewer is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py), and nothing runs."""
+    from toolwire import Kernel
+    from toolwire.state import StateStoreError
+    from toolwire_idempotency import IdempotencyPlugin
+
+    STAMPED.clear()
+    url = f"redis://127.0.0.1:{free_tcp_port}/0"
+    kernel = Kernel(tools=[stamp], plugins=[IdempotencyPlugin(env={})], state=url)
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await kernel.call("stamp", {"n": 1}, call_id="r")
+    assert STAMPED == []
 
 
 async def test_a_running_claim_outlives_a_short_ttl(env: Env) -> None:
