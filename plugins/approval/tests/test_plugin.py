@@ -10,6 +10,7 @@ import pytest
 from approval_testkit import ManualClock, Pending, Recorder, plugin, running_call
 
 from toolwire import Kernel, ToolwireConfig
+from toolwire.state import StateStoreError, open_store
 from toolwire.testing import FakeClock
 from toolwire_approval import (
     AlreadyDecidedError,
@@ -452,17 +453,41 @@ async def test_a_failing_store_refuses_the_call() -> None:
     assert "state store failed" in res.error.message and rec.runs == []
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_works_under_trio_too(tmp_path: Any) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_a_waiting_call_is_released_by_a_decision_on_each_loop(
+    state: str, anyio_backend: str, tmp_path: Any
+) -> None:
+    """The call waits; a decision taken on another kernel of the same store releases it
+    (with edited args); a callback (run in a thread of its own) rejects the next call."""
+    store = open_store("memory://") if state == "memory" else None
+    url = f"sqlite:///{tmp_path / 's.db'}"
     p = plugin(default="REQUIRED", lazy_timeout_s=5)
-    kernel = Kernel(state=f"sqlite:///{tmp_path / 's.db'}", plugins=[p])
+    decider = plugin(default="REQUIRED", key_prefix=p.config.key_prefix)
+    kernel = Kernel(state=store or url, plugins=[p])
+    other = Kernel(state=store or url, plugins=[decider])
     rec = Recorder()
     rec.add_to(kernel)
     pending = Pending(kernel)
-    async with kernel:
+    async with kernel, other:
         async with running_call(kernel, "send_email", {"to": "a@x"}, call_id="t") as result:
-            await p.approve((await pending.next())["id"], args={"to": "b@x"})
-        p.add_callback(lambda req: Reject("trio says no"))
+            request = await pending.next()
+            assert rec.runs == []  # waiting
+            await decider.approve(request["id"], args={"to": "b@x"}, by=anyio_backend)
+        p.add_callback(lambda req: Reject(f"{anyio_backend} says no"))
         no = await kernel.call("send_email", {"to": "c@x"})
     assert not result().is_error and rec.runs == [{"to": "b@x", "body": "hi", "count": 1}]
-    assert no.error is not None and no.error.details["reason"] == "trio says no"
+    assert result().meta.approval is not None and result().meta.approval["by"] == anyio_backend
+    assert no.error is not None and no.error.details["reason"] == f"{anyio_backend} says no"
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py), and nothing is asked or run."""
+    kernel = Kernel(state=f"redis://127.0.0.1:{free_tcp_port}/0", plugins=[plugin()])
+    rec = Recorder()
+    rec.add_to(kernel)
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await kernel.call("send_email", {"to": "a@x"})
+    assert rec.runs == []
