@@ -22,6 +22,7 @@ from toolwire import (
     load_config,
     tool,
 )
+from toolwire.state import StateStoreError
 from toolwire.testing import FakeClock, FakeTool
 from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin, key_pool, lease_key
 from toolwire_retry import RetryBudget, RetryConfig, RetryPlugin, is_empty
@@ -400,14 +401,30 @@ async def test_retry_config_file_and_aggregation_keys_from_ratelimit(tmp_path: P
         await k2.start()
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_under_trio() -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_backoff_and_retry_on_each_loop(state: str, tmp_path: Path) -> None:
     clock = FakeClock()
-    ft, t = fake("busy", [BUSY, {"ok": 1}], read_only=True, provider="p")
-    async with kernel([t], clock=clock) as k:
+    ft, t = fake("busy", [BUSY, BUSY, {"ok": 1}], read_only=True, provider="p")
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    pol = {"base_s": 1.0, "cap_s": 3.0, "max_provider_attempts": 3}
+    async with kernel([t], retry=pol, clock=clock, state=url) as k:
         res = await k.call("busy", {})
-        await anyio.lowlevel.checkpoint()
-    assert not res.is_error and len(ft.calls) == 2
+    assert not res.is_error and res.content == {"ok": 1} and len(ft.calls) == 3
+    rng = random.Random(3)  # the policy's seed: full jitter, uniform(0, min(cap, base * 2**n))
+    assert clock.sleeps == pytest.approx([rng.uniform(0, min(3.0, 2.0**n)) for n in (0, 1)])
+    assert [a.decision for a in res.meta.attempts] == ["retry", "retry", None]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py), and nothing runs."""
+    ft, t = fake("busy", [{"ok": 1}], read_only=True, provider="p")
+    k = kernel([t], state=f"redis://127.0.0.1:{free_tcp_port}/0")
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await k.call("busy", {})
+    assert ft.calls == []
 
 
 async def test_our_own_outbound_rate_is_waited_out_not_rotated() -> None:
