@@ -100,6 +100,31 @@ async def test_401_on_one_key_quarantines_it_across_a_restart_on_sqlite(
     assert api.count(K1, any_key=False) == 1  # never used again
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_a_rate_limited_key_cools_down_and_the_next_call_rotates_on_each_loop(
+    state: str, tmp_path: Path, api: FakeProvider, client: httpx.AsyncClient
+) -> None:
+    api.script(Reply(429, body="slow down", headers={"Retry-After": "30"}), key=K1)
+    clock = FakeClock()
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 'state.db'}"
+    kernel = Kernel(
+        state=url,
+        clock=clock,
+        plugins=[RateLimitPlugin(cfg())],
+        tools=[search_tool(api.url, client)],
+    )
+    async with kernel:
+        first = await kernel.call("acme_search", {"q": "a"})  # key one (weights equal: 'one' first)
+        then = [await kernel.call("acme_search", {"q": "b"}) for _ in range(3)]
+        cooling = (await key_pool(kernel, "acme").status())["keys"]["one"]
+    assert first.error is not None and first.error.kind == "rate_limit"
+    assert first.error.details["key"] == "one" and first.error.retry_after_s == 30
+    assert [r.meta.extra["served_by"]["key"] for r in then] == ["two"] * 3
+    assert cooling["state"] == "cooling" and cooling["cool_until"] == clock.time() + 30
+    assert api.count(K1, any_key=False) == 1 and api.count(K2, any_key=False) == 3
+
+
 @pytest.mark.parametrize("key_in", ["header", "query"])
 async def test_a_key_echoed_in_an_error_body_never_reaches_logs_or_results(
     api: FakeProvider, client: httpx.AsyncClient, caplog: pytest.LogCaptureFixture, key_in: str

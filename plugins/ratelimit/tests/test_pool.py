@@ -13,7 +13,7 @@ import anyio.lowlevel
 import pytest
 
 from toolwire import CallContext, ErrorInfo, Kernel, Retry, ToolCall, ToolError, hookimpl
-from toolwire.state import MemoryStore
+from toolwire.state import MemoryStore, StateStoreError
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
     ApiKey,
@@ -63,6 +63,7 @@ async def test_weighted_rotation_is_fair_over_10000_picks() -> None:
         assert "".join(s or "" for s in seq) in ("aabaaaba", "abaaabaa", "baaabaaa", "aaabaaab")
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("state", ["memory", "sqlite"])
 async def test_100_concurrent_picks_lose_no_update(state: str, tmp_path: Path) -> None:
     url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 's.db'}"
@@ -385,18 +386,14 @@ async def test_pools_need_a_started_kernel() -> None:
 
 
 @pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_pool_under_trio(tmp_path: Path) -> None:
-    async with kernel_with(config(), state=f"sqlite:///{tmp_path / 't.db'}") as kernel:
-        pool = key_pool(kernel, "acme")
-        got: list[str | None] = []
-
-        async def pick() -> None:
-            got.append((await pool.acquire()).alias)
-
-        async with anyio.create_task_group() as tg:
-            for _ in range(20):
-                tg.start_soon(pick)
-        assert Counter(got) == {"a": 15, "b": 5}
+async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py)."""
+    kernel = kernel_with(config(), state=f"redis://127.0.0.1:{free_tcp_port}/0")
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await kernel.start()
+    with pytest.raises(RuntimeError, match="not started"):
+        await key_pool(kernel, "acme").acquire()
 
 
 async def test_outbound_rate_waits_or_fails_fast_and_is_shared() -> None:
