@@ -170,8 +170,8 @@ async def test_auto_without_any_provider_is_off() -> None:
     assert not p._tracing and not p._metrics and p._tel is None
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_spans_and_statistics_under_trio(otel: Any) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_spans_and_statistics_on_each_loop(otel: Any) -> None:
     flaky = FakeTool("flaky", script=[ToolError("busy", kind="unavailable"), {"ok": 1}])
     k, p = kernel_with(otel, flaky.tool)
     async with k:

@@ -130,19 +130,38 @@ async def test_background_flusher_and_shutdown(tmp_path: Path) -> None:
     assert reader.get_statistics("t")["calls"] == 2
 
 
-@pytest.mark.parametrize("anyio_backend", ["trio"])
-async def test_flusher_under_trio(tmp_path: Path) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_the_flusher_stores_the_statistics_on_each_loop(state: str, tmp_path: Path) -> None:
+    """The background flusher (an asyncio task, or a trio system task) writes them while the
+    kernel runs, and the last flush at shutdown takes the rest."""
     url = f"sqlite:///{tmp_path / 'state.db'}"
+    memory = MemoryStore() if state == "memory" else None
     p = ProfilingPlugin(cfg(flush_interval_s=0.02))
-    async with Kernel(tools=[FakeTool("t").tool], plugins=[p], state=url) as k:
+    tool = FakeTool("t", script=[{"ok": 1}, {"ok": 1}, ValueError("boom"), {"ok": 1}]).tool
+    async with Kernel(tools=[tool], plugins=[p], state=memory or url) as k:
         for _ in range(3):
             await k.call("t", {})
         await eventually(lambda: k.state.get("profiling:v1:t"))
         await k.call("t", {})
-    reader = ProfilingPlugin(cfg(), store=open_store(url))
+    reader = ProfilingPlugin(cfg(), store=memory or open_store(url))
     async with reader._store:  # type: ignore[union-attr]
         await reader.refresh()
-    assert reader.get_statistics("t")["count"] == 4
+    stats = reader.get_statistics("t")
+    assert (stats["count"], stats["success_count"], stats["errors"]) == (4, 3, {"tool_error": 1})
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py), and nothing is recorded."""
+    p = ProfilingPlugin(cfg())
+    kernel = Kernel(
+        tools=[FakeTool("t").tool], plugins=[p], state=f"redis://127.0.0.1:{free_tcp_port}/0"
+    )
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await kernel.call("t", {})
+    assert p.tools() == []
 
 
 class FlakyStore(MemoryStore):
