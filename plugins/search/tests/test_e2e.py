@@ -20,6 +20,7 @@ def servers() -> Iterator[tuple[FakeProvider, FakeProvider, FakeProvider]]:
         yield b, e, s
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_web_search_over_loopback(
     servers: tuple[FakeProvider, FakeProvider, FakeProvider],
 ) -> None:

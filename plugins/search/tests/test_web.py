@@ -27,6 +27,7 @@ from toolwire_search_testkit import (
 )
 
 from toolwire import Kernel, load_config
+from toolwire.state import StateStoreError
 from toolwire_ratelimit import ApiKey, RateLimitPlugin
 from toolwire_retry import RetryPlugin
 from toolwire_search import SearchPlugin
@@ -346,7 +347,11 @@ async def test_fallback_on_empty_moves_to_the_next_backend(mock: respx.MockRoute
 
 
 # ----------------------------------------------------------- rate limits
-async def test_brave_per_second_limit_rotates_to_the_next_key(mock: respx.MockRouter) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])  # respx works under both
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_brave_per_second_limit_rotates_to_the_next_key(
+    mock: respx.MockRouter, state: str, tmp_path: Path
+) -> None:
     limited = httpx.Response(
         429,
         json=load("brave_429_rate_limited.json"),
@@ -355,17 +360,31 @@ async def test_brave_per_second_limit_rotates_to_the_next_key(mock: respx.MockRo
     route = mock.get(BRAVE_URL).mock(
         side_effect=by_key(BRAVE_TOKEN, {B1: limited, B2: ok("brave_web_search_200.json")})
     )
-    kernel = make_kernel(environ={"BRAVE_API_KEY": f"{B1},{B2}", "EXA_API_KEY": E1})
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    kernel = make_kernel(environ={"BRAVE_API_KEY": f"{B1},{B2}", "EXA_API_KEY": E1}, state=url)
     async with kernel:
         res = await kernel.call("web_search", {"query": "q"})
-        state = await pool_state(kernel, "brave")
+        pool = await pool_state(kernel, "brave")
     assert res.content["served_by"] == "brave"
     assert keys_sent(route, BRAVE_TOKEN) == [B1, B2]
     assert kinds(res) == [("web_search", "rate_limit", "retry"), ("web_search", None, None)]
     detail = res.meta.extra["attempt_details"][0]
     assert detail["key"] == "brave-1" and detail["retry_after_s"] == 1.0  # X-RateLimit-Reset
-    assert state["keys"]["brave-1"]["state"] == "cooling" and state["suspended"] is None
+    assert pool["keys"]["brave-1"]["state"] == "cooling" and pool["suspended"] is None
     assert res.content["warnings"] == ["attempt 1: brave failed (rate_limit, key brave-1)"]
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(
+    mock: respx.MockRouter, free_tcp_port: int
+) -> None:
+    """redis.asyncio runs on asyncio only: the kernel says so when it starts (no hang, no
+    traceback from inside redis-py), and nothing is sent."""
+    url = f"redis://127.0.0.1:{free_tcp_port}/0"
+    kernel = make_kernel(environ={"BRAVE_API_KEY": B1}, state=url)
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await kernel.call("web_search", {"query": "q"})
+    assert not mock.calls
 
 
 async def test_brave_monthly_quota_suspends_brave_and_falls_over(mock: respx.MockRouter) -> None:
