@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from toolwire import Kernel, ToolError, tool
+from toolwire.state import StateStoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -26,10 +27,12 @@ def login(user: str, password: str) -> str:
     return f"welcome {user}"
 
 
-def kernel_for(tmp_path: Path, body: str) -> tuple[Kernel, Path]:
+def kernel_for(tmp_path: Path, body: str, state: str = "memory://") -> tuple[Kernel, Path]:
     log = tmp_path / "audit.jsonl"
     cfg = tmp_path / "toolwire.toml"
-    cfg.write_text(f'enabled_plugins = ["audit"]\n[plugins.audit]\npath = "{log}"\n{body}')
+    cfg.write_text(
+        f'state = "{state}"\nenabled_plugins = ["audit"]\n[plugins.audit]\npath = "{log}"\n{body}'
+    )
     k = Kernel.from_config(str(cfg))
     k.add_tool(login)
     return k, log
@@ -39,8 +42,11 @@ def lines(path: Path) -> list[dict[str, object]]:
     return [json.loads(x) for x in path.read_text().splitlines()]
 
 
-async def test_one_line_per_call_with_redacted_args(tmp_path: Path) -> None:
-    k, log = kernel_for(tmp_path, "include_args = true\n")
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_one_line_per_call_with_redacted_args(tmp_path: Path, state: str) -> None:
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path / 's.db'}"
+    k, log = kernel_for(tmp_path, "include_args = true\n", state=url)
     async with k:
         await k.call("login", {"user": "ann", "password": "s3cret"}, call_id="c1", session_id="s")
         await k.call("login", {"user": "ann", "password": "bad"}, call_id="c2")
@@ -50,6 +56,19 @@ async def test_one_line_per_call_with_redacted_args(tmp_path: Path) -> None:
     assert got[0]["args"] == {"user": "ann", "password": "***"}
     assert got[1]["ok"] is False and got[1]["error_kind"] == "auth"
     assert "s3cret" not in log.read_text()
+
+
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_state_under_trio_is_refused_at_start(
+    tmp_path: Path, free_tcp_port: int
+) -> None:
+    """``state = "redis://..."`` in toolwire.toml, the kernel run under trio: redis.asyncio
+    runs on asyncio only, and the kernel says so when it starts (no hang, no traceback from
+    inside redis-py). Nothing is audited: no call was made."""
+    k, log = kernel_for(tmp_path, "", state=f"redis://127.0.0.1:{free_tcp_port}/0")
+    with pytest.raises(StateStoreError, match=r"needs asyncio.*sqlite:// or memory://"):
+        await k.call("login", {"user": "ann", "password": "ok"})
+    assert not log.exists() or log.read_text() == ""
 
 
 async def test_calls_ending_before_before_call_are_audited_with_their_args(
