@@ -89,6 +89,7 @@ def kernel_from_toml(tmp_path: Path, body: str) -> Kernel:
     return Kernel.from_config(str(cfg))
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
 async def test_configured_by_toml_streaming_hands_off_and_shutdown(
     tmp_path: Path, loopback: LoopbackAgent
 ) -> None:
