@@ -164,6 +164,18 @@ async def test_a_redis_state_under_trio_is_refused_at_start(free_tcp_port: int) 
     assert p.tools() == []
 
 
+@pytest.mark.parametrize("anyio_backend", ["trio"])
+async def test_a_redis_store_of_its_own_under_trio_warns_why_and_keeps_the_figures(
+    free_tcp_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    p = ProfilingPlugin(cfg(), store=open_store(f"redis://127.0.0.1:{free_tcp_port}/0"))
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[p]) as k:
+        res = await k.call("t", {})
+    assert not res.is_error and p.get_statistics("t")["count"] == 1
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("could not store the statistics" in m and "needs asyncio" in m for m in warned)
+
+
 class FlakyStore(MemoryStore):
     """A memory store whose writes fail while ``down`` is set."""
 
