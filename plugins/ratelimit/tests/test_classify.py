@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolwire import ErrorInfo, ToolError
+from toolwire import ErrorInfo, Kernel, ToolError
+from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
     PatternSpec,
     ProviderConfig,
@@ -297,14 +298,26 @@ def test_retry_after_seconds_date_garbage_negative_huge() -> None:
     assert neg[3] is None
 
 
-def test_retry_after_http_date_uses_the_kernel_clock() -> None:
-    p = RateLimitPlugin()
-    now = time.time()
-    c = p.classify(
-        ToolError(
-            "x", status=503, details={"headers": {"Retry-After": formatdate(now + 60, usegmt=True)}}
-        )
+@pytest.mark.anyio
+async def test_retry_after_http_date_uses_the_kernel_clock() -> None:
+    # The kernel's clock is years behind the wall clock: a date 60 s after the kernel's
+    # "now" is 60 s away for the plugin, and long past by time.time().
+    clock = FakeClock(start=1_000_000_000.0)
+    error = ToolError(
+        "x",
+        status=503,
+        details={"headers": {"Retry-After": formatdate(clock.time() + 60, usegmt=True)}},
     )
+    p = RateLimitPlugin()
+    async with Kernel(plugins=[p], clock=clock):
+        assert p.classify(error).retry_after_s == 60.0
+    # Outside a kernel the plugin reads the wall clock, by which that date has passed.
+    assert RateLimitPlugin().classify(error).retry_after_s is None
+    now = time.time()
+    soon = ToolError(
+        "x", status=503, details={"headers": {"Retry-After": formatdate(now + 60, usegmt=True)}}
+    )
+    c = RateLimitPlugin().classify(soon)
     assert c.retry_after_s is not None and 55 <= c.retry_after_s <= 61
 
 
