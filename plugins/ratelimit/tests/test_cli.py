@@ -69,10 +69,14 @@ async def test_status_shows_a_quarantine_and_clear_lifts_it(tmp_path: Path) -> N
     r = run(tmp_path, "keys", "clear", "acme", "a")
     assert r.returncode == 0, r.stderr
     assert "cleared key 'a' and the pool's suspension" in r.stdout
+    async with Kernel.from_config(path) as kernel:  # that clear lifted a's quarantine
+        plugin = kernel.get_plugin("ratelimit")
+        assert (await plugin.pool("acme").status())["keys"]["a"]["state"] == "ok"
+        await plugin.pool("acme").report("a", "auth", pattern="default.status.401")
     r = run(tmp_path, "keys", "clear", "acme", "--keep-suspension")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "acme: cleared every key"
-    async with Kernel.from_config(path) as kernel:
+    async with Kernel.from_config(path) as kernel:  # and so did clearing every key
         plugin = kernel.get_plugin("ratelimit")
         assert (await plugin.pool("acme").status())["keys"]["a"]["state"] == "ok"
 
