@@ -787,6 +787,9 @@ async def test_every_backend_failing_gives_one_error_naming_each(mock: respx.Moc
         res = await kernel.call("web_search", {"query": "q"})
     assert res.error is not None and res.error.kind == "unavailable"
     assert set(res.error.details["providers"]) == {"brave", "exa"}
+    # the message itself names each backend and what it failed with
+    assert "brave: failed with quota" in res.error.message, res.error.message
+    assert "exa: failed with quota" in res.error.message, res.error.message
     assert res.error.retry_after_s is not None  # when it may be tried again
 
 
