@@ -375,12 +375,15 @@ async def test_no_stderr_reader_thread_outlives_the_kernel() -> None:
     had shut down (it ended some time later, once the child's end of the pipe closed)."""
     import threading
 
+    def readers() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("toolwire-mcp-stderr-")]
+
     async with Kernel(plugins=[plugin({"up": upstream_entry()})]) as k:
         assert (await k.call("up_forecast", {"city": "Oslo"})).content == {
             "result": "sunny in Oslo"
         }
-    left = [t.name for t in threading.enumerate() if t.name.startswith("toolwire-mcp-stderr-")]
-    assert left == []
+        assert readers() == ["toolwire-mcp-stderr-up"]  # the thread looked for below exists
+    assert readers() == []
 
 
 async def test_known_tools_are_remembered_across_restarts(tmp_path: Path) -> None:
