@@ -159,7 +159,7 @@ def test_unknown_scheme_names_url_and_accepted_schemes(url: str) -> None:
 
 
 def test_non_string_url() -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"state store URL must be a str, not \w*Path$"):
         open_store(Path("x.db"))  # type: ignore[arg-type]
 
 
