@@ -154,6 +154,25 @@ def test_specname_is_refused_with_what_to_do() -> None:
         Kernel(plugins=[Renamed()])
 
 
+def test_a_misspelt_hook_name_is_refused_naming_the_hook_meant() -> None:
+    """A third-party author's typo: the error names the hook meant. Before, it listed
+    every hook and left the reader to spot which one the method was meant to be."""
+
+    class Typo:
+        name = "typo"
+
+        @hookimpl
+        def before_cal(self, call: ToolCall) -> None: ...
+
+        @hookimpl
+        def aftercall(self, result: ToolResult) -> None: ...
+
+    with pytest.raises(PluginError) as err:
+        Kernel(plugins=[Typo()])
+    assert "unknown hook(s) ['aftercall', 'before_cal']" in str(err.value)
+    assert "did you mean: aftercall -> after_call, before_cal -> before_call?" in str(err.value)
+
+
 async def test_a_module_of_hook_functions_is_a_plugin_named_after_the_module() -> None:
     """hookspecs.py: a plugin is any object with hook implementations, or a module of such
     functions. Before: every module was registered as 'module', so a second one was

@@ -10,6 +10,7 @@ await).
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import os
@@ -277,8 +278,17 @@ class PluginRegistry:
                 if renamed
                 else ""
             )
+            meant = [
+                f"{n} -> {close[0]}"
+                for n in unknown
+                if (close := difflib.get_close_matches(n, list(HOOK_PARAMS), n=1, cutoff=0.6))
+            ]
+            if meant:
+                hint += f" (did you mean: {', '.join(meant)}?)"
             raise PluginError(
-                pname, f"unknown hook(s) {unknown}; known hooks: {sorted(HOOK_PARAMS)}{hint}"
+                pname,
+                f"unknown hook(s) {unknown}: a method marked @hookimpl must be named after a "
+                f"hook; known hooks: {sorted(HOOK_PARAMS)}{hint}",
             )
         taken = {
             hook
