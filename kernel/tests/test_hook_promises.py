@@ -173,6 +173,40 @@ def test_a_misspelt_hook_name_is_refused_naming_the_hook_meant() -> None:
     assert "did you mean: aftercall -> after_call, before_cal -> before_call?" in str(err.value)
 
 
+async def test_a_plugin_class_given_instead_of_an_instance_is_refused() -> None:
+    """`register_plugin(StampPlugin)` (the class): before, registration passed and every
+    call then failed as `internal` with "missing 1 required positional argument", pluggy
+    passing the call where the method expects `self`."""
+
+    class StampPlugin:
+        name = "stamp"
+
+        @hookimpl
+        def before_call(self, call: ToolCall, ctx: CallContext) -> None: ...
+
+    with pytest.raises(PluginError) as err:
+        Kernel(plugins=[StampPlugin])
+    assert str(err.value) == (
+        "plugin 'stamp': test_a_plugin_class_given_instead_of_an_instance_is_refused.<locals>."
+        "StampPlugin is a class, not an instance, and its hook method(s) before_call need "
+        "one: register an instance (StampPlugin(...)), as an entry point's factory returns"
+    )
+
+    seen: list[str] = []
+
+    class Static:  # a class of static hooks is a plugin as it is
+        name = "static"
+
+        @staticmethod
+        @hookimpl
+        def before_call(call: ToolCall) -> None:
+            seen.append(call.name)
+
+    async with Kernel(tools=[FakeTool("t").tool], plugins=[Static]) as k:
+        assert not (await k.call("t", {})).is_error
+    assert seen == ["t"]
+
+
 async def test_a_module_of_hook_functions_is_a_plugin_named_after_the_module() -> None:
     """hookspecs.py: a plugin is any object with hook implementations, or a module of such
     functions. Before: every module was registered as 'module', so a second one was

@@ -163,6 +163,24 @@ def _static(plugin: object, name: str) -> Any:
     return getattr(fn, "__func__", fn)
 
 
+def _raw(plugin: object, name: str) -> Any:
+    """``plugin.<name>`` as stored (a function, a staticmethod...), None when absent."""
+    try:
+        return inspect.getattr_static(plugin, name)
+    except AttributeError:
+        return None
+
+
+def _wants_self(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` is a plain function taking ``self`` (or ``cls``) first:
+    pluggy drops that parameter, so called on the class it gets the call's first argument."""
+    fn = _raw(cls, name)
+    if not inspect.isfunction(fn):
+        return False
+    params = list(inspect.signature(fn).parameters)
+    return bool(params) and params[0] in ("self", "cls")
+
+
 def _impl_opts(plugin: object, name: str) -> dict[str, Any] | None:
     """The ``@hookimpl`` options on ``plugin.<name>`` (None when it is not marked)."""
     opts = getattr(_static(plugin, name), f"{hookspecs.PROJECT}_impl", None)
@@ -241,6 +259,17 @@ class PluginRegistry:
                 "a plugin with this name is already registered; register this one under "
                 "another name (name=...) or unregister the first",
             )
+        if isinstance(plugin, type):
+            # a class is a plugin of its static/class methods; its plain methods would get
+            # the call in `self`, and every call would fail with a confusing TypeError
+            unbound = [n for n in HOOK_PARAMS if _is_impl(plugin, n) and _wants_self(plugin, n)]
+            if unbound:
+                raise PluginError(
+                    pname,
+                    f"{plugin.__qualname__} is a class, not an instance, and its hook "
+                    f"method(s) {', '.join(unbound)} need one: register an instance "
+                    f"({plugin.__name__}(...)), as an entry point's factory returns",
+                )
         porder = order if order is not None else getattr(plugin, "order", DEFAULT_ORDER)
         if not isinstance(porder, int) or isinstance(porder, bool):
             raise PluginError(pname, f"order must be an int, got {porder!r}")
