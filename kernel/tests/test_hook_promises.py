@@ -207,6 +207,31 @@ async def test_a_plugin_class_given_instead_of_an_instance_is_refused() -> None:
     assert seen == ["t"]
 
 
+async def test_hookimpl_written_above_staticmethod_counts_as_marked(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """pluggy reads the marker from the staticmethod wrapper too, and calls the hook. Before,
+    the kernel looked only inside the wrapper: it warned that the hook was "not marked
+    @hookimpl, so the kernel never calls it" and `toolwire plugins` left it out of `hooks`."""
+    seen: list[str] = []
+
+    class Above:
+        name = "above"
+
+        @hookimpl
+        @staticmethod
+        def before_call(call: ToolCall) -> None:
+            seen.append(call.name)
+
+    with caplog.at_level("WARNING", logger="toolwire.plugins"):
+        k = Kernel(tools=[FakeTool("t").tool], plugins=[Above()])
+    assert caplog.records == []
+    assert k.plugins.plugins["above"].hooks() == ["before_call"]
+    async with k:
+        await k.call("t", {})
+    assert seen == ["t"]
+
+
 async def test_a_module_of_hook_functions_is_a_plugin_named_after_the_module() -> None:
     """hookspecs.py: a plugin is any object with hook implementations, or a module of such
     functions. Before: every module was registered as 'module', so a second one was

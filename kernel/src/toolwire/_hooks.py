@@ -182,19 +182,26 @@ def _wants_self(cls: type, name: str) -> bool:
 
 
 def _impl_opts(plugin: object, name: str) -> dict[str, Any] | None:
-    """The ``@hookimpl`` options on ``plugin.<name>`` (None when it is not marked)."""
-    opts = getattr(_static(plugin, name), f"{hookspecs.PROJECT}_impl", None)
+    """The ``@hookimpl`` options on ``plugin.<name>`` (None when it is not marked).
+
+    The marker is looked for where pluggy looks: on a ``staticmethod`` or
+    ``classmethod`` wrapper itself (``@hookimpl`` written above ``@staticmethod``),
+    then on the function inside it.
+    """
+    try:
+        holder = inspect.getattr_static(plugin, name)
+    except AttributeError:
+        return None
+    attr = f"{hookspecs.PROJECT}_impl"
+    opts = getattr(holder, attr, None)
+    if opts is None:
+        opts = getattr(getattr(holder, "__func__", None), attr, None)
     return opts if isinstance(opts, dict) else None
 
 
 def _is_impl(plugin: object, name: str) -> bool:
     """Whether ``plugin.<name>`` is a hook implementation, without running properties."""
-    try:
-        fn = inspect.getattr_static(plugin, name)
-    except AttributeError:
-        return False
-    fn = getattr(fn, "__func__", fn)  # staticmethod / classmethod
-    return hasattr(fn, f"{hookspecs.PROJECT}_impl")
+    return _impl_opts(plugin, name) is not None
 
 
 def _adapter(
@@ -330,6 +337,18 @@ class PluginRegistry:
             # pluggy calls only functions and methods: a marked functools.partial or callable
             # object would be listed as a hook and never run
             self.pm.unregister(name=pname)
+            wrapped = [
+                n for n in uncalled if isinstance(_raw(plugin, n), staticmethod | classmethod)
+            ]
+            if wrapped:
+                # pluggy < 1.7 reads the marker only from the function inside the wrapper
+                raise PluginError(
+                    pname,
+                    f"{', '.join(wrapped)}: @hookimpl is written above "
+                    f"@{type(_raw(plugin, wrapped[0])).__name__}, where this pluggy does not "
+                    f"see it; write it below (@{type(_raw(plugin, wrapped[0])).__name__}, then "
+                    "@hookimpl on the next line)",
+                )
             kinds = ", ".join(f"{n} is a {type(_static(plugin, n)).__name__}" for n in uncalled)
             raise PluginError(
                 pname,
