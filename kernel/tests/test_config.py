@@ -412,6 +412,61 @@ def test_a_plugin_missing_a_module_of_its_own_is_a_bug_not_a_dependency(
     assert "own package" in str(exc.value) and "pip install" not in str(exc.value)
 
 
+NOT_A_FACTORY = NoConfigPlugin()  # an instance, where the entry point wants its class
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        (
+            "twtest_x:Plugin()",
+            "plugin 'bad': entry point bad = \"twtest_x:Plugin()\" is not of the form "
+            '"module:attribute" (fix [project.entry-points.toolwire] in the plugin\'s '
+            "pyproject.toml and reinstall it)",
+        ),
+        (
+            "twtest_no_such_module_xyz:Plugin",
+            "plugin 'bad': cannot be loaded: entry point bad = \"twtest_no_such_module_xyz:"
+            "Plugin\" names module 'twtest_no_such_module_xyz', which is not installed (No "
+            "module named 'twtest_no_such_module_xyz'): a typo in the entry point or a broken "
+            "install; fix [project.entry-points.toolwire] in the plugin's pyproject.toml and "
+            "reinstall it",
+        ),
+        (
+            f"{HERE}:DemoPlugn",
+            f"plugin 'bad': cannot be loaded: entry point bad = \"{HERE}:DemoPlugn\" names "
+            f"'DemoPlugn', which '{HERE}' does not define (did you mean 'DemoPlugin'?); fix "
+            "[project.entry-points.toolwire] in the plugin's pyproject.toml and reinstall it",
+        ),
+        (
+            HERE,
+            f"plugin 'bad': entry point bad = \"{HERE}\" names the module '{HERE}': an entry "
+            "point names a factory (the plugin class, or a function returning the plugin) "
+            f'that the kernel calls once per kernel, e.g. bad = "{HERE}:MyPlugin"',
+        ),
+        (
+            f"{HERE}:NOT_A_FACTORY",
+            f"plugin 'bad': entry point bad = \"{HERE}:NOT_A_FACTORY\" names a NoConfigPlugin "
+            "object, not a class or function: an entry point names a factory (the plugin "
+            "class, or a function returning the plugin) that the kernel calls once per "
+            f'kernel, e.g. bad = "{HERE}:NoConfigPlugin"',
+        ),
+    ],
+    ids=["malformed", "no-such-module", "no-such-attribute", "a-module", "an-instance"],
+)
+def test_an_entry_point_that_names_no_factory_says_what_to_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, target: str, expected: str
+) -> None:
+    """A plugin author's slips in [project.entry-points.toolwire]. Before: "AttributeError:
+    'NoneType' object has no attribute 'group'", a misspelt module blamed on "a module of
+    the plugin's own package", "'module' object is not callable" (or, with a table, "takes
+    no configuration"), "'NoConfigPlugin' object is not callable"."""
+    fake_eps(monkeypatch, bad=target)
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(str(write(tmp_path, "[plugins.bad]\nx = 1\n")))
+    assert str(ei.value) == expected
+
+
 def test_any_other_load_error_is_fatal_and_names_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

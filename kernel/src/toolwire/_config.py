@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import importlib.metadata as md
 import json
 import logging
@@ -606,8 +607,27 @@ def instantiate_plugin(
     section: dict[str, Any],
     file: str | None,
     env_sources: Mapping[str, str] | None = None,
+    *,
+    where: str | None = None,
 ) -> tuple[object, Any, int | None]:
-    """Validate the plugin's section and call its factory; returns (plugin, config, order)."""
+    """Validate the plugin's section and call its factory; returns (plugin, config, order).
+
+    ``where`` names the entry point the factory came from, for errors.
+    """
+    if isinstance(factory, types.ModuleType) or not callable(factory):
+        # pytest11-style entry points name a module; a module-level instance is a slip too
+        if isinstance(factory, types.ModuleType):
+            what, example = f"the module {factory.__name__!r}", f"{factory.__name__}:MyPlugin"
+        else:
+            cls = type(factory)
+            what = f"a {cls.__name__} object, not a class or function"
+            example = f"{cls.__module__}:{cls.__qualname__}"
+        raise PluginError(
+            name,
+            f"{where or 'the entry point'} names {what}: an entry point names a factory (the "
+            f"plugin class, or a function returning the plugin) that the kernel calls once "
+            f"per kernel, e.g. {name} = {json.dumps(example)}",
+        )
     section = dict(section)
     order = section.pop("order", None)
     if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
@@ -683,6 +703,73 @@ def _meant(name: str, names: Mapping[str, Any]) -> str:
     return f"did you mean {close[0]!r}?" if close else ""
 
 
+_SKIPPED = object()
+_FIX_EP = "fix [project.entry-points.toolwire] in the plugin's pyproject.toml and reinstall it"
+
+
+def _where(ep: md.EntryPoint) -> str:
+    """``entry point stamp = "toolwire_stamp:StampPlugin" of toolwire-stamp``."""
+    dist, _ = _dist_of(ep)
+    return f"entry point {ep.name} = {json.dumps(ep.value)}" + (f" of {dist}" if dist else "")
+
+
+def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
+    """What the plugin's entry point names, or ``_SKIPPED`` (a missing third-party
+    dependency of a plugin loaded only because it is installed: a warning is logged).
+
+    Errors say which of the entry point and the plugin's code is wrong: a value not of
+    the form ``module:attribute``, a module or attribute that is not there.
+    """
+    where = _where(ep)
+    match = ep.pattern.match(ep.value)
+    if match is None:
+        raise PluginError(n, f'{where} is not of the form "module:attribute" ({_FIX_EP})')
+    module_name = match.group("module")
+    try:
+        obj = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if module_name == missing or module_name.startswith(missing + "."):
+            # the entry point's own module: a typo in the entry point, or a broken install
+            raise PluginError(
+                n,
+                f"cannot be loaded: {where} names module {module_name!r}, which is not "
+                f"installed ({exc}): a typo in the entry point or a broken install; {_FIX_EP}",
+            ) from exc
+        own = module_name.split(".", 1)[0]
+        if missing == own or missing.startswith(own + "."):
+            # The plugin's own code imports a module of its package that is not there:
+            # a bug in the plugin (or a broken install), not a missing dependency.
+            raise PluginError(
+                n, f"cannot be loaded: {exc} (a module of the plugin's own package)"
+            ) from exc
+        dist, _ = _dist_of(ep)
+        top = missing.split(".", 1)[0]
+        hint = (
+            f"its dependency {top!r} is not installed: pip install {top!r}, or the "
+            f"extra of {dist or 'toolwire-' + n!r} that brings it"
+        )
+        if explicit:
+            raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
+        log.warning("plugin %r skipped: %s; %s", n, exc, hint)
+        return _SKIPPED
+    except Exception as exc:
+        raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
+    path = module_name
+    for attr in filter(None, (match.group("attr") or "").split(".")):
+        if not hasattr(obj, attr):
+            names = [a for a in dir(obj) if not a.startswith("_")]
+            close = difflib.get_close_matches(attr, names, n=1)
+            meant = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PluginError(
+                n,
+                f"cannot be loaded: {where} names {attr!r}, which {path!r} does not "
+                f"define{meant}; {_FIX_EP}",
+            )
+        obj, path = getattr(obj, attr), f"{path}.{attr}"
+    return obj
+
+
 def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any) -> Kernel:
     """A kernel configured by ``cfg``: state, guards, plugins, tool modules."""
     file = cfg.path
@@ -724,31 +811,11 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         kernel.add_secret(value, name)
     for n in names:
         ep = available[n]
-        try:
-            factory = ep.load()
-        except ModuleNotFoundError as exc:
-            own = ep.value.split(":", 1)[0].split(".", 1)[0]
-            missing = exc.name or ""
-            if missing == own or missing.startswith(own + "."):
-                # The plugin's own code imports a module of its package that is not there:
-                # a bug in the plugin (or a broken install), not a missing dependency.
-                raise PluginError(
-                    n, f"cannot be loaded: {exc} (a module of the plugin's own package)"
-                ) from exc
-            dist, _ = _dist_of(ep)
-            top = missing.split(".", 1)[0]
-            hint = (
-                f"its dependency {top!r} is not installed: pip install {top!r}, or the "
-                f"extra of {dist or 'toolwire-' + n!r} that brings it"
-            )
-            if explicit:
-                raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
-            log.warning("plugin %r skipped: %s; %s", n, exc, hint)
+        factory = _load_factory(n, ep, explicit=explicit)
+        if factory is _SKIPPED:
             continue
-        except Exception as exc:
-            raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
         plugin, pcfg, order = instantiate_plugin(
-            n, factory, cfg.plugins.get(n, {}), file, cfg._env_sources
+            n, factory, cfg.plugins.get(n, {}), file, cfg._env_sources, where=_where(ep)
         )
         if file is not None:
             warn_plain_secrets(pcfg, f"plugins.{n}", cfg)
