@@ -467,6 +467,43 @@ def test_an_entry_point_that_names_no_factory_says_what_to_fix(
     assert str(ei.value) == expected
 
 
+class TakesNoConfig:
+    Config = DemoConfig
+
+    def __init__(self) -> None:  # forgot the config parameter
+        self.config = DemoConfig()
+
+
+class NeedsAConfig:  # forgot `Config = ...`
+    def __init__(self, config: DemoConfig) -> None:
+        self.config = config
+
+
+def test_a_factory_that_cannot_take_what_the_kernel_passes_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "failed to start: TypeError: TakesNoConfig.__init__() takes 1 positional
+    argument but 2 were given", which does not say that the kernel passes the config
+    because of the `Config` attribute (or passes nothing without one)."""
+    fake_eps(monkeypatch, a=f"{HERE}:TakesNoConfig", b=f"{HERE}:NeedsAConfig")
+    p = write(tmp_path, 'enabled_plugins = ["a"]\n')
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(str(p))
+    assert str(ei.value) == (
+        "plugin 'a': TakesNoConfig has a Config attribute, so the kernel calls "
+        "TakesNoConfig(config) with the validated [plugins.a] table, but it takes no such "
+        "argument (too many positional arguments): give it a config parameter"
+    )
+    p = write(tmp_path, 'enabled_plugins = ["b"]\n')
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(str(p))
+    assert str(ei.value) == (
+        "plugin 'b': NeedsAConfig has no Config attribute, so the kernel calls NeedsAConfig() "
+        "with no arguments, but it needs some (missing a required argument: 'config'): "
+        "declare Config = <its pydantic model> on it, or give its parameters defaults"
+    )
+
+
 def test_any_other_load_error_is_fatal_and_names_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

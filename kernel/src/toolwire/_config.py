@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata as md
+import inspect
 import json
 import logging
 import os
@@ -601,6 +602,32 @@ def _plugin_config(
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
 
 
+def _check_factory_call(name: str, factory: Any, cfg: Any) -> None:
+    """A ``PluginError`` when ``factory`` cannot take what the kernel passes it: the
+    validated config when it has a ``Config`` attribute, nothing otherwise."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):  # a builtin or C callable: let the call say
+        return
+    try:
+        sig.bind(cfg) if cfg is not None else sig.bind()
+    except TypeError as exc:
+        qual = getattr(factory, "__qualname__", type(factory).__name__)
+        if cfg is not None:
+            why = (
+                f"{qual} has a Config attribute, so the kernel calls {qual}(config) with the "
+                f"validated [plugins.{name}] table, but it takes no such argument ({exc}): "
+                "give it a config parameter"
+            )
+        else:
+            why = (
+                f"{qual} has no Config attribute, so the kernel calls {qual}() with no "
+                f"arguments, but it needs some ({exc}): declare Config = <its pydantic "
+                "model> on it, or give its parameters defaults"
+            )
+        raise PluginError(name, why) from exc
+
+
 def instantiate_plugin(
     name: str,
     factory: Any,
@@ -636,6 +663,7 @@ def instantiate_plugin(
         where = f" (the value comes from the environment variable {var})" if var else ""
         raise ConfigError(f"must be an integer{where}", file=file, key=key)
     cfg = _plugin_config(name, factory, section, file, env_sources)
+    _check_factory_call(name, factory, cfg)
     try:
         plugin = factory(cfg) if cfg is not None else factory()
     except (ConfigError, PluginError):
