@@ -504,6 +504,46 @@ def test_a_factory_that_cannot_take_what_the_kernel_passes_says_why(
     )
 
 
+class LaxConfig(BaseModel):  # pydantic's default: unknown keys are dropped
+    label: str = "x"
+    refuse: list[str] = Field(default_factory=list, alias="deny")
+
+
+class LaxPlugin:
+    Config = LaxConfig
+
+    def __init__(self, config: LaxConfig) -> None:
+        self.config = config
+
+
+def test_keys_a_lax_config_model_drops_are_warned_about(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """config.md promises unknown keys are errors, but a third-party plugin's Config that
+    does not say extra="forbid" dropped `labl = "y"` without a word: the label stayed "x".
+    The kernel cannot refuse what the plugin accepts, but it names the key and the fix."""
+    fake_eps(monkeypatch, lax=f"{HERE}:LaxPlugin")
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__lax__colour", "red")
+    p = write(tmp_path, '[plugins.lax]\nlabl = "y"\ndeny = ["rm"]\n')
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        k = Kernel.from_config(str(p))
+    assert k.plugins.plugins["lax"].config.refuse == ["rm"]  # an alias is a known key
+    assert [r.getMessage() for r in caplog.records] == [
+        f"{p}: plugins.lax.colour: unknown key (known keys: deny, label) (the value comes "
+        "from the environment variable TOOLWIRE_PLUGINS__lax__colour); the plugin ignores it "
+        "(its Config model does not refuse unknown keys: model_config = "
+        "ConfigDict(extra='forbid') would make this an error)",
+        f"{p}: plugins.lax.labl: unknown key; did you mean 'label'?; the plugin ignores it "
+        "(its Config model does not refuse unknown keys: model_config = "
+        "ConfigDict(extra='forbid') would make this an error)",
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        Kernel.from_config(str(write(tmp_path, '[plugins.lax]\nlabel = "y"\n')))
+    [only] = [r.getMessage() for r in caplog.records]  # the file's keys are all known now
+    assert "plugins.lax.colour" in only
+
+
 def test_any_other_load_error_is_fatal_and_names_the_plugin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -589,7 +589,7 @@ def _plugin_config(
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginError(name, "its Config attribute must be a pydantic BaseModel subclass")
     try:
-        return model.model_validate(section)
+        validated = model.model_validate(section)
     except pydantic.ValidationError as exc:
         msgs = []
         for e in exc.errors(include_url=False):
@@ -600,6 +600,45 @@ def _plugin_config(
             )
             msgs.append(_problem(f"plugins.{name}.{_loc(e)}", msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+    _warn_ignored_keys(name, model, section, file, env_sources)
+    return validated
+
+
+def _model_keys(model: type[BaseModel]) -> set[str]:
+    """The keys ``model`` reads: field names, aliases and validation aliases."""
+    keys: set[str] = set()
+    for fname, field in model.model_fields.items():
+        keys.add(fname)
+        for alias in (field.alias, field.validation_alias):
+            if isinstance(alias, str):
+                keys.add(alias)
+            elif isinstance(alias, pydantic.AliasChoices):
+                keys.update(c for c in alias.choices if isinstance(c, str))
+            elif isinstance(alias, pydantic.AliasPath) and alias.path:
+                keys.add(str(alias.path[0]))
+    return keys
+
+
+def _warn_ignored_keys(
+    name: str,
+    model: type[BaseModel],
+    section: Mapping[str, Any],
+    file: str | None,
+    env_sources: Mapping[str, str] | None,
+) -> None:
+    """Warn about keys of ``[plugins.<name>]`` that a ``Config`` which does not forbid
+    unknown keys (pydantic's default) dropped: a misspelt key would otherwise be lost
+    without a word. ("forbid" made them errors; "allow" keeps them.)"""
+    if model.model_config.get("extra") not in (None, "ignore"):
+        return
+    known = _model_keys(model)
+    for key in sorted(k for k in section if k not in known):
+        log.warning(
+            "%s: %s; the plugin ignores it (its Config model does not refuse unknown keys: "
+            "model_config = ConfigDict(extra='forbid') would make this an error)",
+            file or "<defaults+env>",
+            _problem(f"plugins.{name}.{key}", unknown_key(model, (key,)), env_sources),
+        )
 
 
 def _check_factory_call(name: str, factory: Any, cfg: Any) -> None:
