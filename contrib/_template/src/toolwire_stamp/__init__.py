@@ -20,7 +20,7 @@ class StampConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    label: str = Field("stamped", min_length=1, description="written to result.meta.extra")
+    label: str = Field(default="stamped", min_length=1, description="written to result.meta.extra")
     refuse: list[str] = Field(
         default_factory=list, description="tools this plugin refuses to run (error kind denied)"
     )
