@@ -144,6 +144,7 @@ class ScriptedExecutor(AgentExecutor):
                 "metadata": metadata,
                 "context_id": context.context_id,
                 "task_id": msg.task_id,
+                "task": context.task_id,  # the task this message runs in (new or named)
             }
         )
         current = context.current_task

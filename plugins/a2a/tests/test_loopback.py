@@ -183,6 +183,62 @@ async def test_without_a_stream_a_call_cut_by_its_attempt_timeout_keeps_the_task
         assert done.content["text"] == "Findings on: wait", done.content
 
 
+def _last_task(loopback: LoopbackAgent) -> str:
+    task = loopback.agent.executor.seen[-1]["task"]
+    assert task, loopback.agent.executor.seen
+    return str(task)
+
+
+async def _cancel_once_working(kernel: Kernel) -> None:
+    """Start a blocking ``wait`` call and cancel it once the agent reports it working."""
+    working = anyio.Event()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        working.set()
+
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(
+                lambda: kernel.call(
+                    "agent_loopback_specialist", {"query": "wait"}, progress=progress
+                )
+            )
+            await working.wait()
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_call_its_caller_cancels_cancels_the_agents_task(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    """Before: the caller's cancellation closed the stream and left the task running on
+    the agent, where nobody could follow it up (the result, with its task id, is never
+    returned), and a replay of the call started a second task."""
+    kernel = kernel_from_toml(tmp_path, f'agents = ["{loopback.url}"]\n')
+    async with kernel:
+        loopback.agent.executor.hold()
+        await _cancel_once_working(kernel)
+        listed = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": _last_task(loopback)}
+        )
+        assert listed.is_error and listed.error is not None, listed.content
+        assert listed.error.details["state"] == "canceled", listed.error
+
+
+async def test_with_cancel_abandoned_off_the_task_runs_on(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    kernel = kernel_from_toml(tmp_path, f'agents = ["{loopback.url}"]\ncancel_abandoned = false\n')
+    async with kernel:
+        loopback.agent.executor.hold()
+        await _cancel_once_working(kernel)
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": _last_task(loopback), "wait_s": 5}
+        )
+        assert done.content["state"] == "completed", done.content
+
+
 async def test_nothing_listening_at_start_does_not_stop_the_kernel(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

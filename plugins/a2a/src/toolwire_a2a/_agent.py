@@ -42,6 +42,11 @@ __all__ = ["CALL_SCHEMA", "TASK_SCHEMA", "AgentHandle", "AgentSpec"]
 
 log = logging.getLogger("toolwire.a2a")
 
+#: A cancellation this close to the attempt's cut (its deadline or timeout) is the cut.
+_CUT_TOLERANCE_S = 0.01
+#: Upper bound of the CancelTask sent for an abandoned task (the caller waits for it).
+_ABANDON_CANCEL_S = 5.0
+
 CALL_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -307,17 +312,70 @@ class AgentHandle:
             remembered = task_id is not None
         info: dict[str, Any] = {"agent": nick}
         ctx.meta.extra["a2a"] = info
+        limit = _attempt_limit(ctx)
+        cut_at = math.inf if limit is None else anyio.current_time() + limit
         try:
-            result = await self._send(query, hands_off, context_id, task_id, ctx, info)
-        except ToolError as err:
-            if not remembered or err.details.get("code") not in _STALE_TASK_CODES:
-                raise
-            # The agent refused the remembered task before doing anything (it was answered
-            # elsewhere, ended, or expired): send the message as a new task in the context.
-            await self._forget_interrupted(ctx.kernel, str(context_id))
-            result = await self._send(query, hands_off, context_id, None, ctx, info)
+            try:
+                result = await self._send(query, hands_off, context_id, task_id, ctx, info)
+            except ToolError as err:
+                if not remembered or err.details.get("code") not in _STALE_TASK_CODES:
+                    raise
+                # The agent refused the remembered task before doing anything (it was
+                # answered elsewhere, ended, or expired): send the message as a new task in
+                # the context.
+                await self._forget_interrupted(ctx.kernel, str(context_id))
+                result = await self._send(query, hands_off, context_id, None, ctx, info)
+        except anyio.get_cancelled_exc_class():
+            if not hands_off and anyio.current_time() < cut_at - _CUT_TOLERANCE_S:
+                await self._cancel_abandoned(info)
+            raise
         await self._remember(ctx.kernel, result)
         return result
+
+    async def _cancel_abandoned(self, info: dict[str, Any]) -> None:
+        """CancelTask for the task of a blocking call its caller cancelled.
+
+        The caller never sees the result (nor its task id), and a replay of the call
+        starts a new task: the abandoned one would only spend the agent's work. A call cut
+        by its deadline or timeout is not abandoned: its error carries the task id.
+        Shielded, bounded by ``request_timeout_s`` (at most 5 s); a failure is logged.
+        """
+        task_id = info.get("task_id")
+        if not task_id or not self.config.cancel_abandoned:
+            return
+        nick = str(self.nickname)
+        bound = min(self.config.request_timeout_s, _ABANDON_CANCEL_S)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(bound) as scope:
+            try:
+                client = self._require(False)
+                await client.cancel_task(
+                    CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=bound)
+                )
+            except Exception as exc:
+                err = map_error(exc, nick, f"canceling task {task_id!r}")
+                if err.kind == ErrorKind.CONFLICT:  # not cancelable: it had already ended
+                    log.debug("plugin 'a2a': agent %r: task %s had ended: %s", nick, task_id, err)
+                else:
+                    log.warning(
+                        "plugin 'a2a': agent %r: the call was cancelled, and canceling its "
+                        "task %s failed too: %s; the agent may still be working on it",
+                        nick,
+                        task_id,
+                        err,
+                    )
+                return
+        if scope.cancelled_caught:
+            log.warning(
+                "plugin 'a2a': agent %r: the call was cancelled, and canceling its task %s "
+                "took over %.3g s; the agent may still be working on it",
+                nick,
+                task_id,
+                bound,
+            )
+            return
+        log.info(
+            "plugin 'a2a': agent %r: the call was cancelled: canceled its task %s", nick, task_id
+        )
 
     async def _send(
         self,

@@ -267,6 +267,11 @@ class A2AConfig(BaseModel):
         True,
         description="use SendStreamingMessage when the card allows it (progress is reported)",
     )
+    cancel_abandoned: bool = Field(
+        True,
+        description="a blocking call cancelled by its caller (not cut by its deadline or "
+        "timeout) sends CancelTask for the task it started, as nobody can follow it up",
+    )
     poll_interval_s: float = Field(
         1.0,
         gt=0,
