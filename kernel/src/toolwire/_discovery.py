@@ -704,9 +704,15 @@ _MCP_RULE: Final = "1 to 128 ASCII letters, digits, '_', '-' or '.'"
 
 def _check_name(tool: Tool, pattern: re.Pattern[str], api: str, rule: str) -> None:
     if pattern.fullmatch(tool.name) is None:
+        fix = (
+            "rename the tool"
+            if api == "MCP"
+            else f"pass name=kernel.export_name({tool.name!r}) (an alias kernel.call accepts), "
+            f"or use kernel.list_tools(format={api.lower()!r}), which does"
+        )
         raise ValueError(
             f"tool name {tool.name!r} cannot be exported to {api}: names must match "
-            f"^{pattern.pattern}$ ({rule}); rename the tool"
+            f"^{pattern.pattern}$ ({rule}); {fix}"
         )
 
 
