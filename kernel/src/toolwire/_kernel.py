@@ -958,9 +958,15 @@ class Kernel:
                 f"(progress, total, message), not {type(progress).__name__}"
             )
         if args is not None and type(args) is not dict and not isinstance(args, Mapping):
+            hint = (
+                ": decode a model's JSON arguments first (json.loads), and answer the model "
+                "yourself when they are not JSON or not an object"
+                if isinstance(args, str | bytes | bytearray)
+                else ""
+            )
             raise TypeError(
                 f"kernel.call({name!r}, args=...): args must be a mapping of argument names to "
-                f"values (a dict), not {type(args).__name__}"
+                f"values (a dict), not {type(args).__name__}{hint}"
             )
         if (
             (call_id is not None and type(call_id) is not str)
