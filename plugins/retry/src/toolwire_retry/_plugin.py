@@ -24,6 +24,7 @@ from toolwire import (
     ToolResult,
     describe_validation_error,
     hookimpl,
+    plugin_not_loaded,
     validate_json_schema,
 )
 from toolwire_ratelimit import Availability, RateLimitPlugin, attempt_detail, with_config_file
@@ -488,6 +489,21 @@ class RetryPlugin:
     def startup(self, kernel: Kernel) -> None:
         self._prepared.clear()
         self._kernel = kernel
+        if self._rl(kernel) is None:
+            # Nothing marks an error retryable then (the kernel never does): every failed
+            # call would end after one attempt, with no word on why.
+            why = (
+                str(plugin_not_loaded(kernel.config, "ratelimit"))
+                if kernel.config is not None
+                else "the ratelimit plugin is not registered (pass RateLimitPlugin() to "
+                "Kernel(plugins=[...]) next to RetryPlugin())"
+            )
+            log.warning(
+                "plugin 'retry': %s; it classifies failed attempts, and without it this plugin "
+                "retries or fails over only errors that an on_error hook of yours marks "
+                "retryable (error.retryable = True)",
+                why,
+            )
         if self.config.config_file:
             self.config = with_config_file(self.config, kernel, "plugins.retry")
             self.budget = RetryBudget(self.config.budget)
