@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 from typing import Any
 
+import anyio
 import pytest
 
 from toolwire import CallContext, Kernel, Tool, export_tool, tool
@@ -66,3 +68,36 @@ async def test_other_non_mappings_get_no_json_advice() -> None:
         with pytest.raises(TypeError, match="not list") as err:
             await kernel.call("files.read", [("path", "a")])  # type: ignore[arg-type]
         assert "json.loads" not in str(err.value)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_cancelled_call_ends_with_call_finished_for_subscribers() -> None:
+    """Before: a cancelled call emitted call_started and never call_finished, so a UI
+    following calls by their events showed it running for ever."""
+    started = anyio.Event()
+
+    @tool
+    async def slow() -> dict[str, bool]:
+        """Waits far longer than the caller."""
+        started.set()
+        await anyio.sleep(60)
+        return {"done": True}
+
+    seen: list[tuple[str, Any]] = []
+    async with Kernel(tools=[slow]) as kernel:
+        kernel.events.subscribe(lambda e: seen.append((e.kind, e.data.get("result"))))
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(partial(kernel.call, "slow", call_id="c-1"))
+            with anyio.fail_after(10):
+                await started.wait()
+            tg.cancel_scope.cancel()
+        assert [kind for kind, _ in seen] == ["call_started", "call_finished"]
+        finished = seen[1][1]
+        assert finished["is_error"] is True
+        assert finished["error"]["kind"] == "cancelled"
+        assert finished["meta"]["call_id"] == "c-1" and finished["meta"]["tool"] == "slow"
+        # and a call that finishes still has exactly one call_finished
+        seen.clear()
+        kernel.add_tool(files_read)
+        await kernel.call("files.read", {"path": "a"})
+        assert [kind for kind, _ in seen] == ["call_started", "call_finished"]

@@ -1031,10 +1031,24 @@ class Kernel:
                 result = await self._run_after(call, result, ctx, entered)
         except anyio.get_cancelled_exc_class():
             await self._after_cancel(call, ctx, t0, entered)
+            if events:
+                await self._finished_cancelled(call, ctx, t0)
             raise
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
+
+    async def _finished_cancelled(self, call: ToolCall, ctx: CallContext, t0: float) -> None:
+        """``call_finished`` for a cancelled call, so a subscriber (a UI) sees every call end.
+
+        Its result is the ``cancelled`` error the caller met, even when the cancellation
+        came while the ``after_call`` hooks ran with the tool's result.
+        """
+        ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
+        info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
+        res = ToolResult.from_error(info, ctx.meta)
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
+            await self.events.emit("call_finished", call, result=res.to_dict())
 
     async def _after_cancel(
         self, call: ToolCall, ctx: CallContext, t0: float, entered: list[Any]
