@@ -232,6 +232,54 @@ async def test_missing_folder_is_a_config_error_not_a_crash(tmp_path: Path) -> N
     assert "[plugins.search.collections.docs] path" in res.error.message
 
 
+async def test_a_missing_folder_is_named_as_written_and_where_it_was_looked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: "collection 'docs': '<resolved path>' does not exist; fix [...] path (relative
+    to toolwire.toml)": not the path as written, and "relative to toolwire.toml" even for a
+    kernel configured in code, which reads a relative path from the working directory."""
+    site, cwd = tmp_path / "site", tmp_path / "cwd"
+    site.mkdir()
+    cwd.mkdir()
+    (cwd / "docs").mkdir()  # beside the process, not beside toolwire.toml
+    monkeypatch.chdir(cwd)
+    (site / "toolwire.toml").write_text(
+        'enabled_plugins = ["ratelimit", "retry", "search"]\n'
+        '[plugins.search.collections.docs]\npath = "docs"\n',
+        encoding="utf-8",
+    )
+
+    async def message(kernel: Kernel) -> str:
+        async with kernel:
+            res = await kernel.call("search_docs", {"query": "x"})
+        assert res.error is not None and res.error.kind == "config_error"
+        return res.error.message
+
+    assert await message(Kernel.from_config(load_config(str(site / "toolwire.toml")))) == (
+        f"collection 'docs': path 'docs' (looked for {site / 'docs'}: a relative path "
+        "is read from the directory of toolwire.toml) does not exist; fix "
+        "[plugins.search.collections.docs] path"
+    )
+    assert await message(docs_kernel(Path("nope"))) == (
+        f"collection 'docs': path 'nope' (looked for {cwd / 'nope'}: with no "
+        "toolwire.toml, a relative path is read from the working directory) does not exist; "
+        "fix [plugins.search.collections.docs] path"
+    )
+    (cwd / "file.md").write_text("# A\n")
+    assert await message(docs_kernel(cwd / "file.md")) == (
+        f"collection 'docs': path '{cwd / 'file.md'}' is not a folder; fix "
+        "[plugins.search.collections.docs] path"
+    )
+    monkeypatch.setenv("HOME", str(tmp_path))
+    home = make_kernel(
+        search={"collections": {"docs": {"path": "~/gone/"}}}, transport=no_network()
+    )
+    assert await message(home) == (
+        f"collection 'docs': path '~/gone/' (read as {tmp_path / 'gone'}) does not exist; "
+        "fix [plugins.search.collections.docs] path"
+    )
+
+
 async def test_stopword_query_warns(tmp_path: Path) -> None:
     write(tmp_path, {"a.md": "# A\n\nalpha"})
     kernel = docs_kernel(tmp_path)

@@ -139,7 +139,10 @@ class CollectionConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(description="folder to index, relative to toolwire.toml (or absolute)")
+    path: str = Field(
+        description="folder to index, relative to toolwire.toml (to the working directory "
+        "for a kernel configured in code), or absolute"
+    )
     description: str | None = Field(None, description="tool description (default: generated)")
     include: list[str] = Field(
         default_factory=lambda: ["**/*.md", "**/*.markdown", "**/*.txt", "**/*.rst"],

@@ -391,6 +391,27 @@ def resolve_root(path: str, base: str | None) -> Path:
     return p
 
 
+def root_problem(path: str, root: Path, base: str | None) -> str | None:
+    """Why the folder ``root`` (``path`` as written, resolved by ``resolve_root`` against
+    ``base``) cannot be indexed, with where it was looked for; None when it is a folder."""
+    if root.is_dir():
+        return None
+    what = "does not exist" if not root.exists() else "is not a folder"
+    resolved = os.path.abspath(root)
+    if Path(os.path.expanduser(path)).is_absolute():
+        looked = "" if resolved == os.path.abspath(path) else f" (read as {resolved})"
+    elif base is not None:
+        looked = (
+            f" (looked for {resolved}: a relative path is read from the directory of toolwire.toml)"
+        )
+    else:
+        looked = (
+            f" (looked for {resolved}: with no toolwire.toml, a relative path is read from "
+            "the working directory)"
+        )
+    return f"path {path!r}{looked} {what}"
+
+
 def result_of(
     collection: str, chunk: Chunk, score: float, terms: Sequence[str], url_prefix: str | None
 ) -> dict[str, Any]:

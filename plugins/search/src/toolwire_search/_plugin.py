@@ -15,7 +15,6 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,6 +46,7 @@ from ._kb import (
     load_collection,
     resolve_root,
     result_of,
+    root_problem,
     signature,
 )
 from ._models import SearchQuery, cut_long_text, input_schema, output_schema, validate_query
@@ -679,23 +679,23 @@ class SearchPlugin:
             )
 
     # ------------------------------------------------------- collections
-    def _collection_root(self, name: str) -> Path:
-        cfg = self.config.collections[name]
+    def _collection_base(self) -> str | None:
+        """The folder a relative collection path is read from: toolwire.toml's (None: the
+        working directory, for a kernel configured in code)."""
         kcfg = self._kernel.config if self._kernel is not None else None
-        base = os.path.dirname(kcfg.path) if kcfg is not None and kcfg.path else None
-        return resolve_root(cfg.path, base)
+        return os.path.dirname(kcfg.path) if kcfg is not None and kcfg.path else None
 
     async def _refresh_collection(self, name: str) -> None:
         """(Re)index a collection when its files changed (or it failed before)."""
         cfg = self.config.collections[name]
-        root = self._collection_root(name)
+        base = self._collection_base()
+        root = resolve_root(cfg.path, base)
         lock = self._locks.setdefault(name, anyio.Lock())
         async with lock:
-            if not root.is_dir():
-                what = "does not exist" if not root.exists() else "is not a folder"
+            problem = root_problem(cfg.path, root, base)
+            if problem is not None:
                 self._collections[name] = (
-                    f"collection {name!r}: {str(root)!r} {what}; fix "
-                    f"[plugins.search.collections.{name}] path (relative to toolwire.toml)"
+                    f"collection {name!r}: {problem}; fix [plugins.search.collections.{name}] path"
                 )
                 log.warning("plugin 'search': %s", self._collections[name])
                 return
