@@ -398,6 +398,40 @@ def test_missing_optional_dependency_is_skipped_with_pip_hint(
         Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["needsdep"]\n')))
 
 
+def test_a_dependency_missing_behind_a_lazy_attribute_is_handled_like_an_import(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A package that imports its plugin class lazily (a module __getattr__, PEP 562). Before,
+    the attribute was looked up outside the import's error handling: the ModuleNotFoundError
+    escaped Kernel.from_config as it was, instead of the plugin being skipped with the
+    pip hint, and any other error of the lookup was not a PluginError."""
+    pkg = tmp_path / "mods" / "twtest_lazy"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(
+        "def __getattr__(name):\n"
+        "    if name == 'Plugin':\n"
+        "        import toolwire_tests_missing_dep_xyz  # a third-party dependency\n"
+        "    if name == 'Broken':\n"
+        "        raise RuntimeError('the plugin module is broken')\n"
+        "    raise AttributeError(name)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    fake_eps(monkeypatch, lazy="twtest_lazy:Plugin", plain=f"{HERE}:NoConfigPlugin")
+    with caplog.at_level("WARNING", logger="toolwire"):
+        k = Kernel.from_config(str(write(tmp_path, "")))
+    assert [i.name for i in k.plugins.ordered()] == ["plain"]
+    assert "plugin 'lazy' skipped" in caplog.text
+    assert "pip install 'toolwire_tests_missing_dep_xyz'" in caplog.text
+    with pytest.raises(PluginError, match=r"plugin 'lazy': cannot be loaded.*pip install"):
+        Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["lazy"]\n')))
+    fake_eps(monkeypatch, broken="twtest_lazy:Broken")
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(str(write(tmp_path, "")))
+    assert str(ei.value) == (
+        "plugin 'broken': cannot be loaded: RuntimeError: the plugin module is broken"
+    )
+
+
 def test_a_plugin_missing_a_module_of_its_own_is_a_bug_not_a_dependency(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

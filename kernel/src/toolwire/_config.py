@@ -793,7 +793,21 @@ def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
         raise PluginError(n, f'{where} is not of the form "module:attribute" ({_FIX_EP})')
     module_name = match.group("module")
     try:
-        obj = importlib.import_module(module_name)
+        obj: Any = importlib.import_module(module_name)
+        # in the try: a module's lazy __getattr__ may import (and miss) a dependency
+        path = module_name
+        for attr in filter(None, (match.group("attr") or "").split(".")):
+            found = getattr(obj, attr, _SKIPPED)
+            if found is _SKIPPED:
+                names = [a for a in dir(obj) if not a.startswith("_")]
+                close = difflib.get_close_matches(attr, names, n=1)
+                meant = f" (did you mean {close[0]!r}?)" if close else ""
+                raise PluginError(
+                    n,
+                    f"cannot be loaded: {where} names {attr!r}, which {path!r} does not "
+                    f"define{meant}; {_FIX_EP}",
+                )
+            obj, path = found, f"{path}.{attr}"
     except ModuleNotFoundError as exc:
         missing = exc.name or ""
         if module_name == missing or module_name.startswith(missing + "."):
@@ -820,20 +834,10 @@ def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
             raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
         log.warning("plugin %r skipped: %s; %s", n, exc, hint)
         return _SKIPPED
+    except PluginError:
+        raise
     except Exception as exc:
         raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
-    path = module_name
-    for attr in filter(None, (match.group("attr") or "").split(".")):
-        if not hasattr(obj, attr):
-            names = [a for a in dir(obj) if not a.startswith("_")]
-            close = difflib.get_close_matches(attr, names, n=1)
-            meant = f" (did you mean {close[0]!r}?)" if close else ""
-            raise PluginError(
-                n,
-                f"cannot be loaded: {where} names {attr!r}, which {path!r} does not "
-                f"define{meant}; {_FIX_EP}",
-            )
-        obj, path = getattr(obj, attr), f"{path}.{attr}"
     return obj
 
 
