@@ -513,6 +513,13 @@ class NeedsAConfig:  # forgot `Config = ...`
         self.config = config
 
 
+class NeedsMoreThanItsConfig:
+    Config = DemoConfig
+
+    def __init__(self, config: DemoConfig, kernel: object) -> None:  # the kernel passes one
+        self.config = config
+
+
 def test_a_factory_that_cannot_take_what_the_kernel_passes_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -535,6 +542,16 @@ def test_a_factory_that_cannot_take_what_the_kernel_passes_says_why(
         "plugin 'b': NeedsAConfig has no Config attribute, so the kernel calls NeedsAConfig() "
         "with no arguments, but it needs some (missing a required argument: 'config'): "
         "declare Config = <its pydantic model> on it, or give its parameters defaults"
+    )
+    # a factory that takes the config and needs more was told it "takes no such argument"
+    fake_eps(monkeypatch, c=f"{HERE}:NeedsMoreThanItsConfig")
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["c"]\n')))
+    assert str(ei.value) == (
+        "plugin 'c': NeedsMoreThanItsConfig has a Config attribute, so the kernel calls "
+        "NeedsMoreThanItsConfig(config) with the validated [plugins.c] table and nothing "
+        "else, but it needs more (missing a required argument: 'kernel'): give its other "
+        "parameters defaults"
     )
 
 

@@ -641,6 +641,14 @@ def _warn_ignored_keys(
         )
 
 
+def _binds(bind: Any, *args: Any) -> bool:
+    try:
+        bind(*args)
+    except TypeError:
+        return False
+    return True
+
+
 def _check_factory_call(name: str, factory: Any, cfg: Any) -> None:
     """A ``PluginError`` when ``factory`` cannot take what the kernel passes it: the
     validated config when it has a ``Config`` attribute, nothing otherwise."""
@@ -652,7 +660,13 @@ def _check_factory_call(name: str, factory: Any, cfg: Any) -> None:
         sig.bind(cfg) if cfg is not None else sig.bind()
     except TypeError as exc:
         qual = getattr(factory, "__qualname__", type(factory).__name__)
-        if cfg is not None:
+        if cfg is not None and _binds(sig.bind_partial, cfg):  # it takes the config, and more
+            why = (
+                f"{qual} has a Config attribute, so the kernel calls {qual}(config) with the "
+                f"validated [plugins.{name}] table and nothing else, but it needs more "
+                f"({exc}): give its other parameters defaults"
+            )
+        elif cfg is not None:
             why = (
                 f"{qual} has a Config attribute, so the kernel calls {qual}(config) with the "
                 f"validated [plugins.{name}] table, but it takes no such argument ({exc}): "
