@@ -593,6 +593,44 @@ def test_keys_a_lax_config_model_drops_are_warned_about(
         Kernel.from_config(str(write(tmp_path, '[plugins.lax]\nlabel = "y"\n')))
     [only] = [r.getMessage() for r in caplog.records]  # the file's keys are all known now
     assert "plugins.lax.colour" in only
+    # A field with an alias is read by its alias only: its name is dropped too. Before, the
+    # name counted as known, and `refuse = [...]` was lost without a word.
+    monkeypatch.delenv("TOOLWIRE_PLUGINS__lax__colour")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        k = Kernel.from_config(str(write(tmp_path, '[plugins.lax]\nrefuse = ["rm"]\n')))
+    assert k.plugins.plugins["lax"].config.refuse == []
+    [dropped] = [r.getMessage() for r in caplog.records]
+    assert dropped.startswith(f"{p}: plugins.lax.refuse: unknown key (known keys: deny, label)")
+
+
+class ByNameConfig(BaseModel):
+    model_config = ConfigDict(validate_by_name=True)
+    refuse: list[str] = Field(default_factory=list, alias="deny")
+
+
+class ByNamePlugin:
+    Config = ByNameConfig
+
+    def __init__(self, config: ByNameConfig) -> None:
+        self.config = config
+
+
+def test_a_lax_model_read_by_name_too_warns_only_of_keys_it_drops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_eps(monkeypatch, byname=f"{HERE}:ByNamePlugin")
+    for key in ("refuse", "deny"):  # validate_by_name: the name is read as well as the alias
+        with caplog.at_level("WARNING", logger="toolwire.config"):
+            k = Kernel.from_config(str(write(tmp_path, f'[plugins.byname]\n{key} = ["rm"]\n')))
+        assert k.plugins.plugins["byname"].config.refuse == ["rm"]
+        assert caplog.records == []
+    p = write(tmp_path, '[plugins.byname]\nrefuses = ["rm"]\n')
+    with caplog.at_level("WARNING", logger="toolwire.config"):
+        Kernel.from_config(str(p))
+    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
+        f"{p}: plugins.byname.refuses: unknown key (known keys: deny)"
+    ]
 
 
 def test_any_other_load_error_is_fatal_and_names_the_plugin(

@@ -605,17 +605,24 @@ def _plugin_config(
 
 
 def _model_keys(model: type[BaseModel]) -> set[str]:
-    """The keys ``model`` reads: field names, aliases and validation aliases."""
+    """The keys ``model`` reads: a field's alias (its validation alias when it has one),
+    and its name when it has no alias or the model also validates by name."""
+    cfg = model.model_config
+    by_name = bool(cfg.get("validate_by_name") or cfg.get("populate_by_name"))
+    by_alias = cfg.get("validate_by_alias") is not False
     keys: set[str] = set()
     for fname, field in model.model_fields.items():
-        keys.add(fname)
-        for alias in (field.alias, field.validation_alias):
-            if isinstance(alias, str):
-                keys.add(alias)
-            elif isinstance(alias, pydantic.AliasChoices):
-                keys.update(c for c in alias.choices if isinstance(c, str))
-            elif isinstance(alias, pydantic.AliasPath) and alias.path:
-                keys.add(str(alias.path[0]))
+        alias = field.validation_alias if field.validation_alias is not None else field.alias
+        names: set[str] = set()
+        for a in alias.choices if isinstance(alias, pydantic.AliasChoices) else [alias]:
+            if isinstance(a, str):
+                names.add(a)
+            elif isinstance(a, pydantic.AliasPath) and a.path:
+                names.add(str(a.path[0]))
+        if by_alias:
+            keys |= names
+        if by_name or not by_alias or not names:
+            keys.add(fname)
     return keys
 
 
