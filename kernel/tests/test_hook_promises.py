@@ -553,6 +553,51 @@ async def test_a_rejection_reaches_every_after_call_and_skips_later_before_calls
     assert fake.calls == []
 
 
+@pytest.mark.parametrize(
+    ("returned", "problem"),
+    [
+        ("yes", "returned str, expected ToolResult or None"),
+        (ToolResult({"odd": object()}), "returned a ToolResult whose content is not JSON"),
+    ],
+)
+async def test_a_before_call_returning_what_the_kernel_cannot_use_is_recorded_as_a_raise_is(
+    caplog: pytest.LogCaptureFixture, returned: Any, problem: str
+) -> None:
+    """hooks.md: a before_call hook that raises, or returns something else than None or a
+    ToolResult that can be made JSON, ends the call `internal` naming the plugin, is logged
+    as an ERROR and recorded in `result.meta.plugin_errors` (hook `before_call`). Before: a
+    bad return value ended the call but `plugin_errors` stayed empty and nothing was logged."""
+
+    class Raises:
+        name = "raises"
+
+        @hookimpl
+        def before_call(self) -> None:
+            raise RuntimeError("db down")
+
+    class Returns:
+        name = "returns"
+
+        @hookimpl
+        def before_call(self) -> Any:
+            return returned
+
+    for plugin, error in ((Raises(), "RuntimeError: db down"), (Returns(), problem)):
+        fake = FakeTool("t")
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="toolwire"):
+            r = await Kernel(tools=[fake.tool], plugins=[plugin]).call("t", {})
+        assert fake.calls == []
+        assert r.error is not None and r.error.kind == "internal"
+        assert r.error.source == plugin.name and f"plugin {plugin.name!r}" in r.error.message
+        [err] = r.meta.plugin_errors
+        assert (err["plugin"], err["hook"]) == (plugin.name, "before_call")
+        assert err["error"].startswith(error)
+        [rec] = [x for x in caplog.records if x.name.startswith("toolwire")]
+        assert rec.levelno == logging.ERROR
+        assert f"plugin {plugin.name!r}: before_call" in rec.getMessage()
+
+
 async def test_ctx_state_is_per_call_and_ctx_meta_facts_end_in_the_result() -> None:
     """hooks.md: per-call state belongs in `ctx.state["<plugin name>"]`, never on `self`:
     one plugin instance serves concurrent calls. hookspecs.py: `ctx.meta` holds facts that

@@ -1196,13 +1196,7 @@ class Kernel:
                         return res
                 else:
                     problem = f"{type(res).__name__}, expected ToolResult or None"
-                return self._fail(
-                    ctx,
-                    ErrorKind.INTERNAL,
-                    f"plugin {plugin!r}: before_call returned {problem}; the tool "
-                    f"{call.name!r} was not run",
-                    source=plugin,
-                )
+                return self._before_returned(ctx, plugin, problem)
 
         if ctx.attempt_timeout_s is not None:  # set by a before_call hook (checked once)
             try:
@@ -1344,6 +1338,21 @@ class Kernel:
             f"{who} failed in before_call: {type(exc).__name__}: {exc}; "
             f"the tool {name!r} was not run",
             source=source,
+        )
+
+    def _before_returned(self, ctx: CallContext, plugin: str, problem: str) -> ToolResult:
+        """``plugin``'s before_call returned what the kernel cannot use: recorded and
+        logged as a hook that raised is, and the call ends ``internal``."""
+        name = ctx.call.name
+        log.error("plugin %r: before_call returned %s for tool %r", plugin, problem, name)
+        ctx.meta.plugin_errors.append(
+            {"plugin": plugin, "hook": "before_call", "error": f"returned {problem}"}
+        )
+        return self._fail(
+            ctx,
+            ErrorKind.INTERNAL,
+            f"plugin {plugin!r}: before_call returned {problem}; the tool {name!r} was not run",
+            source=plugin,
         )
 
     async def _execute_guarded(self, tool: Tool, args: dict[str, Any], ctx: CallContext) -> Any:
