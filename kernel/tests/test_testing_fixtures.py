@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -71,3 +72,73 @@ def test_the_kernel_fixture_closes_the_kernel_after_the_test(tmp_path: Path) -> 
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert marker.read_text().splitlines() == ["shutdown", "task cancelled"]
+
+
+def test_the_helpers_work_in_a_program_without_pytest(tmp_path: Path) -> None:
+    """pytest is no dependency of toolwire: `from toolwire.testing import FakeTool` in a
+    program without it must work (before: `No module named 'pytest'`, imported at the top
+    for the fixtures alone). Outside a test a missing Redis is an error saying so."""
+    program = textwrap.dedent(
+        """
+        import sys
+        sys.modules["pytest"] = None  # as if pytest were not installed
+        import anyio
+        from toolwire import Kernel
+        from toolwire.testing import FakeClock, FakeTool, RecordingPlugin, fake_clock
+        from toolwire.testing import require_redis
+
+        async def main():
+            clock = FakeClock()
+            await clock.sleep(2.5)
+            tool = FakeTool("t", script=[{"n": 1}])
+            rec = RecordingPlugin("rec")
+            r = await Kernel(tools=[tool.tool], plugins=[rec], clock=clock).call("t", {})
+            print(r.content, clock.sleeps, rec.log, type(fake_clock()).__name__)
+
+        anyio.run(main)
+        assert "pytest" not in sys.modules or sys.modules["pytest"] is None
+        try:
+            require_redis("redis://127.0.0.1:1/0")
+        except RuntimeError as exc:
+            print("RuntimeError:", exc)
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    r = subprocess.run(
+        [sys.executable, "-c", program],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    first, second = r.stdout.splitlines()
+    assert (
+        first
+        == "{'n': 1} [2.5] [('rec', 'before_call', 't'), ('rec', 'after_call', 't')] FakeClock"
+    )
+    assert second.startswith("RuntimeError: no Redis answers at redis://127.0.0.1:1/0")
+    assert "TOOLWIRE_REDIS_URL" in second
+
+
+def test_every_fixture_is_registered_through_the_pytest11_entry_point(tmp_path: Path) -> None:
+    """The fixtures reach pytest through the entry point (no conftest, no import), now that
+    pytest is imported lazily by the module that defines them."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--fixtures", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    _, sep, ours = r.stdout.partition("fixtures defined from toolwire.testing")
+    assert sep, r.stdout
+    ours = ours.split(" fixtures defined from ")[0]
+    listed = {m[1] for m in re.finditer(r"^(\w+) -- ", ours, re.MULTILINE)}
+    assert listed == {"fake_clock", "kernel", "register_plugin", "redis_url", "redis_cluster_url"}

@@ -16,6 +16,10 @@ Fixtures (available in any project that installs toolwire):
 
 Helpers: ``FakeClock``, ``FakeTool`` (a scripted tool that records its calls),
 ``RecordingPlugin`` (records every hook call, for ordering assertions).
+
+pytest is not a dependency of toolwire: the helpers import and work without it
+(a demo or a benchmark may use ``FakeTool``); only the fixtures need it, and
+without pytest they are left plain functions.
 """
 
 from __future__ import annotations
@@ -24,11 +28,10 @@ import functools
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, cast
 
 import anyio
 import anyio.lowlevel
-import pytest
 
 from ._clock import Clock
 from ._kernel import Kernel
@@ -50,6 +53,23 @@ __all__ = [
 ]
 
 DEFAULT_TEST_REDIS_URL = "redis://127.0.0.1:6379/15"
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _fixture(fn: _F) -> _F:
+    """``pytest.fixture(fn)``; ``fn`` itself when pytest cannot be imported.
+
+    pytest is imported here, not at the top: ``FakeTool`` and ``FakeClock`` must
+    import in a program without pytest (toolwire does not depend on it). Under
+    pytest (which loads this module through the ``pytest11`` entry point) every
+    fixture is registered as before.
+    """
+    try:
+        import pytest
+    except ImportError:
+        return fn
+    return cast(_F, pytest.fixture(fn))
 
 
 class FakeClock(Clock):
@@ -160,13 +180,13 @@ class RecordingPlugin:
         self.log.append((self.name, "after_call", call.name))
 
 
-@pytest.fixture
+@_fixture
 def fake_clock() -> FakeClock:
     """A fresh ``FakeClock``."""
     return FakeClock()
 
 
-@pytest.fixture
+@_fixture
 async def kernel(fake_clock: FakeClock) -> AsyncIterator[Kernel]:
     """A fresh kernel on in-memory state with the fake clock (it starts on first call).
 
@@ -181,7 +201,7 @@ async def kernel(fake_clock: FakeClock) -> AsyncIterator[Kernel]:
         await k.close()
 
 
-@pytest.fixture
+@_fixture
 def register_plugin(kernel: Kernel) -> Callable[..., Any]:
     """Register a plugin on the ``kernel`` fixture (a fresh kernel per test).
 
@@ -228,6 +248,10 @@ def _redis_problem(url: str) -> str | None:
 
 
 def _skip_or_fail(problem: str, advice: str) -> NoReturn:
+    try:
+        import pytest
+    except ImportError:  # not in a test: there is nothing to skip
+        raise RuntimeError(f"{problem}. {advice}") from None
     if os.environ.get("TOOLWIRE_REQUIRE_REDIS", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"TOOLWIRE_REQUIRE_REDIS=1 but {problem}. {advice}", pytrace=False)
     pytest.skip(f"{problem}; {advice}")
@@ -268,13 +292,13 @@ def require_redis_cluster(url: str | None = None) -> str:
     return url
 
 
-@pytest.fixture
+@_fixture
 def redis_url() -> str:
     """A reachable test Redis URL (see ``require_redis``); nothing is flushed."""
     return require_redis()
 
 
-@pytest.fixture
+@_fixture
 def redis_cluster_url() -> str:
     """A reachable test Redis Cluster URL (see ``require_redis_cluster``); nothing is flushed."""
     return require_redis_cluster()
