@@ -8,10 +8,13 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable, Iterator
+from importlib import metadata as md
 from pathlib import Path
 
 import pytest
 
+from toolwire import _config as config_mod
 from toolwire.cli import main
 
 
@@ -130,6 +133,85 @@ def test_config_check_ok_and_broken(capsys: pytest.CaptureFixture[str], tmp_path
     code, out, err = run(capsys, "--config", str(bad), "config", "check")
     assert code == 2 and out is None
     assert str(bad) in err and "unknown_key: unknown key" in err
+
+
+_PLUGINS_MODULE = """
+from pydantic import BaseModel, ConfigDict
+
+CONSTRUCTED = []
+
+
+class DemoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    greeting: str = "hello"
+
+
+class DemoPlugin:
+    Config = DemoConfig
+
+    def __init__(self, config):
+        CONSTRUCTED.append(config)
+
+
+class Plain:
+    pass
+"""
+
+
+@pytest.fixture
+def fake_plugins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., None]]:
+    """``install(name="module:attr", ...)``: the installed plugins, as entry points, of a
+    module ``twcli_plugins`` written for the test (``DemoPlugin``, ``Plain``); and
+    ``twcli_needsdep``, whose third-party dependency is not installed."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "twcli_plugins.py").write_text(_PLUGINS_MODULE)
+    (mods / "twcli_needsdep.py").write_text("import twcli_missing_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.delenv("TOOLWIRE_LOAD_PLUGINS")  # the file says which plugins to load
+
+    def install(**targets: str) -> None:
+        eps = {n: md.EntryPoint(n, v, "toolwire") for n, v in targets.items()}
+        monkeypatch.setattr(config_mod, "installed_plugins", lambda: eps)
+
+    yield install
+    for name in ("twcli_plugins", "twcli_needsdep"):
+        sys.modules.pop(name, None)
+
+
+def warning_lines(err: str) -> list[str]:
+    """The messages of the WARNING lines logged on stderr (JSON lines)."""
+    logs = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    return [r["msg"] for r in logs if r["level"] == "warning"]
+
+
+def test_config_check_lists_the_warnings_and_strict_fails_on_them(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_plugins: Callable[..., None]
+) -> None:
+    """Before: a plugin skipped for a missing dependency showed only as a WARNING line on
+    stderr and the summary said "ok": true; nothing let a deploy pipeline fail on it."""
+    fake_plugins(plain="twcli_plugins:Plain", needsdep="twcli_needsdep:Plugin")
+    conf = tmp_path / "tw.toml"
+    conf.write_text("")
+    code, out, err = run(capsys, "--config", str(conf), "config", "check")
+    assert code == 0 and isinstance(out, dict) and out["ok"] is True
+    assert out["plugins"] == ["plain"]
+    [warning] = out["warnings"]
+    assert warning.startswith("plugin 'needsdep' skipped: No module named")
+    assert "pip install 'twcli_missing_dependency_xyz'" in warning
+    assert warning_lines(err) == [warning]  # stderr logs as it did
+    code, out, err = run(capsys, "--config", str(conf), "config", "check", "--strict")
+    assert code == 1 and isinstance(out, dict) and out["ok"] is False
+    assert out["warnings"] == [warning] and warning_lines(err) == [warning]
+    # a level above WARNING hides the line on stderr, not the warning from the check
+    code, out, err = run(capsys, "--log-level", "error", "--config", str(conf), "config", "check")
+    assert code == 0 and isinstance(out, dict) and out["warnings"] == [warning]
+    assert err == ""
+    # nothing to say: an empty list, and --strict passes
+    fake_plugins(plain="twcli_plugins:Plain")
+    code, out, err = run(capsys, "--config", str(conf), "config", "check", "--strict")
+    assert code == 0 and isinstance(out, dict) and out["ok"] is True
+    assert out["warnings"] == [] and err == ""
 
 
 def test_a_misspelt_key_is_answered_with_the_key_meant(

@@ -3,8 +3,8 @@
 Commands: ``plugins``, ``tools``, ``call``, ``config check``, plus the commands
 plugin distributions register through the entry-point group ``toolwire.cli``
 (``serve``, ``stats``...). Output is JSON on stdout; logs are JSON lines on
-stderr. Exit codes: 0 ok, 1 the call returned an error result, 2 bad usage or
-configuration.
+stderr. Exit codes: 0 ok, 1 the call returned an error result (or ``config check
+--strict`` logged warnings), 2 bad usage or configuration.
 
 A command entry point names a function ``register(subparsers)`` that adds an
 ``argparse`` sub-parser and sets ``fn`` to ``async def fn(args) -> int``; the
@@ -22,13 +22,14 @@ raises is reported like the command's own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata as md
 import json
 import logging
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,24 +259,75 @@ def _check_server_table(cfg: ToolwireConfig) -> str | None:
     return "ok"
 
 
+class _Warnings(logging.Handler):
+    """Keeps the WARNING+ records that reach it (each once, however many loggers it is on)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not any(r is record for r in self.records):
+            self.records.append(record)
+
+
+@contextlib.contextmanager
+def _collect_warnings() -> Iterator[_Warnings]:
+    """The WARNING+ log records of every logger while the block runs.
+
+    The handler goes on the root logger and on each logger that does not pass its
+    records up (``toolwire``, once ``configure_logging`` ran). A logger set above
+    WARNING (``--log-level ERROR``) is lowered to WARNING meanwhile, its own handlers
+    raised to its level: what stderr shows does not change.
+    """
+    collector = _Warnings()
+    loggers = [logging.getLogger()] + [
+        lg
+        for lg in list(logging.Logger.manager.loggerDict.values())
+        if isinstance(lg, logging.Logger) and not lg.propagate
+    ]
+    restore: list[tuple[logging.Logger | logging.Handler, int]] = []
+    for lg in loggers:
+        if lg.level > logging.WARNING:
+            for h in lg.handlers:
+                if h.level < lg.level:
+                    restore.append((h, h.level))
+                    h.setLevel(lg.level)
+            restore.append((lg, lg.level))
+            lg.setLevel(logging.WARNING)
+        lg.addHandler(collector)
+    try:
+        yield collector
+    finally:
+        for lg in loggers:
+            lg.removeHandler(collector)
+        for obj, level in reversed(restore):
+            obj.setLevel(level)
+
+
 async def _cmd_config_check(args: argparse.Namespace) -> int:
-    cfg = load_cli_config(args)
-    server = _check_server_table(cfg)
-    kernel = build_cli_kernel(cfg)
-    async with kernel:
-        summary: dict[str, Any] = {
-            "ok": True,
-            "config_file": cfg.path,
-            "state": kernel.state.backend,
-            # which file or server: the embedded SQLite file's place depends on the config
-            "state_url": redact_url(cli_state_url(cfg)),
-            "plugins": [p.name for p in kernel.plugins.ordered()],
-            "tools": len(kernel.list_tools()),
-        }
-        if server is not None:
-            summary["server"] = server
+    with _collect_warnings() as collected:
+        cfg = load_cli_config(args)
+        server = _check_server_table(cfg)
+        kernel = build_cli_kernel(cfg)
+        async with kernel:
+            summary: dict[str, Any] = {
+                "ok": True,
+                "config_file": cfg.path,
+                "state": kernel.state.backend,
+                # which file or server: the embedded SQLite file's place depends on the config
+                "state_url": redact_url(cli_state_url(cfg)),
+                "plugins": [p.name for p in kernel.plugins.ordered()],
+                "tools": len(kernel.list_tools()),
+            }
+            if server is not None:
+                summary["server"] = server
+    warnings = [r.getMessage() for r in collected.records]
+    summary["warnings"] = warnings
+    failed = bool(args.strict and warnings)
+    summary["ok"] = not failed
     _print(summary)
-    return 0
+    return 1 if failed else 0
 
 
 def positive_int(text: str) -> int:
@@ -311,8 +363,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="toolwire",
         description="toolwire: middleware for agent tool calls. Output is JSON on stdout, "
         "logs are JSON lines on stderr.",
-        epilog="Exit codes: 0 ok, 1 the call returned an error result, 2 bad usage or "
-        "configuration. `toolwire COMMAND --help` shows the options of a command.",
+        epilog="Exit codes: 0 ok, 1 the call returned an error result (or `config check "
+        "--strict` logged warnings), 2 bad usage or configuration. `toolwire COMMAND --help` "
+        "shows the options of a command.",
     )
     p.add_argument(
         "--config",
@@ -393,8 +446,22 @@ def _parser() -> argparse.ArgumentParser:
     scfg = sub.add_parser("config", help="configuration commands", description="Configuration.")
     cfg_sub = scfg.add_subparsers(dest="config_command", required=True)
     help_ = "load and validate the config, load the plugins, print a summary"
-    chk = cfg_sub.add_parser("check", help=help_, description=_sentence(help_))
+    chk = cfg_sub.add_parser(
+        "check",
+        help=help_,
+        description=_sentence(
+            help_,
+            ' (with the warnings logged meanwhile in "warnings"; exit code 1 with '
+            "--strict when there are any)",
+        ),
+    )
     add_config_option(chk)
+    chk.add_argument(
+        "--strict",
+        action="store_true",
+        help='exit with code 1 (and "ok": false) when the check logged warnings: a skipped '
+        "plugin, an unreachable MCP server (for deploy pipelines)",
+    )
     chk.set_defaults(fn=_cmd_config_check)
     _plugin_commands(sub)
     _name_subcommands(p, top=True)

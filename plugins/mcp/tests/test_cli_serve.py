@@ -19,7 +19,7 @@ import pytest
 from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
 from mcp.shared.exceptions import MCPError
-from toolwire_mcp_testkit import clean_env, eventually, wait_until, write_config
+from toolwire_mcp_testkit import clean_env, eventually, free_port, wait_until, write_config
 
 from toolwire import ConfigError
 from toolwire.cli import main
@@ -888,3 +888,36 @@ def test_a_plain_text_auth_token_in_the_file_is_warned_about(
         text = " ".join(r.getMessage() for r in caplog.records)
         assert ("server.auth_token holds a credential in plain text" in text) is warned, text
         assert "s3cret" not in text
+
+
+def test_config_check_lists_an_unreachable_server_in_its_warnings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/mcp.md: a server `config check` cannot reach is a warning, not a configuration
+    error. Before: it showed only on stderr and the summary said "ok": true; now it is in
+    `"warnings"`, and `--strict` fails the check on it (deploy pipelines)."""
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith(("TOOLWIRE_", "TOOLS_AUTH_")) or var == "REDIS_URL":
+            monkeypatch.delenv(var)
+    port = free_port()  # bound and released: nothing listens there
+    write_config(
+        tmp_path / "down.toml",
+        {"enabled_plugins": ["mcp"]},
+        {
+            "plugins.mcp": {"connect_timeout_s": 0.5},
+            "plugins.mcp.servers.down": {"url": f"http://127.0.0.1:{port}/mcp"},
+        },
+    )
+    for strict, code in (([], 0), (["--strict"], 1)):
+        assert main(["--config", "down.toml", "config", "check", *strict]) == code
+        captured = capsys.readouterr()
+        summary = json.loads(captured.out)
+        assert summary["ok"] is (code == 0) and summary["plugins"] == ["mcp"]
+        warnings = summary["warnings"]
+        assert any(
+            w.startswith("MCP server 'down' is not available at startup (") for w in warnings
+        ), warnings
+        assert all(w.startswith("MCP server 'down' ") for w in warnings), warnings
+        logged = [json.loads(line) for line in captured.err.splitlines() if line.strip()]
+        assert [r["msg"] for r in logged if r["level"] == "warning"] == warnings  # as before
