@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from toolwire import Kernel
 from toolwire import _config as config_mod
 from toolwire.cli import main
 
@@ -212,6 +213,60 @@ def test_config_check_lists_the_warnings_and_strict_fails_on_them(
     code, out, err = run(capsys, "--config", str(conf), "config", "check", "--strict")
     assert code == 0 and isinstance(out, dict) and out["ok"] is True
     assert out["warnings"] == [] and err == ""
+
+
+def test_config_check_validates_the_table_of_a_plugin_that_is_not_enabled(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    fake_plugins: Callable[..., None],
+) -> None:
+    """Before: `[plugins.demo]` of an installed plugin left out by enabled_plugins was
+    never read, so a broken table passed `config check` and failed the day the plugin
+    was enabled. Now the check says so; normal startup neither imports nor builds it."""
+    fake_plugins(demo="twcli_plugins:DemoPlugin", plain="twcli_plugins:Plain")
+    conf = tmp_path / "tw.toml"
+    left_out = (
+        f"{conf}: plugin 'demo' is not enabled: enabled_plugins = [\"plain\"] leaves it out "
+        "(add 'demo' to that list, or remove the list to load every installed plugin); "
+        "its table [plugins.demo]"
+    )
+    for table, expected in (
+        (
+            "greting = 'hi'",
+            "would fail: plugins.demo.greting: unknown key; did you mean 'greeting'?",
+        ),
+        ("greeting = 1", "would fail: plugins.demo.greeting: Input should be a valid string"),
+        ("order = 'first'", "would fail: plugins.demo.order: must be an integer"),
+        ("greeting = 'hi'\norder = 5", "is not used"),
+    ):
+        conf.write_text(f'enabled_plugins = ["plain"]\n[plugins.demo]\n{table}\n')
+        code, out, err = run(capsys, "--config", str(conf), "config", "check", "--strict")
+        assert code == 1 and isinstance(out, dict) and out["ok"] is False, table
+        assert out["plugins"] == ["plain"]
+        assert out["warnings"] == [f"{left_out} {expected}"], table
+        assert warning_lines(err) == out["warnings"]
+    assert sys.modules["twcli_plugins"].CONSTRUCTED == []  # validated, never built
+    # disabled from the environment: the variable is named
+    conf.write_text("[plugins.demo]\ngreting = 'hi'\n")
+    monkeypatch.setenv("TOOLWIRE_DISABLE_PLUGINS", "demo")
+    code, out, _ = run(capsys, "--config", str(conf), "config", "check")
+    assert code == 0 and isinstance(out, dict) and out["ok"] is True
+    assert out["warnings"] == [
+        f"{conf}: plugin 'demo' is not enabled: the environment variable "
+        "TOOLWIRE_DISABLE_PLUGINS disables it (remove demo from it); its table "
+        "[plugins.demo] would fail: plugins.demo.greting: unknown key; did you mean "
+        "'greeting'?"
+    ]
+    # at normal startup the plugin's module is not even imported
+    sys.modules.pop("twcli_plugins")
+    kernel = Kernel.from_config(str(conf))
+    assert [p.name for p in kernel.plugins.ordered()] == ["plain"]
+    assert "twcli_plugins" in sys.modules  # by `plain`, which is enabled
+    monkeypatch.setenv("TOOLWIRE_DISABLE_PLUGINS", "demo,plain")
+    sys.modules.pop("twcli_plugins")
+    assert Kernel.from_config(str(conf)).plugins.ordered() == []
+    assert "twcli_plugins" not in sys.modules
 
 
 def test_a_misspelt_key_is_answered_with_the_key_meant(

@@ -32,6 +32,7 @@ __all__ = [
     "ToolsConfig",
     "ToolwireConfig",
     "build_kernel",
+    "check_unloaded_plugin_tables",
     "installed_plugins",
     "load_config",
     "plugin_not_loaded",
@@ -688,6 +689,19 @@ def _check_factory_call(name: str, factory: Any, cfg: Any) -> None:
         raise PluginError(name, why) from exc
 
 
+def _pop_order(
+    name: str, section: dict[str, Any], file: str | None, env_sources: Mapping[str, str] | None
+) -> int | None:
+    """Take the kernel's own key ``order`` out of a ``[plugins.<name>]`` table (checked)."""
+    order = section.pop("order", None)
+    if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
+        key = f"plugins.{name}.order"
+        var = (env_sources or {}).get(key)
+        where = f" (the value comes from the environment variable {var})" if var else ""
+        raise ConfigError(f"must be an integer{where}", file=file, key=key)
+    return order
+
+
 def instantiate_plugin(
     name: str,
     factory: Any,
@@ -716,12 +730,7 @@ def instantiate_plugin(
             f"per kernel, e.g. {name} = {json.dumps(example)}",
         )
     section = dict(section)
-    order = section.pop("order", None)
-    if order is not None and (not isinstance(order, int) or isinstance(order, bool)):
-        key = f"plugins.{name}.order"
-        var = (env_sources or {}).get(key)
-        where = f" (the value comes from the environment variable {var})" if var else ""
-        raise ConfigError(f"must be an integer{where}", file=file, key=key)
+    order = _pop_order(name, section, file, env_sources)
     cfg = _plugin_config(name, factory, section, file, env_sources)
     _check_factory_call(name, factory, cfg)
     try:
@@ -742,6 +751,25 @@ def plugin_not_loaded(cfg: ToolwireConfig, name: str, *, dist: str | None = None
     loadable - and what to change. ``dist`` is the distribution that brings the
     plugin (default ``toolwire-<name>``).
     """
+    reasons, in_file = _left_out(cfg, name)
+    if not reasons:
+        if name not in installed_plugins():
+            reasons.append(f"it is not installed (pip install {dist or 'toolwire-' + name})")
+        else:
+            reasons.append(
+                "it is installed and enabled but could not be loaded: see the warning logged "
+                "above (a missing dependency, usually)"
+            )
+    return ConfigError(
+        f"the {name} plugin is not loaded: {'; and '.join(reasons)}",
+        file=cfg.path if in_file else None,
+    )
+
+
+def _left_out(cfg: ToolwireConfig, name: str) -> tuple[list[str], bool]:
+    """Why ``enabled_plugins`` / ``disabled_plugins`` (from the file or the environment)
+    leave plugin ``name`` out, each with what to change (empty: they do not); and
+    whether a reason is in the file."""
     env = cfg._env_sources
     reasons: list[str] = []
     in_file = False
@@ -771,18 +799,45 @@ def plugin_not_loaded(cfg: ToolwireConfig, name: str, *, dist: str | None = None
                 f"enabled_plugins = {json.dumps(enabled)} leaves it out (add {name!r} to "
                 "that list, or remove the list to load every installed plugin)"
             )
-    if not reasons:
-        if name not in installed_plugins():
-            reasons.append(f"it is not installed (pip install {dist or 'toolwire-' + name})")
-        else:
-            reasons.append(
-                "it is installed and enabled but could not be loaded: see the warning logged "
-                "above (a missing dependency, usually)"
-            )
-    return ConfigError(
-        f"the {name} plugin is not loaded: {'; and '.join(reasons)}",
-        file=cfg.path if in_file else None,
-    )
+    return reasons, in_file
+
+
+def check_unloaded_plugin_tables(cfg: ToolwireConfig) -> None:
+    """Warn about each ``[plugins.<name>]`` table of an installed plugin that
+    ``enabled_plugins`` / ``disabled_plugins`` leave out (``toolwire config check``).
+
+    The table is validated against the plugin's ``Config`` model as if the plugin
+    were enabled, so a broken table does not wait for the day it is: the warning
+    says what would fail, or that the table is not used. This imports the plugin's
+    module but never constructs the plugin; ``build_kernel`` does neither for a
+    plugin it does not load. Unknown plugin names are ``build_kernel``'s errors.
+    """
+    file = cfg.path
+    where = file or "<defaults+env>"
+    available = installed_plugins()
+    for n, table in cfg.plugins.items():
+        if n not in available:
+            continue
+        reasons, _ = _left_out(cfg, n)
+        if not reasons:
+            continue
+        head = f"{where}: plugin {n!r} is not enabled: {'; and '.join(reasons)}"
+        try:
+            factory = _load_factory(n, available[n], explicit=True)
+        except PluginError as exc:
+            log.warning("%s; its table [plugins.%s] could not be checked: %s", head, n, exc)
+            continue
+        try:
+            section = dict(table)
+            _pop_order(n, section, file, cfg._env_sources)
+            _plugin_config(n, factory, section, file, cfg._env_sources)
+        except (ConfigError, PluginError) as exc:
+            problem = str(exc)
+            if isinstance(exc, ConfigError):  # the file is named once, at the start
+                problem = f"{exc.key}: {exc.detail}" if exc.key else exc.detail
+            log.warning("%s; its table [plugins.%s] would fail: %s", head, n, problem)
+            continue
+        log.warning("%s; its table [plugins.%s] is not used", head, n)
 
 
 def _meant(name: str, names: Mapping[str, Any]) -> str:

@@ -38,6 +38,7 @@ import anyio.abc
 
 from ._config import (
     ToolwireConfig,
+    check_unloaded_plugin_tables,
     load_config,
     plugin_not_loaded,
     sqlite_beside,
@@ -310,6 +311,7 @@ async def _cmd_config_check(args: argparse.Namespace) -> int:
         cfg = load_cli_config(args)
         server = _check_server_table(cfg)
         kernel = build_cli_kernel(cfg)
+        check_unloaded_plugin_tables(cfg)
         async with kernel:
             summary: dict[str, Any] = {
                 "ok": True,
@@ -460,7 +462,8 @@ def _parser() -> argparse.ArgumentParser:
         "--strict",
         action="store_true",
         help='exit with code 1 (and "ok": false) when the check logged warnings: a skipped '
-        "plugin, an unreachable MCP server (for deploy pipelines)",
+        "plugin, an unreachable MCP server, a table of a plugin that is not enabled "
+        "(for deploy pipelines)",
     )
     chk.set_defaults(fn=_cmd_config_check)
     _plugin_commands(sub)
