@@ -718,6 +718,38 @@ def test_an_invalid_value_from_the_environment_names_the_variable(tmp_path: Path
     assert "environment" not in str(exc.value)  # the file's own value: no variable to blame
 
 
+def test_a_plugin_can_ask_where_a_value_came_from(tmp_path: Path) -> None:
+    """api.md: `ToolwireConfig.env_var_of(key)` / `source_of(key)`. Before: where a value
+    came from was kept only in a private attribute, so a plugin checking a value itself
+    (ratelimit's config_file) blamed the file for a variable's value."""
+    p = write(tmp_path, '[plugins.audit]\npath = "a.jsonl"\n')
+    env = {
+        "TOOLWIRE_STATE": "memory://",
+        "TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE": "p.yaml",
+        "TOOLWIRE_PLUGINS__MCP__SERVERS": '{"w": {"url": "http://h/mcp", "args": ["a"]}}',
+        "TOOLWIRE_DISABLE_PLUGINS": "retry",
+    }
+    cfg = load_config(p, env=env)
+    var = "TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE"
+    assert cfg.env_var_of("plugins.ratelimit.config_file") == var
+    assert cfg.source_of("plugins.ratelimit.config_file") == f"the environment variable {var}"
+    assert cfg.env_var_of("state") == "TOOLWIRE_STATE"
+    assert cfg.env_var_of("disabled_plugins[retry]") == "TOOLWIRE_DISABLE_PLUGINS"
+    # a key inside a table one variable gave as JSON: that variable
+    assert cfg.env_var_of("plugins.mcp.servers.w.args[0]") == "TOOLWIRE_PLUGINS__MCP__SERVERS"
+    # the file's own values, and keys nobody set
+    for key in ("plugins.audit.path", "plugins.audit", "max_attempts", "plugins"):
+        assert cfg.env_var_of(key) is None, key
+        assert cfg.source_of(key) == f"key {key} in {p}"
+    assert cfg.env_var_of("plugins.ratelimit") is None  # the table is not the variable's
+    bare = load_config(tmp_path / "none.toml", env={"TOOLWIRE_DEADLINE_S": "5"}, required=False)
+    assert bare.path is None
+    assert bare.source_of("deadline_s") == "the environment variable TOOLWIRE_DEADLINE_S"
+    assert bare.source_of("max_attempts") == (
+        "key max_attempts (no config file: a default, or set in code)"
+    )
+
+
 def test_a_bad_plugin_order_from_the_environment_names_the_variable(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

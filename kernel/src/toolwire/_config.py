@@ -141,6 +141,40 @@ class ToolwireConfig(BaseModel):
         """The names of the secrets this configuration resolved (never their values)."""
         return sorted(self._secrets)
 
+    def env_var_of(self, key: str) -> str | None:
+        """The environment variable the value at dotted ``key`` came from, else ``None``.
+
+        ``key`` as the file spells it: ``"plugins.ratelimit.config_file"``,
+        ``"state"``. A value inside a table one variable set as JSON
+        (``TOOLWIRE_PLUGINS__MCP__SERVERS='{...}'``) names that variable. A plugin
+        uses it to blame the variable, not the file, for a value it finds wrong.
+        """
+        sources = self._env_sources
+        while key:
+            var = sources.get(key)
+            if var is not None:
+                return var
+            cut = max(key.rfind("."), key.rfind("["))
+            if cut <= 0:
+                return None
+            key = key[:cut]
+        return None
+
+    def source_of(self, key: str) -> str:
+        """Where the value at dotted ``key`` came from, as a message says it.
+
+        ``"the environment variable TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE"``,
+        ``"key plugins.ratelimit.config_file in /srv/toolwire.toml"``, or, with no
+        file read, ``"key plugins.ratelimit.config_file (no config file: a default,
+        or set in code)"``. Whether the key is set at all is not checked.
+        """
+        var = self.env_var_of(key)
+        if var is not None:
+            return f"the environment variable {var}"
+        if self.path is not None:
+            return f"key {key} in {self.path}"
+        return f"key {key} (no config file: a default, or set in code)"
+
     def __repr_args__(self) -> Any:
         hide = self._secrets
         for k, v in super().__repr_args__():

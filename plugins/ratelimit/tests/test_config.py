@@ -240,6 +240,31 @@ async def test_a_config_file_that_cannot_be_read_names_its_key_and_both_paths(
     )
 
 
+async def test_a_config_file_named_by_a_variable_blames_the_variable(tmp_path: Path) -> None:
+    """Before: a path from TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE that could not be read
+    was reported as `<toolwire.toml>: plugins.ratelimit.config_file: ...`, blaming a file
+    that does not name it; the variable went unnamed."""
+    var = "TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE"
+    toml = tmp_path / "toolwire.toml"
+    toml.write_text("[plugins.ratelimit]\n")
+    cfg = load_config(toml, env={**ENV, var: "missing.yaml"})
+    with pytest.raises(ConfigError) as exc:
+        await Kernel.from_config(cfg, clock=FakeClock()).start()
+    assert exc.value.file is None and exc.value.key == "plugins.ratelimit.config_file"
+    assert str(exc.value) == (
+        "plugins.ratelimit.config_file: the included config file 'missing.yaml' (looked for "
+        f"{tmp_path / 'missing.yaml'}: a relative path is read from the directory of "
+        "toolwire.toml) does not exist; create it (YAML, TOML or JSON with the keys of "
+        f"[plugins.ratelimit]) or fix the path (the value comes from the environment "
+        f"variable {var})"
+    )
+    # the variable names a file that is there: it is read, as one the file names
+    (tmp_path / "p.yaml").write_text("request_timeout_seconds: 4\n")
+    cfg = load_config(toml, env={**ENV, var: "p.yaml"})
+    async with Kernel.from_config(cfg, clock=FakeClock()) as kernel:
+        assert RateLimitPlugin.of(kernel).settings.request_timeout_seconds == 4
+
+
 async def test_errors_in_the_included_file_name_the_file_and_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -471,6 +471,7 @@ def load_config_file(
     secrets: Mapping[str, str] | None = None,
     key: str = "config_file",
     written_in: str | None = None,
+    named_by: str | None = None,
 ) -> tuple[dict[str, Any], str]:
     """Read an included config file (YAML, TOML or JSON by suffix): (data, resolved path).
 
@@ -479,7 +480,9 @@ def load_config_file(
     ``${NAME}``); ``backends`` is renamed ``providers``. Errors are
     ``ConfigError`` naming the file; a file that cannot be read is named by the
     key that points at it (``key``, written in the file ``written_in``), with
-    the path as written and as resolved.
+    the path as written and as resolved. ``named_by``: where the path came from
+    when it is not ``written_in`` (``ToolwireConfig.source_of(key)``, e.g. "the
+    environment variable ..."): that error then names it, and no file.
     """
     p = Path(path).expanduser()
     if not p.is_absolute() and base_dir is not None:
@@ -488,8 +491,11 @@ def load_config_file(
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
+        problem = _unreadable(path, p, base_dir, key, exc)
+        if named_by is not None:
+            problem += f" (the value comes from {named_by})"
         raise ConfigError(
-            _unreadable(path, p, base_dir, key, exc), file=written_in, key=key
+            problem, file=None if named_by is not None else written_in, key=key
         ) from exc
     suffix = p.suffix.lower()
     try:
@@ -560,12 +566,17 @@ def with_config_file(config: M, kernel: Kernel, section: str) -> M:
 
     The file is found next to the kernel's toolwire.toml (or in the working
     directory); ``$secretRef``s resolve from the environment, then the
-    kernel's ``secrets_file``. Errors are ``ConfigError`` naming the file and key.
+    kernel's ``secrets_file``. Errors are ``ConfigError`` naming the file and key;
+    a file that cannot be read is blamed on the environment variable that named
+    it (``TOOLWIRE_PLUGINS__RATELIMIT__CONFIG_FILE``), when one did.
     """
     path = getattr(config, "config_file", None)
     if not path:
         return config
     kcfg = kernel.config
+    key = f"{section}.config_file"
+    # a path from an environment variable: the error blames the variable, not the file
+    named_by = kcfg.source_of(key) if kcfg is not None and kcfg.env_var_of(key) else None
     base = Path(kcfg.path).parent if kcfg is not None and kcfg.path else None
     secrets: dict[str, str] = {}
     if kcfg is not None and kcfg.secrets_file:
@@ -580,8 +591,9 @@ def with_config_file(config: M, kernel: Kernel, section: str) -> M:
         path,
         base_dir=base,
         secrets=secrets,
-        key=f"{section}.config_file",
+        key=key,
         written_in=kcfg.path if kcfg is not None else None,
+        named_by=named_by,
     )
     merged = deep_merge(data, inline_data(config))
     merged.pop("config_file", None)
