@@ -258,6 +258,16 @@ def test_config_check_validates_the_table_of_a_plugin_that_is_not_enabled(
         "[plugins.demo] would fail: plugins.demo.greting: unknown key; did you mean "
         "'greeting'?"
     ]
+    # a valid table of a plugin switched off on purpose is kept for later: no warning
+    conf.write_text("[plugins.demo]\ngreeting = 'hi'\n")
+    code, out, _ = run(capsys, "--config", str(conf), "config", "check", "--strict")
+    assert code == 0 and isinstance(out, dict) and out["warnings"] == [], out
+    conf.write_text("disabled_plugins = [\"demo\"]\n[plugins.demo]\ngreeting = 'hi'\n")
+    monkeypatch.delenv("TOOLWIRE_DISABLE_PLUGINS")
+    code, out, _ = run(capsys, "--config", str(conf), "config", "check", "--strict")
+    assert code == 0 and isinstance(out, dict) and out["warnings"] == [], out
+    conf.write_text("[plugins.demo]\ngreting = 'hi'\n")
+    monkeypatch.setenv("TOOLWIRE_DISABLE_PLUGINS", "demo")
     # at normal startup the plugin's module is not even imported
     sys.modules.pop("twcli_plugins")
     kernel = Kernel.from_config(str(conf))

@@ -842,7 +842,8 @@ def check_unloaded_plugin_tables(cfg: ToolwireConfig) -> None:
 
     The table is validated against the plugin's ``Config`` model as if the plugin
     were enabled, so a broken table does not wait for the day it is: the warning
-    says what would fail, or that the table is not used. This imports the plugin's
+    says what would fail, or that the table is not used (a valid table of a plugin
+    that ``disabled_plugins`` switches off on purpose is no warning). This imports the plugin's
     module but never constructs the plugin; ``build_kernel`` does neither for a
     plugin it does not load. Unknown plugin names are ``build_kernel``'s errors.
     """
@@ -871,7 +872,10 @@ def check_unloaded_plugin_tables(cfg: ToolwireConfig) -> None:
                 problem = f"{exc.key}: {exc.detail}" if exc.key else exc.detail
             log.warning("%s; its table [plugins.%s] would fail: %s", head, n, problem)
             continue
-        log.warning("%s; its table [plugins.%s] is not used", head, n)
+        if n in cfg.disabled_plugins:  # switched off on purpose, its table kept for later
+            log.info("%s; its table [plugins.%s] is valid, not used", head, n)
+        else:  # left out of enabled_plugins: a table written for nothing, likely a slip
+            log.warning("%s; its table [plugins.%s] is not used", head, n)
 
 
 def _meant(name: str, names: Mapping[str, Any]) -> str:
