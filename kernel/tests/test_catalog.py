@@ -677,6 +677,19 @@ async def test_relisting_the_same_tool_keeps_its_catalog_entry() -> None:
         assert (new.source, new.description) == ("a", "Changed.")
 
 
+async def test_a_query_returning_a_fresh_object_of_a_listed_tool_changes_no_entry() -> None:
+    """Before: the query's object displaced the listed one in the kernel's memory, so the
+    next refresh, relisting the very same object, replaced and re-indexed the entry."""
+    tool_ = _bare("lookup")
+    src = Bare("a", [tool_], by_query={"look": [_bare("lookup")]})
+    async with Kernel(plugins=[src]) as k:
+        held = k.get_tool("lookup")
+        assert [t.name for t in await k.discover("look")] == ["lookup"]
+        assert k.get_tool("lookup") is held
+        await k.refresh_tools()
+        assert k.get_tool("lookup") is held
+
+
 async def test_a_query_finding_a_name_another_plugin_listed_is_a_clash() -> None:
     """Before: both tools were 'local', so b's was taken for a's and silently dropped."""
     a = Bare("a", [_bare("lookup")])

@@ -690,7 +690,9 @@ class Kernel:
         out: dict[str, Tool] = {}
         for impl in self.plugins.compiled["discover"]:
             res = await self._call_impl(impl, "discover", self, query)
-            for t in self._check_tools(impl.plugin, res):
+            # not remembered: a query's fresh object must not displace the copy of the
+            # object the plugin's listing gives (its relisting would re-index the tool)
+            for t in self._check_tools(impl.plugin, res, remember=False):
                 added = new.get(t.name)
                 held = added[1] if added is not None else self._catalog.get(t.name)
                 if held is None:
@@ -716,7 +718,7 @@ class Kernel:
             by = self._queried[name][0]
         return by
 
-    def _check_tools(self, plugin: str, res: Any) -> list[Tool]:
+    def _check_tools(self, plugin: str, res: Any, *, remember: bool = True) -> list[Tool]:
         """The tools a plugin's ``discover`` returned, checked; those that kept the default
         source ``"local"`` as copies recorded under the plugin's name."""
         if res is None:
@@ -737,9 +739,9 @@ class Kernel:
                 _check_tool(t, plugin)
             except ValueError as exc:
                 raise PluginError(plugin, str(exc)) from None
-        return [self._under(plugin, t) if t.source == "local" else t for t in res]
+        return [self._under(plugin, t, remember) if t.source == "local" else t for t in res]
 
-    def _under(self, plugin: str, tool: Tool) -> Tool:
+    def _under(self, plugin: str, tool: Tool, remember: bool = True) -> Tool:
         """``tool`` recorded under ``plugin``'s name: "local" is the source of tools added
         with ``add_tool``, never of a plugin's. A copy (the plugin's object may be in other
         kernels), made once per object, so relisting it changes nothing."""
@@ -748,7 +750,8 @@ class Kernel:
         if held is not None and held[0] is tool:
             return held[1]
         copy = dataclasses.replace(tool, source=plugin)
-        self._renamed[key] = (tool, copy)
+        if remember:
+            self._renamed[key] = (tool, copy)
         return copy
 
     async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
