@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -897,3 +898,23 @@ def test_two_spellings_of_one_variable_are_an_error() -> None:
     env = {"TOOLWIRE_PLUGINS__a__x": "1", "TOOLWIRE_PLUGINS__a__X": "2"}
     with pytest.raises(ConfigError, match=r"plugins\.a\.x: environment variables .* both set it"):
         load_config(None, env=env, required=False)
+
+
+def test_looked_for_says_where_a_config_path_was_read(tmp_path: Path) -> None:
+    from toolwire import looked_for
+
+    base = tmp_path
+    assert looked_for("p.yaml", base / "p.yaml", base) == (
+        f" (looked for {base / 'p.yaml'}: a relative path is read from the directory of "
+        "toolwire.toml)"
+    )
+    cwd_note = looked_for("p.yaml", os.path.abspath("p.yaml"), None)
+    assert cwd_note == (
+        f" (looked for {os.path.abspath('p.yaml')}: with no toolwire.toml, a relative path "
+        "is read from the working directory)"
+    )
+    absolute = str(base / "p.yaml")
+    assert looked_for(absolute, absolute, base) == ""  # read as written: nothing to add
+    assert looked_for(absolute + "/", absolute, base) == ""  # the same file
+    home = os.path.expanduser("~/p.yaml")
+    assert looked_for("~/p.yaml", home, base) == f" (read as {home})"

@@ -376,6 +376,28 @@ def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
     return f"{key}: {msg}"
 
 
+def looked_for(
+    path: str, resolved: str | os.PathLike[str], base_dir: str | os.PathLike[str] | None
+) -> str:
+    """Where a path written in the config was read, for an error message about it.
+
+    ``path`` as written, ``resolved`` as read (relative to ``base_dir``, the directory
+    of toolwire.toml; ``None``: no config file, the working directory). Returns
+    ``" (looked for /abs/p: a relative path is read from the directory of
+    toolwire.toml)"``, ``" (read as /abs/p)"`` for an absolute path read elsewhere
+    (``~`` expanded), or ``""`` when the path was read as written.
+    """
+    where = os.path.abspath(resolved)
+    if Path(os.path.expanduser(path)).is_absolute():
+        return "" if where == os.path.abspath(path) else f" (read as {where})"
+    if base_dir is not None:
+        return f" (looked for {where}: a relative path is read from the directory of toolwire.toml)"
+    return (
+        f" (looked for {where}: with no toolwire.toml, a relative path is read from the "
+        "working directory)"
+    )
+
+
 def read_secrets_file(path: Path) -> dict[str, str]:
     """Parse a ``NAME=value`` secrets file (``#`` comments, optional ``export``, quotes).
 

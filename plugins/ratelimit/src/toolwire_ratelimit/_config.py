@@ -38,7 +38,7 @@ from pydantic import (
     model_validator,
 )
 
-from toolwire import ConfigError
+from toolwire import ConfigError, looked_for
 from toolwire.cli import unknown_key
 from toolwire.state import MAX_TTL_S
 
@@ -437,18 +437,7 @@ def _lookup(
 
 def _unreadable(path: str, p: Path, base_dir: Any, key: str, exc: Exception) -> str:
     """Why the included file ``path`` (read as ``p``) cannot be used, and what to do."""
-    resolved = os.path.abspath(p)
-    if Path(path).expanduser().is_absolute():
-        looked = "" if resolved == path else f" (read as {resolved})"
-    elif base_dir is not None:
-        looked = (
-            f" (looked for {resolved}: a relative path is read from the directory of toolwire.toml)"
-        )
-    else:
-        looked = (
-            f" (looked for {resolved}: with no toolwire.toml, a relative path is read from "
-            "the working directory)"
-        )
+    looked = looked_for(path, p, base_dir)
     section, _, _ = key.rpartition(".")
     keys = f"the keys of [{section}]" if section else "the keys of this table"
     if isinstance(exc, FileNotFoundError):

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from toolwire import looked_for
+
 from ._text import tokenize
 
 __all__ = ["Chunk", "ChunkIndex", "Collection", "chunk_document", "load_collection"]
@@ -397,18 +399,7 @@ def root_problem(path: str, root: Path, base: str | None) -> str | None:
     if root.is_dir():
         return None
     what = "does not exist" if not root.exists() else "is not a folder"
-    resolved = os.path.abspath(root)
-    if Path(os.path.expanduser(path)).is_absolute():
-        looked = "" if resolved == os.path.abspath(path) else f" (read as {resolved})"
-    elif base is not None:
-        looked = (
-            f" (looked for {resolved}: a relative path is read from the directory of toolwire.toml)"
-        )
-    else:
-        looked = (
-            f" (looked for {resolved}: with no toolwire.toml, a relative path is read from "
-            "the working directory)"
-        )
+    looked = looked_for(path, root, base)
     return f"path {path!r}{looked} {what}"
 
 
