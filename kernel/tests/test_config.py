@@ -629,9 +629,9 @@ def test_a_lax_model_read_by_name_too_warns_only_of_keys_it_drops(
     p = write(tmp_path, '[plugins.byname]\nrefuses = ["rm"]\n')
     with caplog.at_level("WARNING", logger="toolwire.config"):
         Kernel.from_config(str(p))
-    assert [r.getMessage().split(";")[0] for r in caplog.records] == [
-        f"{p}: plugins.byname.refuses: unknown key (known keys: deny)"
-    ]
+    [dropped] = [r.getMessage() for r in caplog.records]
+    # the field's name is a key the model reads, so it is the one suggested
+    assert dropped.startswith(f"{p}: plugins.byname.refuses: unknown key; did you mean 'refuse'?")
 
 
 def test_any_other_load_error_is_fatal_and_names_the_plugin(
@@ -918,3 +918,24 @@ def test_looked_for_says_where_a_config_path_was_read(tmp_path: Path) -> None:
     assert looked_for(absolute + "/", absolute, base) == ""  # the same file
     home = os.path.expanduser("~/p.yaml")
     assert looked_for("~/p.yaml", home, base) == f" (read as {home})"
+
+
+def test_unknown_key_suggests_the_keys_a_model_reads() -> None:
+    """Before: the known keys were each field's `alias`, so a field read from its
+    validation alias was offered under a key the model refuses ('m', not 'mode_v')."""
+    from pydantic import ConfigDict
+
+    from toolwire._config import unknown_key
+
+    class Inner(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        mode: str = Field("x", alias="m", validation_alias="mode_v")
+        hidden: int = Field(0, exclude=True)
+
+    class Outer(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        inner: Inner = Field(default_factory=Inner, validation_alias="inner_v")
+
+    assert unknown_key(Inner, ("mode_x",)) == "unknown key; did you mean 'mode_v'?"
+    assert unknown_key(Outer, ("inner_v", "mode_x")) == "unknown key; did you mean 'mode_v'?"
+    assert unknown_key(Inner, ("zzz",)) == "unknown key (known keys: mode_v)"

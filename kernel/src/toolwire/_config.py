@@ -217,7 +217,11 @@ def _model_at(ann: Any, path: tuple[Any, ...]) -> type[BaseModel] | None:
         elif isinstance(ann, type) and issubclass(ann, BaseModel):
             if not path:
                 return ann
-            field = next((f for n, f in ann.model_fields.items() if path[0] in (n, f.alias)), None)
+            model = ann
+            field = next(
+                (f for n, f in model.model_fields.items() if path[0] in _field_keys(model, n, f)),
+                None,
+            )
             if field is None:
                 return None
             ann, path = field.annotation, path[1:]
@@ -239,7 +243,7 @@ def unknown_key(model: Any, loc: tuple[Any, ...]) -> str:
     holder = _model_at(model, tuple(loc[:-1]))
     if holder is None or not loc:
         return "unknown key"
-    known = sorted(f.alias or n for n, f in holder.model_fields.items() if not f.exclude)
+    known = sorted(_model_keys(holder, shown=True))
     key = str(loc[-1])
     close = difflib.get_close_matches(key, known, n=2, cutoff=0.6)
     if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.9:
@@ -661,25 +665,32 @@ def _plugin_config(
     return validated
 
 
-def _model_keys(model: type[BaseModel]) -> set[str]:
+def _model_keys(model: type[BaseModel], *, shown: bool = False) -> set[str]:
     """The keys ``model`` reads: a field's alias (its validation alias when it has one),
-    and its name when it has no alias or the model also validates by name."""
+    and its name when it has no alias or the model also validates by name.
+    ``shown``: only the fields a table shows (not ``exclude``)."""
+    keys: set[str] = set()
+    for fname, field in model.model_fields.items():
+        if not (shown and field.exclude):
+            keys |= _field_keys(model, fname, field)
+    return keys
+
+
+def _field_keys(model: type[BaseModel], fname: str, field: Any) -> set[str]:
+    """The keys ``model`` reads its field ``fname`` from (see ``_model_keys``)."""
     cfg = model.model_config
     by_name = bool(cfg.get("validate_by_name") or cfg.get("populate_by_name"))
     by_alias = cfg.get("validate_by_alias") is not False
-    keys: set[str] = set()
-    for fname, field in model.model_fields.items():
-        alias = field.validation_alias if field.validation_alias is not None else field.alias
-        names: set[str] = set()
-        for a in alias.choices if isinstance(alias, pydantic.AliasChoices) else [alias]:
-            if isinstance(a, str):
-                names.add(a)
-            elif isinstance(a, pydantic.AliasPath) and a.path:
-                names.add(str(a.path[0]))
-        if by_alias:
-            keys |= names
-        if by_name or not by_alias or not names:
-            keys.add(fname)
+    alias = field.validation_alias if field.validation_alias is not None else field.alias
+    names: set[str] = set()
+    for a in alias.choices if isinstance(alias, pydantic.AliasChoices) else [alias]:
+        if isinstance(a, str):
+            names.add(a)
+        elif isinstance(a, pydantic.AliasPath) and a.path:
+            names.add(str(a.path[0]))
+    keys = names if by_alias else set()
+    if by_name or not by_alias or not names:
+        keys = keys | {fname}
     return keys
 
 
