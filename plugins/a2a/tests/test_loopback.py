@@ -17,6 +17,7 @@ import uvicorn
 from toolwire_a2a_testkit import Agent, eventually, make_agent
 
 from toolwire import ErrorKind, Kernel
+from toolwire.state import Entry, MemoryStore
 
 pytestmark = pytest.mark.anyio
 
@@ -236,6 +237,44 @@ async def test_with_cancel_abandoned_off_the_task_runs_on(
         done = await kernel.call(
             "agent_loopback_specialist_task", {"task_id": _last_task(loopback), "wait_s": 5}
         )
+        assert done.content["state"] == "completed", done.content
+
+
+class _SlowReads(MemoryStore):
+    """A store whose reads take ``delay_s`` (a remote store on a loaded machine)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    async def get_entry(self, key: str) -> Entry | None:
+        await anyio.sleep(self.delay_s)
+        return await super().get_entry(key)
+
+
+async def test_a_call_cut_by_its_timeout_after_a_slow_state_read_keeps_its_task(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    """Before: the attempt's cut was measured from after the state read of ``context_id``
+    (its interrupted task), not from when the kernel armed the timeout, so a read that
+    took a while made the cut look like the caller's cancellation: the task the timeout
+    error names was canceled."""
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text(
+        f'enabled_plugins = ["a2a"]\n\n[plugins.a2a]\nagents = ["{loopback.url}"]\ntimeout_s = 1\n'
+    )
+    async with Kernel.from_config(str(cfg), state=_SlowReads(0.4)) as kernel:
+        loopback.agent.executor.hold()
+        cut = await kernel.call(
+            "agent_loopback_specialist", {"query": "wait", "context_id": "ctx-slow"}
+        )
+        assert cut.is_error and cut.error is not None and cut.error.kind == ErrorKind.TIMEOUT
+        running = cut.error.details["task_id"]
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": running, "wait_s": 0.9}
+        )
+        assert not done.is_error, done.to_dict()  # not canceled
         assert done.content["state"] == "completed", done.content
 
 

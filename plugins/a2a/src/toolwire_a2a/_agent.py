@@ -301,20 +301,22 @@ class AgentHandle:
 
     async def call(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         """``agent_<nickname>``: send ``query`` and return the answer (or the handed-off task)."""
+        # First, before anything awaits: the kernel armed the attempt's cut just before it
+        # called this, and a cancellation near that time is taken for the cut.
+        limit = _attempt_limit(ctx)
+        cut_at = math.inf if limit is None else anyio.current_time() + limit
         nick = str(self.nickname)
         query: str = args["query"]
         hands_off = bool(args.get("hands_off", False))
         context_id: str | None = args.get("context_id")
         task_id: str | None = args.get("task_id")
-        remembered = False
-        if context_id and not task_id:
-            task_id = await self._recall_interrupted(ctx.kernel, context_id)
-            remembered = task_id is not None
         info: dict[str, Any] = {"agent": nick}
         ctx.meta.extra["a2a"] = info
-        limit = _attempt_limit(ctx)
-        cut_at = math.inf if limit is None else anyio.current_time() + limit
+        remembered = False
         try:
+            if context_id and not task_id:
+                task_id = await self._recall_interrupted(ctx.kernel, context_id)
+                remembered = task_id is not None
             try:
                 result = await self._send(query, hands_off, context_id, task_id, ctx, info)
             except ToolError as err:
