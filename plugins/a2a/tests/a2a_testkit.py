@@ -97,7 +97,8 @@ class ScriptedExecutor(AgentExecutor):
 
     - ``msg ...``: replies with one message (no task), echoing the metadata it got.
     - ``crash``: raises (the SDK answers JSON-RPC -32603 with the text).
-    - ``ask``: needs input ("Which city?"); the answer completes the task.
+    - ``ask``: needs input ("Which city?"); the answer completes the task (the answer
+      ``wait`` works until ``gate`` is set first).
     - ``login``: needs auth.
     - ``fail``: the task fails with a reason.
     - ``partial``: an artifact ("chapter 1 written"), then the task fails with a reason.
@@ -164,6 +165,9 @@ class ScriptedExecutor(AgentExecutor):
             TaskState.TASK_STATE_INPUT_REQUIRED,
             TaskState.TASK_STATE_AUTH_REQUIRED,
         ):
+            if text == "wait":  # an answer the agent works on until ``gate`` is set
+                await up.start_work()
+                await asyncio.wait_for(self.gate.wait(), 30)
             await up.add_artifact([new_text_part(f"Weather in {text}: sunny")], name="forecast")
             await up.complete()
             return

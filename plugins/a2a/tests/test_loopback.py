@@ -190,8 +190,9 @@ def _last_task(loopback: LoopbackAgent) -> str:
     return str(task)
 
 
-async def _cancel_once_working(kernel: Kernel) -> None:
-    """Start a blocking ``wait`` call and cancel it once the agent reports it working."""
+async def _cancel_once_working(kernel: Kernel, **args: Any) -> None:
+    """Start a blocking ``wait`` call (``args`` added) and cancel it once the agent reports
+    it working."""
     working = anyio.Event()
 
     async def progress(done: float, total: float | None, message: str | None) -> None:
@@ -201,7 +202,7 @@ async def _cancel_once_working(kernel: Kernel) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(
                 lambda: kernel.call(
-                    "agent_loopback_specialist", {"query": "wait"}, progress=progress
+                    "agent_loopback_specialist", {"query": "wait", **args}, progress=progress
                 )
             )
             await working.wait()
@@ -224,6 +225,29 @@ async def test_a_call_its_caller_cancels_cancels_the_agents_task(
         )
         assert listed.is_error and listed.error is not None, listed.content
         assert listed.error.details["state"] == "canceled", listed.error
+
+
+@pytest.mark.parametrize("named", [True, False], ids=["task_id", "context_id"])
+async def test_a_cancelled_answer_to_an_interrupted_task_leaves_that_task_be(
+    tmp_path: Path, loopback: LoopbackAgent, named: bool
+) -> None:
+    """Before: the call cancelled the task it answered, which it had not started: a task
+    its caller knows (the interrupted result gave its id) and can still follow up."""
+    kernel = kernel_from_toml(tmp_path, f'agents = ["{loopback.url}"]\n')
+    async with kernel:
+        asked = await kernel.call("agent_loopback_specialist", {"query": "ask"})
+        assert asked.content["interrupted"] is True, asked.content
+        task_id, context_id = asked.content["task_id"], asked.content["context_id"]
+        loopback.agent.executor.hold()
+        answer = {"task_id": task_id} if named else {"context_id": context_id}
+        await _cancel_once_working(kernel, **answer)
+        assert _last_task(loopback) == task_id  # the answer went to that task
+        loopback.agent.executor.release()
+        done = await kernel.call(
+            "agent_loopback_specialist_task", {"task_id": task_id, "wait_s": 5}
+        )
+        assert not done.is_error, done.to_dict()  # not canceled
+        assert done.content["state"] == "completed", done.content
 
 
 async def test_with_cancel_abandoned_off_the_task_runs_on(

@@ -325,10 +325,15 @@ class AgentHandle:
                 # The agent refused the remembered task before doing anything (it was
                 # answered elsewhere, ended, or expired): send the message as a new task in
                 # the context.
+                task_id = None
+                info.pop("task_id", None)
                 await self._forget_interrupted(ctx.kernel, str(context_id))
                 result = await self._send(query, hands_off, context_id, None, ctx, info)
         except anyio.get_cancelled_exc_class():
-            if not hands_off and anyio.current_time() < cut_at - _CUT_TOLERANCE_S:
+            # ``task_id``: the interrupted task the message answered, which the caller
+            # knows (its id came with the interrupted result): not this call's to cancel.
+            started = info.get("task_id") != task_id
+            if started and not hands_off and anyio.current_time() < cut_at - _CUT_TOLERANCE_S:
                 await self._cancel_abandoned(info)
             raise
         await self._remember(ctx.kernel, result)
