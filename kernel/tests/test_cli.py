@@ -215,6 +215,49 @@ def test_config_check_lists_the_warnings_and_strict_fails_on_them(
     assert out["warnings"] == [] and err == ""
 
 
+def test_config_check_collecting_warnings_changes_nothing_stderr_shows(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: to collect the warnings under ``--log-level error``, the check raised the
+    stderr handler to ERROR, which hid the trace lines TOOLWIRE_TRACE_PLUGINS asks for
+    (INFO, shown at any level)."""
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "audit")
+    monkeypatch.setenv("TOOLWIRE_TRACE_PLUGINS", "audit")
+    code, out, err = run(capsys, "--log-level", "error", "config", "check")
+    assert code == 0 and isinstance(out, dict) and out["plugins"] == ["audit"], err
+    logs = [json.loads(line) for line in err.splitlines()]
+    traced = [r["msg"] for r in logs if r.get("logger") == "toolwire.trace"]
+    assert any(m.startswith("audit.startup() -> None in ") for m in traced), err
+    assert all(r["level"] == "info" for r in logs), err  # and no warning let through
+
+
+def test_config_check_leaves_a_third_party_warning_on_stderr(tmp_path: Path) -> None:
+    """Before: the collecting handler on the root logger stood in for logging's last
+    resort (stderr, for a logger with no handler), so a library's warning was only in
+    "warnings" and no longer on stderr. A real process: pytest puts its own handlers on
+    the root logger."""
+    (tmp_path / "noisy_tools.py").write_text(
+        "import logging\n\nlogging.getLogger('thirdparty').warning('the library warns')\n"
+    )
+    (tmp_path / "toolwire.toml").write_text(
+        'enabled_plugins = []\n[tools]\nmodules = ["noisy_tools"]\n'
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "config", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["warnings"] == ["the library warns"]
+    assert proc.stderr.splitlines() == ["the library warns"]
+
+
 def test_config_check_validates_the_table_of_a_plugin_that_is_not_enabled(
     capsys: pytest.CaptureFixture[str],
     tmp_path: Path,

@@ -29,7 +29,7 @@ import logging
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -260,16 +260,38 @@ def _check_server_table(cfg: ToolwireConfig) -> str | None:
     return "ok"
 
 
-class _Warnings(logging.Handler):
-    """Keeps the WARNING+ records that reach it (each once, however many loggers it is on)."""
+def _origin(record: logging.LogRecord) -> logging.Logger:
+    """The logger that made ``record`` (the root logger for a name it does not know)."""
+    lg = logging.Logger.manager.loggerDict.get(record.name)
+    return lg if isinstance(lg, logging.Logger) else logging.getLogger()
 
-    def __init__(self) -> None:
+
+class _Warnings(logging.Handler):
+    """Keeps the WARNING+ records that reach it (each once, however many loggers it is on).
+
+    ``shown(record)``: whether the record would have been made without the check's
+    lowered levels. Such a record that no other handler takes goes to
+    ``logging.lastResort`` (stderr), as it would have without this handler: a
+    third-party warning still shows on stderr.
+    """
+
+    def __init__(self, shown: Callable[[logging.LogRecord], bool]) -> None:
         super().__init__(logging.WARNING)
         self.records: list[logging.LogRecord] = []
+        self.shown = shown
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not any(r is record for r in self.records):
-            self.records.append(record)
+        if any(r is record for r in self.records):
+            return
+        self.records.append(record)
+        last = logging.lastResort
+        if last is not None and record.levelno >= last.level and self.shown(record):
+            lg: logging.Logger | None = _origin(record)
+            while lg is not None:  # as Logger.callHandlers counts handlers
+                if any(h is not self for h in lg.handlers):
+                    return
+                lg = lg.parent if lg.propagate else None
+            last.handle(record)
 
 
 @contextlib.contextmanager
@@ -278,32 +300,50 @@ def _collect_warnings() -> Iterator[_Warnings]:
 
     The handler goes on the root logger and on each logger that does not pass its
     records up (``toolwire``, once ``configure_logging`` ran). A logger set above
-    WARNING (``--log-level ERROR``) is lowered to WARNING meanwhile, its own handlers
-    raised to its level: what stderr shows does not change.
+    WARNING (``--log-level ERROR``) is lowered to WARNING meanwhile, and every
+    handler drops the records that only the lowering let through: what stderr
+    shows does not change (the ``toolwire.trace`` lines included).
     """
-    collector = _Warnings()
     loggers = [logging.getLogger()] + [
         lg
         for lg in list(logging.Logger.manager.loggerDict.values())
         if isinstance(lg, logging.Logger) and not lg.propagate
     ]
-    restore: list[tuple[logging.Logger | logging.Handler, int]] = []
+    lowered = {lg: lg.level for lg in loggers if lg.level > logging.WARNING}
+
+    def shown(record: logging.LogRecord) -> bool:
+        lg: logging.Logger | None = _origin(record)
+        while lg is not None:  # its effective level with the levels it had
+            level = lowered.get(lg, lg.level)
+            if level:
+                return record.levelno >= level
+            lg = lg.parent
+        return True
+
+    collector = _Warnings(shown)
+    handlers: list[logging.Handler] = []
+    if lowered:
+        every = [logging.getLogger()] + [
+            lg
+            for lg in list(logging.Logger.manager.loggerDict.values())
+            if isinstance(lg, logging.Logger)
+        ]
+        handlers = list({id(h): h for lg in every for h in lg.handlers}.values())
+    for h in handlers:
+        h.addFilter(shown)
+    for lg in lowered:
+        lg.setLevel(logging.WARNING)
     for lg in loggers:
-        if lg.level > logging.WARNING:
-            for h in lg.handlers:
-                if h.level < lg.level:
-                    restore.append((h, h.level))
-                    h.setLevel(lg.level)
-            restore.append((lg, lg.level))
-            lg.setLevel(logging.WARNING)
         lg.addHandler(collector)
     try:
         yield collector
     finally:
         for lg in loggers:
             lg.removeHandler(collector)
-        for obj, level in reversed(restore):
-            obj.setLevel(level)
+        for lg, level in lowered.items():
+            lg.setLevel(level)
+        for h in handlers:
+            h.removeFilter(shown)
 
 
 async def _cmd_config_check(args: argparse.Namespace) -> int:
