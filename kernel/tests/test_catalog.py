@@ -690,6 +690,19 @@ async def test_a_query_returning_a_fresh_object_of_a_listed_tool_changes_no_entr
         assert k.get_tool("lookup") is held
 
 
+async def test_a_tool_a_query_found_keeps_its_entry_when_the_plugin_lists_it() -> None:
+    """Before: the query's copy was not remembered at all (so that it would not displace a
+    listed one), so the listing of that very object made a new copy and re-indexed it."""
+    tool_ = _bare("lookup")
+    src = Bare("a", [], by_query={"look": [tool_]})
+    async with Kernel(plugins=[src]) as k:
+        [held] = await k.discover("look")
+        assert k.get_tool("lookup") is held and held.source == "a"
+        src.tools = [tool_]
+        await k.refresh_tools()
+        assert k.get_tool("lookup") is held
+
+
 async def test_a_query_finding_a_name_another_plugin_listed_is_a_clash() -> None:
     """Before: both tools were 'local', so b's was taken for a's and silently dropped."""
     a = Bare("a", [_bare("lookup")])

@@ -690,8 +690,9 @@ class Kernel:
         out: dict[str, Tool] = {}
         for impl in self.plugins.compiled["discover"]:
             res = await self._call_impl(impl, "discover", self, query)
-            # not remembered: a query's fresh object must not displace the copy of the
-            # object the plugin's listing gives (its relisting would re-index the tool)
+            # not remembered over a listed one: a query's fresh object must not displace
+            # the copy of the object the plugin's listing gives (its relisting would
+            # re-index the tool)
             for t in self._check_tools(impl.plugin, res, remember=False):
                 added = new.get(t.name)
                 held = added[1] if added is not None else self._catalog.get(t.name)
@@ -744,13 +745,15 @@ class Kernel:
     def _under(self, plugin: str, tool: Tool, remember: bool = True) -> Tool:
         """``tool`` recorded under ``plugin``'s name: "local" is the source of tools added
         with ``add_tool``, never of a plugin's. A copy (the plugin's object may be in other
-        kernels), made once per object, so relisting it changes nothing."""
+        kernels), made once per object, so relisting it changes nothing. ``remember=False``
+        (a query): remembered only when nothing is yet, so a later listing of the object
+        a query found keeps its entry too."""
         key = (plugin, tool.name)
         held = self._renamed.get(key)
         if held is not None and held[0] is tool:
             return held[1]
         copy = dataclasses.replace(tool, source=plugin)
-        if remember:
+        if remember or held is None:
             self._renamed[key] = (tool, copy)
         return copy
 
