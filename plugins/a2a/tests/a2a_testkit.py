@@ -113,6 +113,7 @@ class ScriptedExecutor(AgentExecutor):
     def __init__(self) -> None:
         self.gate = asyncio.Event()
         self.seen: list[dict[str, Any]] = []
+        self.cancels: list[str] = []  # the ids of the tasks CancelTask reached
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def release(self) -> None:
@@ -210,6 +211,7 @@ class ScriptedExecutor(AgentExecutor):
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         task = context.current_task
         assert task is not None
+        self.cancels.append(task.id)
         await TaskUpdater(event_queue, task.id, task.context_id).cancel()
 
 

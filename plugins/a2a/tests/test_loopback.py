@@ -220,11 +220,27 @@ async def test_a_call_its_caller_cancels_cancels_the_agents_task(
     async with kernel:
         loopback.agent.executor.hold()
         await _cancel_once_working(kernel)
-        listed = await kernel.call(
-            "agent_loopback_specialist_task", {"task_id": _last_task(loopback)}
-        )
-        assert listed.is_error and listed.error is not None, listed.content
-        assert listed.error.details["state"] == "canceled", listed.error
+        task_id = _last_task(loopback)
+        with anyio.fail_after(10):  # sent in the background: the cancellation went on at once
+            while True:
+                listed = await kernel.call("agent_loopback_specialist_task", {"task_id": task_id})
+                if listed.is_error:
+                    break
+                await anyio.sleep(0.02)
+        assert listed.error is not None and listed.error.details["state"] == "canceled"
+        assert loopback.agent.executor.cancels == [task_id]
+
+
+async def test_shutdown_waits_for_the_canceltask_of_an_abandoned_call(
+    tmp_path: Path, loopback: LoopbackAgent
+) -> None:
+    """The CancelTask runs in the background (a gateway's client is answered at once);
+    closing the kernel right after the cancellation still lets it reach the agent."""
+    kernel = kernel_from_toml(tmp_path, f'agents = ["{loopback.url}"]\n')
+    async with kernel:
+        loopback.agent.executor.hold()
+        await _cancel_once_working(kernel)
+    assert loopback.agent.executor.cancels == [_last_task(loopback)]
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["task_id", "context_id"])

@@ -7,6 +7,7 @@ import copy
 import importlib
 import logging
 import math
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ __all__ = ["CALL_SCHEMA", "TASK_SCHEMA", "AgentHandle", "AgentSpec"]
 log = logging.getLogger("toolwire.a2a")
 
 #: A cancellation this close to the attempt's cut (its deadline or timeout) is the cut.
-_CUT_TOLERANCE_S = 0.01
-#: Upper bound of the CancelTask sent for an abandoned task (the caller waits for it).
+#: (Twice the clock's resolution where that is coarse: Windows' 15.6 ms.)
+_CUT_TOLERANCE_S = max(0.01, 2 * time.get_clock_info("monotonic").resolution)
+#: Upper bound of the CancelTask sent for an abandoned task (shutdown waits for it).
 _ABANDON_CANCEL_S = 5.0
 
 CALL_SCHEMA: dict[str, Any] = {
@@ -191,6 +193,8 @@ class AgentHandle:
         self._stream: Client | None = None
         self._built: tuple[dict[str, Any], str] | None = None
         self._unusable: str | None = None
+        #: CancelTasks sent in the background for abandoned calls, each set when it ends
+        self._cancelling: set[anyio.Event] = set()
 
     # ------------------------------------------------------------- setup
     @property
@@ -274,7 +278,12 @@ class AgentHandle:
         return [call, task]
 
     async def aclose(self) -> None:
-        """Close the HTTP client."""
+        """Let the CancelTasks of abandoned calls finish (at most 5 s), close the HTTP client."""
+        pending = list(self._cancelling)
+        if pending:
+            with anyio.move_on_after(_ABANDON_CANCEL_S):
+                for done in pending:
+                    await done.wait()
         await self.http.aclose()
 
     # --------------------------------------------------------- executors
@@ -334,55 +343,72 @@ class AgentHandle:
             # knows (its id came with the interrupted result): not this call's to cancel.
             started = info.get("task_id") != task_id
             if started and not hands_off and anyio.current_time() < cut_at - _CUT_TOLERANCE_S:
-                await self._cancel_abandoned(info)
+                self._cancel_abandoned(info, ctx.kernel)
             raise
         await self._remember(ctx.kernel, result)
         return result
 
-    async def _cancel_abandoned(self, info: dict[str, Any]) -> None:
-        """CancelTask for the task of a blocking call its caller cancelled.
+    def _cancel_abandoned(self, info: dict[str, Any], kernel: Kernel) -> None:
+        """CancelTask, in the background, for the task of a blocking call its caller cancelled.
 
         The caller never sees the result (nor its task id), and a replay of the call
         starts a new task: the abandoned one would only spend the agent's work. A call cut
-        by its deadline or timeout is not abandoned: its error carries the task id.
-        Shielded, bounded by ``request_timeout_s`` (at most 5 s); a failure is logged.
+        by its deadline or timeout is not abandoned: its error carries the task id. The
+        request runs in a kernel background task, so the cancellation goes on at once (a
+        gateway's client gets its ``cancelled`` answer without waiting for the agent);
+        the plugin's shutdown waits for it (at most 5 s).
         """
         task_id = info.get("task_id")
         if not task_id or not self.config.cancel_abandoned:
             return
+        done = anyio.Event()
+        self._cancelling.add(done)
+        kernel.spawn(self._send_cancel, str(task_id), done, name=f"a2a: cancel task {task_id}")
+
+    async def _send_cancel(self, task_id: str, done: anyio.Event) -> None:
+        """CancelTask for ``task_id``, bounded by ``request_timeout_s`` (at most 5 s);
+        a failure is logged."""
         nick = str(self.nickname)
         bound = min(self.config.request_timeout_s, _ABANDON_CANCEL_S)
-        with anyio.CancelScope(shield=True), anyio.move_on_after(bound) as scope:
-            try:
-                client = self._require(False)
-                await client.cancel_task(
-                    CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=bound)
-                )
-            except Exception as exc:
-                err = map_error(exc, nick, f"canceling task {task_id!r}")
-                if err.kind == ErrorKind.CONFLICT:  # not cancelable: it had already ended
-                    log.debug("plugin 'a2a': agent %r: task %s had ended: %s", nick, task_id, err)
-                else:
-                    log.warning(
-                        "plugin 'a2a': agent %r: the call was cancelled, and canceling its "
-                        "task %s failed too: %s; the agent may still be working on it",
-                        nick,
-                        task_id,
-                        err,
+        try:
+            with anyio.move_on_after(bound) as scope:
+                try:
+                    client = self._require(False)
+                    await client.cancel_task(
+                        CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=bound)
                     )
+                except Exception as exc:
+                    err = map_error(exc, nick, f"canceling task {task_id!r}")
+                    if err.kind == ErrorKind.CONFLICT:  # not cancelable: it had already ended
+                        log.debug(
+                            "plugin 'a2a': agent %r: task %s had ended: %s", nick, task_id, err
+                        )
+                    else:
+                        log.warning(
+                            "plugin 'a2a': agent %r: the call was cancelled, and canceling its "
+                            "task %s failed too: %s; the agent may still be working on it",
+                            nick,
+                            task_id,
+                            err,
+                        )
+                    return
+            if scope.cancelled_caught:
+                log.warning(
+                    "plugin 'a2a': agent %r: the call was cancelled, and canceling its task %s "
+                    "took over %.3g s; the agent may still be working on it",
+                    nick,
+                    task_id,
+                    bound,
+                )
                 return
-        if scope.cancelled_caught:
-            log.warning(
-                "plugin 'a2a': agent %r: the call was cancelled, and canceling its task %s "
-                "took over %.3g s; the agent may still be working on it",
+            log.info(
+                "plugin 'a2a': agent %r: the call was cancelled: canceled its task %s",
                 nick,
                 task_id,
-                bound,
             )
-            return
-        log.info(
-            "plugin 'a2a': agent %r: the call was cancelled: canceled its task %s", nick, task_id
-        )
+        finally:
+            done.set()
+            self._cancelling.discard(done)
 
     async def _send(
         self,
