@@ -270,6 +270,14 @@ async def test_a_missing_folder_is_named_as_written_and_where_it_was_looked_for(
         f"collection 'docs': path '{cwd / 'file.md'}' is not a folder; fix "
         "[plugins.search.collections.docs] path"
     )
+    # a path from the environment: the variable is what to fix, not the file
+    monkeypatch.setenv("TOOLWIRE_PLUGINS__SEARCH__COLLECTIONS__DOCS__PATH", "elsewhere")
+    assert await message(Kernel.from_config(load_config(str(site / "toolwire.toml")))) == (
+        f"collection 'docs': path 'elsewhere' (looked for {site / 'elsewhere'}: a relative "
+        "path is read from the directory of toolwire.toml) does not exist; fix the "
+        "environment variable TOOLWIRE_PLUGINS__SEARCH__COLLECTIONS__DOCS__PATH"
+    )
+    monkeypatch.delenv("TOOLWIRE_PLUGINS__SEARCH__COLLECTIONS__DOCS__PATH")
     monkeypatch.setenv("HOME", str(tmp_path))
     home = make_kernel(
         search={"collections": {"docs": {"path": "~/gone/"}}}, transport=no_network()

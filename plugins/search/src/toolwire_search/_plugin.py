@@ -694,9 +694,14 @@ class SearchPlugin:
         async with lock:
             problem = root_problem(cfg.path, root, base)
             if problem is not None:
-                self._collections[name] = (
-                    f"collection {name!r}: {problem}; fix [plugins.search.collections.{name}] path"
+                key = f"plugins.search.collections.{name}.path"
+                kcfg = self._kernel.config if self._kernel is not None else None
+                fix = (  # blame the environment variable the path came from, not the file
+                    f"fix {kcfg.source_of(key)}"
+                    if kcfg is not None and kcfg.env_var_of(key)
+                    else f"fix [plugins.search.collections.{name}] path"
                 )
+                self._collections[name] = f"collection {name!r}: {problem}; {fix}"
                 log.warning("plugin 'search': %s", self._collections[name])
                 return
             current = self._collections.get(name)
