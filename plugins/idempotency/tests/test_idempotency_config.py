@@ -161,3 +161,29 @@ def test_counters_as_dict_and_reset() -> None:
     )
     plugin.counters.reset()
     assert set(plugin.counters.as_dict().values()) == {0}
+
+
+def test_unknown_after_interrupt_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(
+        f'state = "sqlite:///{tmp_path}/state.db"\n'
+        "[plugins.idempotency]\n"
+        'unknown_after_interrupt_tools = ["charge_card"]\n'
+    )
+    env = {**CLEAN, "TOOLWIRE_PLUGINS__IDEMPOTENCY__UNKNOWN_AFTER_INTERRUPT": "true"}
+    plugin = Kernel.from_config(load_config(path, env=env)).plugins.plugins["idempotency"].plugin
+    assert isinstance(plugin, IdempotencyPlugin)
+    assert plugin.config.unknown_after_interrupt is True
+    assert plugin.config.unknown_after_interrupt_tools == ["charge_card"]
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['unknown_after_interrupt = "sometimes"', 'unknown_after_interrupt_tools = "charge_card"'],
+)
+def test_a_malformed_unknown_after_interrupt_is_a_config_error(tmp_path: Path, line: str) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(f"[plugins.idempotency]\n{line}\n")
+    key = line.split(" =")[0]
+    with pytest.raises(ConfigError, match=f"plugins.idempotency.{key}"):
+        Kernel.from_config(load_config(path, env=CLEAN))

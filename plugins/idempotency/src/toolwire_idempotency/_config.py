@@ -85,6 +85,16 @@ class IdempotencyConfig(BaseModel):
     require_call_id: bool = Field(
         False, description="a call without call_id is an `invalid_args` error"
     )
+    unknown_after_interrupt: bool = Field(
+        False,
+        description="a side-effecting call whose running attempt ended by a timeout or a "
+        "cancellation keeps its record: replays get `conflict` / outcome_unknown instead of "
+        "running it again (default: the claim is released and a replay runs it)",
+    )
+    unknown_after_interrupt_tools: list[str] = Field(
+        default_factory=list,
+        description="tools for which unknown_after_interrupt is on, whatever its global value",
+    )
 
 
 def _parse_bool(var: str, raw: str) -> bool:

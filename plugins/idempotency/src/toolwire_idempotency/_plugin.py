@@ -7,6 +7,8 @@ Record lifecycle at ``{prefix}:idempotency:{sha256(tenant, tool, call_id)}``::
     pending(o) --complete (CAS on o, owner cleared)--> done | oversized
     pending(o) --release (compare-and-delete on o)--> absent
     pending(o), lease lapsed --reclaim (CAS on o + version, read-only tools)--> pending(o')
+    pending(o) --interrupted (CAS on o; unknown_after_interrupt)--> pending(no owner),
+        lease lapsed, "i" saying why: replays answer "outcome unknown" as for a dead owner
 
 Each record carries the request hash (sha256 over tenant, tool, call_id and
 the canonical args): a call whose hash differs from the record's is a
@@ -28,6 +30,7 @@ import os
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -60,6 +63,11 @@ STATE_KEY = "idempotency"  # ctx.state[STATE_KEY]: the claim this call holds
 #: ctx.state[UNPROTECTED_KEY]: why a call runs without a claim (on_store_error = "fail_open")
 UNPROTECTED_KEY = "idempotency.unprotected"
 PENDING, DONE, OVERSIZED = "pending", "done", "oversized"
+#: The kernel's message for an attempt it did not start: the call's deadline had passed
+#: (the tool never ran, so such a ``timeout`` leaves no outcome unknown).
+_DEADLINE_BEFORE_START = "the call's deadline passed before the attempt started"
+#: The keys a tool's own ``idempotency`` setting may hold, when it is a table.
+_TOOL_SETTING_KEYS = frozenset({"unknown_after_interrupt"})
 
 
 def _is_number(v: Any) -> bool:
@@ -98,6 +106,37 @@ def _not_kept(result: ToolResult, reason: str, message: str) -> None:
     result.meta.extra[STATE_KEY] = {"recorded": False, "reason": reason, "message": message}
 
 
+def _setting_problem(setting: Any) -> str | None:
+    """What is wrong with a tool's own ``idempotency`` setting (not None/True/False), or None."""
+    if not isinstance(setting, Mapping):
+        return (
+            f"is {type(setting).__name__} {setting!r:.80}; give False (exempt the tool), True, "
+            'or a table such as {"unknown_after_interrupt": true}'
+        )
+    unknown = sorted(str(k) for k in setting if k not in _TOOL_SETTING_KEYS)
+    if unknown:
+        return f"has unknown key(s) {', '.join(map(repr, unknown))}; the only key is " + (
+            "'unknown_after_interrupt'"
+        )
+    value = setting.get("unknown_after_interrupt")
+    if value is not None and not isinstance(value, bool):
+        return f"has unknown_after_interrupt = {value!r:.80}; give true or false"
+    return None
+
+
+def _not_started(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is the kernel's timeout for an attempt it never started."""
+    return isinstance(exc, TimeoutError) and str(exc).startswith(_DEADLINE_BEFORE_START)
+
+
+def _when(t: Any) -> str:
+    """Kernel clock seconds as an ISO 8601 UTC time, for a message."""
+    try:
+        return datetime.fromtimestamp(float(t), UTC).isoformat(timespec="milliseconds")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return f"{t!r} s"
+
+
 @dataclass(slots=True)
 class IdempotencyCounters:
     """What the plugin did, since it was created (plain ints; read them, reset them)."""
@@ -122,6 +161,9 @@ class IdempotencyCounters:
     unencodable: int = 0  #: calls refused because an argument has no canonical encoding
     lost_claims: int = 0  #: claims found gone or taken over (renewal, start, completion): once each
     renewals: int = 0  #: lease renewals of long-running calls
+    #: claims kept as "outcome unknown" after a timeout or a cancellation stopped a running
+    #: attempt (unknown_after_interrupt): replays answer `conflict` instead of running again
+    interrupted: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counters as a dict."""
@@ -152,6 +194,11 @@ class _Claim:
     lock: anyio.Lock | None = None
     #: Found gone or taken over (counted in ``lost_claims`` and logged then, once).
     lost: bool = False
+    #: Attempt numbers (1-based) that ended with the kernel's timeout for an attempt it never
+    #: started (the call's deadline had passed): such a timeout leaves no outcome unknown.
+    not_started: set[int] | None = None
+    #: Kernel clock time at which each attempt that ended with a ``timeout`` failed.
+    timed_out_at: dict[int, float] | None = None
 
 
 class _Renewer:
@@ -215,6 +262,7 @@ class IdempotencyPlugin:
         self.counters = IdempotencyCounters()
         self._exempt = frozenset(cfg.exempt_tools)
         self._read_only = frozenset(cfg.read_only_tools)
+        self._unknown_after_interrupt = frozenset(cfg.unknown_after_interrupt_tools)
         self._key_prefix = f"{cfg.prefix}:idempotency:"
         self._renew_every = cfg.lease_secs / 4
         # A claim must outlive its lease (a dead owner's claim is what makes a
@@ -259,6 +307,23 @@ class IdempotencyPlugin:
         """Whether ``tool`` counts as read-only (``readOnlyHint`` or ``read_only_tools``)."""
         return tool.annotations.readOnlyHint is True or tool.name in self._read_only
 
+    def unknown_after_interrupt(self, tool: Tool) -> bool:
+        """Whether a timeout or cancellation of a running attempt of ``tool`` keeps its record.
+
+        Listed in ``unknown_after_interrupt_tools``: on. Else the tool's own setting
+        ``idempotency={"unknown_after_interrupt": ...}``, else the global
+        ``unknown_after_interrupt``. A read-only tool is never kept so (it runs again,
+        as after a dead owner), whatever this says.
+        """
+        if tool.name in self._unknown_after_interrupt:
+            return True
+        setting = tool.settings.get("idempotency")
+        if isinstance(setting, Mapping):
+            own = setting.get("unknown_after_interrupt")
+            if isinstance(own, bool):
+                return own
+        return self.config.unknown_after_interrupt
+
     # -------------------------------------------------------------- lifecycle
     @hookimpl
     def startup(self, kernel: Kernel) -> None:
@@ -284,9 +349,19 @@ class IdempotencyPlugin:
             return None
         name = call.name
         tool = ctx.tool
-        if name in self._exempt or (tool is not None and tool.settings.get("idempotency") is False):
+        setting = tool.settings.get("idempotency") if tool is not None else None
+        if name in self._exempt or setting is False:
             self.counters.exempt += 1
             return None
+        if setting is not None and setting is not True:
+            problem = _setting_problem(setting)
+            if problem is not None:
+                raise CallRejected(
+                    ErrorKind.CONFIG_ERROR,
+                    f"tool {name!r}: its setting idempotency {problem}; it was not run. Fix "
+                    "the tool's definition (@tool(idempotency=...) or Tool(settings=...))",
+                    details={"reason": "bad_tool_setting", "setting": "idempotency"},
+                )
         read_only = tool is not None and (
             tool.annotations.readOnlyHint is True or name in self._read_only
         )
@@ -355,6 +430,24 @@ class IdempotencyPlugin:
             return None
 
     @hookimpl
+    def on_error(self, error: ErrorInfo, ctx: CallContext) -> None:
+        """Note when an attempt of a claimed call ended with ``timeout`` (for
+        ``unknown_after_interrupt``), or that the kernel never started it."""
+        if error.kind != ErrorKind.TIMEOUT:
+            return
+        claim = ctx.state.get(STATE_KEY)
+        if claim is None:
+            return
+        if _not_started(error.exception):
+            if claim.not_started is None:
+                claim.not_started = set()
+            claim.not_started.add(ctx.attempt)
+        else:
+            if claim.timed_out_at is None:
+                claim.timed_out_at = {}
+            claim.timed_out_at[ctx.attempt] = claim.clock()
+
+    @hookimpl
     async def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
         claim = ctx.state.get(STATE_KEY)
         if claim is None:
@@ -373,6 +466,28 @@ class IdempotencyPlugin:
         self._active.pop(claim.owner, None)
         store = claim.store
         cfg = self.config
+        release = False
+        if result.is_error:
+            err = result.error
+            if (
+                not cfg.cache_errors
+                or err is None
+                or err.retryable
+                or err.kind == ErrorKind.CANCELLED
+                or not ctx.attempts  # the tool never ran: nothing to protect
+            ):
+                if claim.lost:  # someone else's record now: nothing of ours to give back
+                    return
+                if (
+                    claim.pending.get("ro") is not True
+                    and ctx.tool is not None
+                    and self.unknown_after_interrupt(ctx.tool)
+                ):
+                    interrupted = self._interruption(claim, err, ctx)
+                    if interrupted is not None:
+                        await self._keep_interrupted(call, result, claim, interrupted)
+                        return
+                release = True
         # Shielded: a cancellation arriving during the write (the caller went away) must
         # not leave the claim pending, which a replay would answer 'outcome unknown' (the
         # result lost). Bounded by the lease: past it the claim is lapsed anyway.
@@ -380,20 +495,10 @@ class IdempotencyPlugin:
         try:
             with anyio.CancelScope(shield=True) as scope:
                 scope.deadline = anyio.current_time() + cfg.lease_secs
-                if result.is_error:
-                    err = result.error
-                    if (
-                        not cfg.cache_errors
-                        or err is None
-                        or err.retryable
-                        or err.kind == ErrorKind.CANCELLED
-                        or not ctx.attempts  # the tool never ran: nothing to protect
-                    ):
-                        if claim.lost:  # someone else's record now: nothing of ours to give back
-                            return
-                        await store.compare_and_delete(claim.key, expected_owner=claim.owner)
-                        self.counters.released += 1
-                        return
+                if release:
+                    await store.compare_and_delete(claim.key, expected_owner=claim.owner)
+                    self.counters.released += 1
+                    return
                 record = self._done_record(claim, result)
                 if cfg.max_stored_bytes is not None and record["s"] == DONE:
                     record = await self._within_budget(store, claim, record, call.name)
@@ -462,6 +567,123 @@ class IdempotencyPlugin:
             self.counters.errors_cached += 1
 
     # ------------------------------------------------------------ internals
+    @staticmethod
+    def _interruption(
+        claim: _Claim, err: ErrorInfo | None, ctx: CallContext
+    ) -> dict[str, Any] | None:
+        """How a started attempt of the call was interrupted, or None.
+
+        A cancellation that came while an attempt ran (``ctx.attempt`` counts it, no
+        ``Attempt`` records it yet), else the latest attempt that ended with ``timeout``
+        (the tool may have done its work, or its thread may still run), except the
+        kernel's timeout for an attempt it never started.
+        """
+        if err is not None and err.kind == ErrorKind.CANCELLED and ctx.attempt > len(ctx.attempts):
+            return {"why": "cancelled", "at": claim.clock(), "attempt": ctx.attempt}
+        attempts = ctx.attempts
+        not_started = set(claim.not_started or ())
+        if err is not None and attempts and _not_started(err.exception):
+            not_started.add(len(attempts))  # the last attempt, in case on_error missed it
+        for n in range(len(attempts), 0, -1):
+            if attempts[n - 1].error_kind == ErrorKind.TIMEOUT and n not in not_started:
+                at = (claim.timed_out_at or {}).get(n)
+                return {"why": "timeout", "at": claim.clock() if at is None else at, "attempt": n}
+        return None
+
+    @staticmethod
+    def _interrupted_what(interrupted: Mapping[str, Any]) -> str:
+        """'timed out while it ran (attempt 2, 2026-...)' for a message."""
+        what = (
+            "timed out while it ran"
+            if interrupted.get("why") == "timeout"
+            else "was cancelled while it ran"
+        )
+        attempt = interrupted.get("attempt")
+        which = f"attempt {attempt}, " if isinstance(attempt, int) else ""
+        return f"{what} ({which}at {_when(interrupted.get('at'))})"
+
+    async def _keep_interrupted(
+        self, call: ToolCall, result: ToolResult, claim: _Claim, interrupted: dict[str, Any]
+    ) -> None:
+        """Leave the claim as a dead owner's, saying why: its replays answer "outcome unknown".
+
+        The lease is lapsed at once and the owner cleared (a renewal still on its way
+        cannot revive it); a read-only caller could still take it over, as a dead
+        owner's (compare-and-set on the version). Shielded, bounded by the lease and,
+        for a cancelled call, by the time the kernel gives its after_call hooks.
+        """
+        cfg = self.config
+        deadline = anyio.current_time() + cfg.lease_secs
+        bound = f"lease_secs ({cfg.lease_secs:g}s)"
+        err = result.error
+        if err is not None and err.kind == ErrorKind.CANCELLED:
+            outer = anyio.current_effective_deadline()  # the kernel's bound, outside our shield
+            if outer < deadline:
+                deadline = outer
+                bound = "the time the kernel gives the after_call hooks of a cancelled call"
+        value = {k: v for k, v in claim.pending.items() if k != "w"}
+        value["lease"] = claim.clock()
+        value["i"] = interrupted
+        what = self._interrupted_what(interrupted)
+        kept: Entry | None = None
+        try:
+            with anyio.CancelScope(shield=True, deadline=deadline) as scope:
+                kept = await claim.store.compare_and_set(
+                    claim.key, value, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
+                )
+            if scope.cancelled_caught:
+                raise StateStoreError(f"no answer within {bound}")
+        except StateStoreError as exc:
+            self.counters.store_errors += 1
+            log.warning(
+                "idempotency: tool %r call %r %s, and its record could not say so (%s); a "
+                "replay after the lease (%gs) answers 'outcome unknown' all the same",
+                call.name,
+                call.call_id,
+                what,
+                exc,
+                cfg.lease_secs,
+            )
+            _not_kept(
+                result,
+                "store_error",
+                f"the attempt {what}, and the state store failed as the record was to say so "
+                f"({exc}); a replay after lease_secs answers 'outcome unknown'",
+            )
+            return
+        if kept is None:
+            _not_kept(
+                result,
+                "lost_claim",
+                f"the attempt {what}, and the claim was gone or taken over by then; a replay "
+                "is not told that its outcome is unknown",
+            )
+            if self._lost(claim):
+                log.warning(
+                    "idempotency: tool %r call %r %s, and its claim was gone or taken over by "
+                    "then (its lease lapsed, or the record was forgotten); not marked outcome "
+                    "unknown",
+                    call.name,
+                    call.call_id,
+                    what,
+                )
+            return
+        self.counters.interrupted += 1
+        _not_kept(
+            result,
+            "outcome_unknown",
+            f"the attempt {what}: a replay with this call_id gets a 'conflict' (outcome "
+            "unknown) instead of running the tool again (unknown_after_interrupt); check "
+            "whether it took effect",
+        )
+        log.info(
+            "idempotency: tool %r call %r %s; its replays get 'outcome unknown' "
+            "(unknown_after_interrupt)",
+            call.name,
+            call.call_id,
+            what,
+        )
+
     def _new_owner(self) -> str:
         """A claim owner id unique across processes, hosts and time."""
         if self._pid != _fork_generation:  # first use, or a forked child
@@ -602,21 +824,7 @@ class IdempotencyPlugin:
                     continue
                 self.counters.conflicts += 1
                 self.counters.outcome_unknown += 1
-                raise CallRejected(
-                    ErrorKind.CONFLICT,
-                    f"outcome unknown: tool {call.name!r} call {call.call_id!r} started "
-                    "earlier, but whoever ran it stopped renewing its claim before recording "
-                    "a result (its process died, or the state store failed as it saved the "
-                    "result); it may or may not have taken effect, "
-                    "so it is not run again. Check whether it took effect; to run it anyway, "
-                    "use a new call_id (or IdempotencyPlugin.forget())",
-                    details={
-                        "reason": "outcome_unknown",
-                        "call_id": call.call_id,
-                        "started_at": value.get("at"),
-                        "lease_expired_at": lease,
-                    },
-                )
+                raise self._outcome_unknown(call, value, lease)
             if cfg.on_in_flight == "error":
                 raise self._in_flight(call, value, waited=0.0)
             if deadline is None:
@@ -674,6 +882,44 @@ class IdempotencyPlugin:
         except anyio.get_cancelled_exc_class():
             await self._undo(store, key, owner)
             raise
+
+    def _outcome_unknown(self, call: ToolCall, value: dict[str, Any], lease: float) -> CallRejected:
+        """The answer to a replay of a side-effecting call whose outcome is unknown."""
+        details: dict[str, Any] = {
+            "reason": "outcome_unknown",
+            "call_id": call.call_id,
+            "started_at": value.get("at"),
+            "lease_expired_at": lease,
+        }
+        forget = f"IdempotencyPlugin.forget({call.name!r}, {call.call_id!r}" + (
+            f", tenant={call.tenant!r})" if call.tenant is not None else ")"
+        )
+        interrupted = value.get("i")
+        if type(interrupted) is dict and interrupted.get("why") in ("timeout", "cancelled"):
+            details["interrupted"] = interrupted["why"]
+            details["interrupted_at"] = interrupted.get("at")
+            what = f"its attempt {self._interrupted_what(interrupted)}"
+            why = (
+                "it may or may not have taken effect (a sync tool's thread even runs on after "
+                "a timeout), so with plugins.idempotency.unknown_after_interrupt it is not run "
+                "again"
+                if interrupted["why"] == "timeout"
+                else "it may or may not have taken effect, so with "
+                "plugins.idempotency.unknown_after_interrupt it is not run again"
+            )
+        else:
+            what = (
+                "whoever ran it stopped renewing its claim before recording a result (its "
+                "process died, or the state store failed as it saved the result)"
+            )
+            why = "it may or may not have taken effect, so it is not run again"
+        return CallRejected(
+            ErrorKind.CONFLICT,
+            f"outcome unknown: tool {call.name!r} call {call.call_id!r} started earlier, but "
+            f"{what}; {why}. Check whether it took effect; to run it anyway, use a new "
+            f"call_id, or delete the record with {forget}",
+            details=details,
+        )
 
     def _in_flight(self, call: ToolCall, value: dict[str, Any], waited: float) -> CallRejected:
         self.counters.conflicts += 1
