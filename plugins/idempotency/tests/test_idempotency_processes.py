@@ -168,10 +168,11 @@ async def test_owner_killed_between_running_and_storing(
             assert not result.error.retryable
 
 
-def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> None:
-    """SIGTERM on `toolwire call` cancels the call as Ctrl-C does: the plugins release
-    what they hold and the kernel closes. Before, the process died mid-call; its claim
-    stayed pending for the lease, and a replay got 'still running elsewhere'."""
+def _stop_toolwire_call(
+    tmp_path: Path, sig: signal.Signals, extra_config: str = ""
+) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:
+    """Run `toolwire call slow --call-id run-1`, send ``sig`` once the tool has started,
+    then replay the call: (the stopped run, the replay, the file counting executions)."""
     marker = tmp_path / "started"
     (tmp_path / "slowmod.py").write_text(
         "import anyio, pathlib\n"
@@ -189,7 +190,7 @@ def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> 
     config.write_text(
         f'state = "sqlite:///{tmp_path / "state.db"}"\nenabled_plugins = ["idempotency"]\n'
         '[tools]\nmodules = ["slowmod"]\n'
-        '[plugins.idempotency]\non_in_flight = "error"\nlease_secs = 60\n'
+        '[plugins.idempotency]\non_in_flight = "error"\nlease_secs = 60\n' + extra_config
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
     env["PYTHONPATH"] = str(tmp_path) + os.pathsep + env.get("PYTHONPATH", "")
@@ -204,15 +205,52 @@ def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> 
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the tool never started"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         out, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert out == "" and "terminated (SIGTERM) while calling 'slow'" in err
+    stopped = subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    replay = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    return stopped, replay, marker
+
+
+def test_toolwire_call_stopped_by_sigterm_releases_its_claim(tmp_path: Path) -> None:
+    """SIGTERM on `toolwire call` cancels the call as Ctrl-C does: the plugins release
+    what they hold and the kernel closes. Before, the process died mid-call; its claim
+    stayed pending for the lease, and a replay got 'still running elsewhere'."""
+    stopped, replay, _ = _stop_toolwire_call(tmp_path, signal.SIGTERM)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert stopped.stdout == "" and "terminated (SIGTERM) while calling 'slow'" in stopped.stderr
     # The claim was released (cancelled: never recorded), so the replay runs the tool
     # rather than being told the call is still running elsewhere.
-    replay = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert replay.returncode == 0, replay.stdout + replay.stderr
     assert json.loads(replay.stdout)["content"] == {"runs": 2}
+
+
+def test_toolwire_call_stopped_by_ctrl_c_releases_its_claim(tmp_path: Path) -> None:
+    stopped, replay, _ = _stop_toolwire_call(tmp_path, signal.SIGINT)
+    assert stopped.returncode == 130, stopped.stderr
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert json.loads(replay.stdout)["content"] == {"runs": 2}
+
+
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)],
+    ids=["sigterm", "ctrl-c"],
+)
+def test_toolwire_call_stopped_with_unknown_after_interrupt_keeps_its_claim(
+    tmp_path: Path, sig: signal.Signals, code: int
+) -> None:
+    """With the option on, the stopped call's tool had started: the replay is told the
+    outcome is unknown instead of running it a second time."""
+    stopped, replay, marker = _stop_toolwire_call(tmp_path, sig, "unknown_after_interrupt = true\n")
+    assert stopped.returncode == code, stopped.stderr
+    assert replay.returncode == 1, replay.stdout + replay.stderr
+    error = json.loads(replay.stdout)["error"]
+    assert error["kind"] == "conflict" and not error["retryable"], error
+    assert error["details"]["reason"] == "outcome_unknown"
+    assert error["details"]["interrupted"] == "cancelled"
+    assert "was cancelled while it ran" in error["message"]
+    assert marker.read_text() == "x"  # ran once
