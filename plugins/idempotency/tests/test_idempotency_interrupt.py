@@ -334,6 +334,38 @@ async def test_a_timed_out_attempt_retried_to_success_stores_the_success(env: En
     assert plugin.counters.interrupted == 0 and plugin.counters.released == 0
 
 
+async def test_the_retry_plugin_retrying_a_timeout_to_success_stores_the_success(
+    env: Env,
+) -> None:
+    """The first-party ratelimit + retry plugins: a timeout of a tool safe to repeat
+    (idempotentHint) is retried within the call; the success is what replays get."""
+    from toolwire_ratelimit import RateLimitPlugin
+    from toolwire_retry import RetryConfig, RetryPlugin
+
+    runs: list[int] = []
+
+    @tool(timeout=0.2, idempotent=True)
+    async def send() -> dict[str, int]:
+        """Hangs the first time, then answers."""
+        runs.append(1)
+        if len(runs) == 1:
+            await anyio.sleep(3600)
+        return {"ok": len(runs)}
+
+    plugin = env.plugin(unknown_after_interrupt=True)
+    plugins = [plugin, RateLimitPlugin(), RetryPlugin(RetryConfig(base_s=0.01, cap_s=0.05))]
+    async with env.kernel([send], plugins) as kernel:
+        first = await kernel.call("send", {}, call_id="rp")
+        replay = await kernel.call("send", {}, call_id="rp")
+    assert [(a.error_kind, a.decision) for a in first.meta.attempts] == [
+        ("timeout", "retry"),
+        (None, None),
+    ]
+    assert not first.is_error and first.content == {"ok": 2}
+    assert replay.meta.replayed and replay.content == {"ok": 2} and len(runs) == 2
+    assert plugin.counters.interrupted == 0
+
+
 async def test_a_timed_out_attempt_retried_to_a_failure_leaves_the_outcome_unknown(
     env: Env,
 ) -> None:
