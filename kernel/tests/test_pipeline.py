@@ -467,6 +467,8 @@ async def test_a_fallback_after_the_deadline_passed_never_starts_the_other_tool(
     assert r.error is not None and r.error.kind == "timeout"
     assert "deadline passed before the attempt started" in r.error.message
     assert "call again with a longer timeout" in r.error.message
+    # a mark plugins can read without parsing the message (idempotency: nothing ran)
+    assert r.error.details["reason"] == "deadline_before_attempt"
     assert [(a.tool, a.error_kind) for a in r.meta.attempts] == [
         ("primary", "unavailable"),
         ("backup", "timeout"),

@@ -55,6 +55,14 @@ __all__ = ["Kernel"]
 
 log = logging.getLogger("toolwire")
 
+#: ``details["reason"]`` of the ``timeout`` error of an attempt the kernel did not start:
+#: the call's deadline had passed before it (the tool did not run).
+NOT_STARTED = "deadline_before_attempt"
+
+
+class _NotStarted(TimeoutError):
+    """The call's deadline passed before the attempt started."""
+
 
 def _visible(t: Tool) -> tuple[Any, ...]:
     """What a client of the catalog sees of a tool."""
@@ -1255,6 +1263,8 @@ class Kernel:
                     ErrorKind.TIMEOUT,
                     f"tool {cur_tool.name!r} timed out: {str(exc) or 'timeout'}",
                     source=cur_tool.source,
+                    # the tool never ran: nothing it did can be unknown (idempotency reads it)
+                    details={"reason": NOT_STARTED} if isinstance(exc, _NotStarted) else {},
                     exception=exc,
                 )
             except NotJSONError as exc:
@@ -1369,7 +1379,7 @@ class Kernel:
         if ctx.deadline is not None:
             left = ctx.deadline - self.clock.monotonic()
             if left <= 0:
-                raise TimeoutError(
+                raise _NotStarted(
                     "the call's deadline passed before the attempt started (earlier "
                     "attempts, waits between them or plugins' before_call used it up); the "
                     "tool was not run this time: call again with a longer timeout"

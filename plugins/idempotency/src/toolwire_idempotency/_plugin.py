@@ -63,9 +63,9 @@ STATE_KEY = "idempotency"  # ctx.state[STATE_KEY]: the claim this call holds
 #: ctx.state[UNPROTECTED_KEY]: why a call runs without a claim (on_store_error = "fail_open")
 UNPROTECTED_KEY = "idempotency.unprotected"
 PENDING, DONE, OVERSIZED = "pending", "done", "oversized"
-#: The kernel's message for an attempt it did not start: the call's deadline had passed
-#: (the tool never ran, so such a ``timeout`` leaves no outcome unknown).
-_DEADLINE_BEFORE_START = "the call's deadline passed before the attempt started"
+#: The kernel's ``details["reason"]`` for an attempt it did not start: the call's deadline
+#: had passed (the tool never ran, so such a ``timeout`` leaves no outcome unknown).
+_DEADLINE_BEFORE_START = "deadline_before_attempt"
 #: The keys a tool's own ``idempotency`` setting may hold, when it is a table.
 _TOOL_SETTING_KEYS = frozenset({"unknown_after_interrupt"})
 
@@ -124,9 +124,11 @@ def _setting_problem(setting: Any) -> str | None:
     return None
 
 
-def _not_started(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is the kernel's timeout for an attempt it never started."""
-    return isinstance(exc, TimeoutError) and str(exc).startswith(_DEADLINE_BEFORE_START)
+def _not_started(error: Any) -> bool:
+    """Whether ``error`` (an ``ErrorInfo``) is the kernel's timeout for an attempt it never
+    started."""
+    details = getattr(error, "details", None)
+    return isinstance(details, Mapping) and details.get("reason") == _DEADLINE_BEFORE_START
 
 
 def _when(t: Any) -> str:
@@ -438,7 +440,7 @@ class IdempotencyPlugin:
         claim = ctx.state.get(STATE_KEY)
         if claim is None:
             return
-        if _not_started(error.exception):
+        if _not_started(error):
             if claim.not_started is None:
                 claim.not_started = set()
             claim.not_started.add(ctx.attempt)
@@ -582,7 +584,7 @@ class IdempotencyPlugin:
             return {"why": "cancelled", "at": claim.clock(), "attempt": ctx.attempt}
         attempts = ctx.attempts
         not_started = set(claim.not_started or ())
-        if err is not None and attempts and _not_started(err.exception):
+        if err is not None and attempts and _not_started(err):
             not_started.add(len(attempts))  # the last attempt, in case on_error missed it
         for n in range(len(attempts), 0, -1):
             if attempts[n - 1].error_kind == ErrorKind.TIMEOUT and n not in not_started:
