@@ -72,6 +72,15 @@ _WAL_LIMIT = 64 * 1024 * 1024
 #: Free pages handed back to the file system after a purge while writing (4 KiB each).
 #: (``executescript``: ``execute`` steps the pragma once, which frees one page.)
 _VACUUM_PAGES = 4096
+#: The connection never checkpoints on its own (``wal_autocheckpoint = 0``: a checkpoint
+#: writes and syncs the database file, which must not happen on the event loop). Instead
+#: the store counts the WAL frames its writes add (an estimate, see ``_put``) and, past
+#: this many (SQLite's own default), runs the next operation on the worker thread and a
+#: PASSIVE checkpoint after it. The WAL stays about 4 MiB, as with SQLite's default.
+_CHECKPOINT_FRAMES = 1000
+#: A write whose JSON text is longer than this (characters; the text is ASCII) runs on the
+#: worker thread: its cost grows with its size (one WAL page per 4 KiB, and more).
+_INLINE_MAX_TEXT = 64 * 1024
 
 _Row = tuple[str, int, "str | None", "float | None"]
 
@@ -95,6 +104,10 @@ def _prefix_upper_bound(prefix: str) -> str | None:
     return None
 
 
+class _WouldWait(Exception):
+    """An inline operation met a lock before writing anything: run it on the thread."""
+
+
 def _vacuum(conn: sqlite3.Connection, pragma: str) -> None:
     """Give freed pages back to the file system; best effort (another writer may hold
     the lock: the pages are given back after a later purge)."""
@@ -111,15 +124,20 @@ _MAX_BUSY_TIMEOUT_S = 2_000_000.0
 class SQLiteStore(StateStore):
     """State in one SQLite file, safe across the tasks and processes of a host.
 
-    One ``sqlite3`` connection per store object, used from worker threads via
-    ``anyio.to_thread.run_sync`` one call at a time (the event loop never
-    blocks). The file is in WAL mode; conditional writes run in
-    ``BEGIN IMMEDIATE`` transactions so concurrent processes serialise on the
-    database lock (waiting up to ``busy_timeout`` seconds, then
-    :class:`StateStoreError`). Versions come from a counter stored in the
-    file, so they are never reused. ``wait_for_change`` wakes at once for
-    writes through this object and polls (50 ms growing to 250 ms) for writes
-    by other processes. Works under asyncio and trio.
+    One ``sqlite3`` connection per store object, used by one caller at a time.
+    Single-key operations run inline on the event loop thread when nothing
+    else is using the connection: they take tens of microseconds, less than
+    the hop to a worker thread. The connection's ``busy_timeout`` is 0 there,
+    so the loop never waits for a lock: an operation that finds the database
+    locked before it wrote anything runs again on a worker thread, which
+    waits up to ``busy_timeout`` seconds (then :class:`StateStoreError`).
+    ``scan``, open/close, purges, vacuums and WAL checkpoints always run on a
+    worker thread (``anyio.to_thread.run_sync``). The file is in WAL mode;
+    conditional writes run in ``BEGIN IMMEDIATE`` transactions so concurrent
+    processes serialise on the database lock. Versions come from a counter
+    stored in the file, so they are never reused. ``wait_for_change`` wakes at
+    once for writes through this object and polls (50 ms growing to 250 ms)
+    for writes by other processes. Works under asyncio and trio.
 
     ``clock`` returns wall-clock seconds (default ``time.time``) and decides
     expiry; all processes sharing a file should use the same clock.
@@ -147,13 +165,19 @@ class SQLiteStore(StateStore):
                 f"(about 23 days), not {busy_timeout!r}"
             )
         self._busy_timeout = float(busy_timeout)
+        self._busy_ms = int(self._busy_timeout * 1000)
         self._conn: sqlite3.Connection | None = None
         self._state: Literal["new", "open", "closed"] = "new"
         # anyio primitives belong to one event loop: made (again) per loop, see _loop_primitives
         self._primitives: tuple[object, anyio.Lock, anyio.CapacityLimiter] | None = None
         self._thread_lock = threading.Lock()  # one thread on the connection at a time
         self._waiters: dict[str, set[anyio.Event]] = {}
-        self._writes = 0
+        self._writes = 0  # since the last purge
+        self._wal_frames = 0  # estimated, since the last checkpoint
+        # Both set and read under _thread_lock: whether the operation running now is
+        # inline, and whether it got the write lock (BEGIN IMMEDIATE succeeded).
+        self._inline_now = False
+        self._began_write = False
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -230,6 +254,7 @@ class SQLiteStore(StateStore):
                 conn.execute(f"PRAGMA journal_size_limit = {_WAL_LIMIT}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
+                conn.execute("PRAGMA wal_autocheckpoint = 0")  # checkpoints: see _checkpoint
                 conn.execute("BEGIN IMMEDIATE")
                 for statement in _SCHEMA:
                     conn.execute(statement)
@@ -245,6 +270,10 @@ class SQLiteStore(StateStore):
                 conn.execute("COMMIT")
                 if purged:
                     _vacuum(conn, "PRAGMA incremental_vacuum;")
+                    self._checkpoint(conn)
+                # 0 at rest: inline operations must never wait. _in_thread sets the
+                # configured timeout around each operation on the worker thread.
+                conn.execute("PRAGMA busy_timeout = 0")
                 return conn
             except sqlite3.Error as exc:
                 if conn is not None:
@@ -276,33 +305,105 @@ class SQLiteStore(StateStore):
             "writable toolwire state database, or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
         )
 
-    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        with self._thread_lock:
-            conn = self._conn
-            if conn is None:
-                raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
-            try:
-                return fn(conn)
-            except sqlite3.Error as exc:
-                if conn.in_transaction:
-                    try:
-                        conn.execute("ROLLBACK")
-                    except sqlite3.Error:
-                        pass
-                raise self._error(exc) from exc
+    def _connection(self) -> sqlite3.Connection:
+        """The open connection (call with ``_thread_lock`` held)."""
+        conn = self._conn
+        if conn is None:
+            raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
+        return conn
 
-    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """Run ``fn(conn)`` in a worker thread; not abandoned on cancellation."""
+    def _call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)``, its sqlite3 errors as :class:`StateStoreError`, or ``_WouldWait``
+        for a lock met inline before the write lock was taken (nothing was written)."""
+        self._began_write = False
+        try:
+            return fn(conn)
+        except sqlite3.Error as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            if self._inline_now and not self._began_write and _is_locked(exc):
+                raise _WouldWait from exc
+            raise self._error(exc) from exc
+
+    def _in_thread(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` on a worker thread, waiting up to ``busy_timeout`` for locks;
+        then the checkpoint, when one is due."""
+        with self._thread_lock:
+            conn = self._connection()
+            try:
+                if self._busy_ms:
+                    conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
+                try:
+                    return self._call(conn, fn)
+                finally:
+                    if self._busy_ms:
+                        conn.execute("PRAGMA busy_timeout = 0")
+            finally:
+                if self._wal_frames >= _CHECKPOINT_FRAMES:
+                    self._checkpoint(conn)
+
+    def _inline(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``fn(conn)`` on the event loop thread (``_thread_lock`` held, busy_timeout 0)."""
+        conn = self._connection()
+        self._inline_now = True
+        try:
+            return self._call(conn, fn)
+        finally:
+            self._inline_now = False
+
+    def _checkpoint(self, conn: sqlite3.Connection) -> None:
+        """Copy the WAL into the database file (worker thread only: it writes and syncs
+        the file). PASSIVE: never waits for other connections, so best effort; the
+        next writer then starts the WAL over (and cuts it to ``journal_size_limit``)."""
+        self._wal_frames = 0
+        try:
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:
+            log.debug("sqlite state: checkpoint skipped: %s", exc)
+
+    async def _run(
+        self, fn: Callable[[sqlite3.Connection], T], *, inline: bool = False, write: bool = True
+    ) -> T:
+        """Run ``fn(conn)`` inline when ``inline`` and nothing else uses the connection,
+        else (or when it met a lock inline) in a worker thread; not abandoned on
+        cancellation. ``fn`` must write only inside ``_write_tx``, and before its first
+        SQL statement change nothing a second run would notice (it may run twice)."""
         await self._ensure_open()
+        if inline:
+            await anyio.lowlevel.checkpoint()  # a cancellation and scheduling point, as before
+            # No await from here to the end of the inline run: nothing else on this event
+            # loop can start a thread operation in between. A borrowed limiter token means
+            # one of this loop's thread operations is under way or about to start; the
+            # thread lock, one from another event loop (or a checkpoint in progress).
+            if (
+                self._wal_frames < _CHECKPOINT_FRAMES
+                and (not write or self._writes < _PURGE_EVERY)
+                and self._limiter.borrowed_tokens == 0
+                and self._thread_lock.acquire(blocking=False)
+            ):
+                try:
+                    return self._inline(fn)
+                except _WouldWait:
+                    pass  # locked by another connection: wait for it on the thread
+                finally:
+                    self._thread_lock.release()
         return await anyio.to_thread.run_sync(self._in_thread, fn, limiter=self._limiter)
 
     def _write_tx(self, conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
-        """``fn()`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error)."""
-        conn.execute("BEGIN IMMEDIATE")
+        """``fn()`` inside ``BEGIN IMMEDIATE`` ... ``COMMIT`` (ROLLBACK on error).
+
+        Every ``_PURGE_EVERY`` writes the transaction also deletes the expired rows
+        and gives their space back: on the worker thread only (inline writes wait
+        for a thread write, see ``_run``)."""
+        conn.execute("BEGIN IMMEDIATE")  # a lock error here: nothing written, may retry
+        self._began_write = True
         purged = 0
         try:
             result = fn()
-            if self._writes >= _PURGE_EVERY:
+            if self._writes >= _PURGE_EVERY and not self._inline_now:
                 self._writes = 0
                 purged = conn.execute(
                     f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),)
@@ -314,6 +415,7 @@ class SQLiteStore(StateStore):
             raise
         if purged:  # after COMMIT: the write stands whatever the vacuum does
             _vacuum(conn, f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
+            self._wal_frames = _CHECKPOINT_FRAMES  # checkpoint after this operation
         return result
 
     def _put(
@@ -333,7 +435,16 @@ class SQLiteStore(StateStore):
             (key, text, version, owner, expires_at),
         )
         self._writes += 1
+        # WAL frames (pages) this adds, measured: 2-3 for a small value (the version
+        # counter's page, the row's, the expiry index's), about 1.5 more per 4 KiB of value
+        # (overflow and pointer-map pages). Over-counting only checkpoints a bit early.
+        self._wal_frames += 3 + len(text) // 2048
         return Entry(key, _decode(text, key), int(version), owner, expires_at)
+
+    def _delete(self, conn: sqlite3.Connection, key: str) -> None:
+        """Delete the row (inside a write transaction)."""
+        conn.execute(f"DELETE FROM {_TABLE} WHERE key = ?", (key,))
+        self._wal_frames += 3
 
     def _select(self, conn: sqlite3.Connection, key: str, now: float) -> _Row | None:
         row: _Row | None = conn.execute(_SELECT_ONE, (key, now)).fetchone()
@@ -355,7 +466,7 @@ class SQLiteStore(StateStore):
             row = self._select(conn, key, self._clock())
             return None if row is None else Entry(key, _decode(row[0], key), *row[1:])
 
-        return await self._run(op)
+        return await self._run(op, inline=True, write=False)
 
     async def scan(self, prefix: str, *, limit: int | None = None) -> list[Entry]:
         """Live entries whose key starts with ``prefix``, sorted by key."""
@@ -395,7 +506,7 @@ class SQLiteStore(StateStore):
                 conn, lambda: self._put(conn, key, text, owner, self._expiry(ttl))
             )
 
-        entry = await self._run(op)
+        entry = await self._run(op, inline=len(text) <= _INLINE_MAX_TEXT)
         self._notify(key)
         return entry
 
@@ -413,7 +524,10 @@ class SQLiteStore(StateStore):
                 return None
             return self._put(conn, key, text, owner, self._expiry(ttl))
 
-        entry = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        entry = await self._run(
+            lambda conn: self._write_tx(conn, lambda: body(conn)),
+            inline=len(text) <= _INLINE_MAX_TEXT,
+        )
         if entry is not None:
             self._notify(key)
         return entry
@@ -423,10 +537,10 @@ class SQLiteStore(StateStore):
     ) -> tuple[Entry, bool]:
         """Create ``key`` if absent (or expired), else return the live entry; atomic.
 
-        One trip to the worker thread: a plain read first (no write lock, so
-        concurrent readers of an existing key never queue on the database
-        lock), then, only when the key is absent, ``BEGIN IMMEDIATE``, read
-        again and create.
+        One operation (inline, or one trip to the worker thread): a plain read
+        first (no write lock, so concurrent readers of an existing key never
+        queue on the database lock), then, only when the key is absent,
+        ``BEGIN IMMEDIATE``, read again and create.
         """
         _check_key(key)
         ttl = _check_ttl(ttl)
@@ -448,7 +562,7 @@ class SQLiteStore(StateStore):
                 return found(row)
             return self._write_tx(conn, lambda: body(conn))
 
-        entry, created = await self._run(op)
+        entry, created = await self._run(op, inline=len(text) <= _INLINE_MAX_TEXT)
         if created:
             self._notify(key)
         return entry, created
@@ -477,7 +591,10 @@ class SQLiteStore(StateStore):
             new_owner = (None if current is None else current.owner) if owner is ANY else owner
             return self._put(conn, key, text, new_owner, self._expiry(ttl))
 
-        entry = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        entry = await self._run(
+            lambda conn: self._write_tx(conn, lambda: body(conn)),
+            inline=len(text) <= _INLINE_MAX_TEXT,
+        )
         if entry is not None:
             self._notify(key)
         return entry
@@ -495,10 +612,12 @@ class SQLiteStore(StateStore):
                 return False
             if not _matches(Entry(key, None, row[1], row[2]), expected_version, expected_owner):
                 return False
-            conn.execute(f"DELETE FROM {_TABLE} WHERE key = ?", (key,))
+            self._delete(conn, key)
             return True
 
-        deleted = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        deleted = await self._run(
+            lambda conn: self._write_tx(conn, lambda: body(conn)), inline=True
+        )
         if deleted:
             self._notify(key)
         return deleted
@@ -509,10 +628,12 @@ class SQLiteStore(StateStore):
 
         def body(conn: sqlite3.Connection) -> bool:
             live = self._select(conn, key, self._clock()) is not None
-            conn.execute(f"DELETE FROM {_TABLE} WHERE key = ?", (key,))
+            self._delete(conn, key)
             return live
 
-        deleted = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        deleted = await self._run(
+            lambda conn: self._write_tx(conn, lambda: body(conn)), inline=True
+        )
         if deleted:
             self._notify(key)
         return deleted
@@ -535,7 +656,7 @@ class SQLiteStore(StateStore):
             self._put(conn, key, str(new), row[2], row[3])
             return new
 
-        result = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)))
+        result = await self._run(lambda conn: self._write_tx(conn, lambda: body(conn)), inline=True)
         self._notify(key)
         return result
 
