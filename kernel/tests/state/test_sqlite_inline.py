@@ -327,3 +327,52 @@ async def test_purges_run_on_the_thread(tmp_path: Path, monkeypatch: pytest.Monk
             assert raw.execute("SELECT count(*) FROM toolwire_state").fetchone() == (20,)
         finally:
             raw.close()
+
+
+async def test_a_file_not_in_wal_mode_waits_for_its_readers_on_the_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where SQLite cannot use WAL (some file systems), COMMIT waits for the readers
+    of the file: met inline, that is rolled back and the write runs again on the
+    thread, instead of failing at once as "busy longer than busy_timeout"."""
+    connect = sqlite3.connect
+
+    class NoWal(sqlite3.Connection):
+        def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+            if sql == "PRAGMA journal_mode = WAL":
+                sql = "PRAGMA journal_mode = DELETE"
+            return super().execute(sql, *args)
+
+    monkeypatch.setattr(
+        sqlite_mod.sqlite3, "connect", lambda *a, **kw: connect(*a, **kw, factory=NoWal)
+    )
+    path = tmp_path / "rollback.db"
+    async with SQLiteStore(path, busy_timeout=10) as store:
+        await store.set("k", 1)
+        assert store._conn is not None
+        assert store._conn.execute("PRAGMA journal_mode").fetchone() == ("delete",)
+        threads = ThreadOps(monkeypatch, store)
+        reader = connect(path, isolation_level=None)
+        try:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM toolwire_state").fetchall()  # holds the file
+            events: list[str] = []
+
+            async def write() -> None:
+                await store.set("k", 2)
+                events.append("written")
+
+            async def release() -> None:
+                await anyio.sleep(0.3)
+                events.append("released")
+                reader.execute("COMMIT")
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(write)
+                    tg.start_soon(release)
+        finally:
+            reader.close()
+        assert events == ["released", "written"]
+        assert threads.count == 1
+        assert await store.get("k") == 2

@@ -174,10 +174,7 @@ class SQLiteStore(StateStore):
         self._waiters: dict[str, set[anyio.Event]] = {}
         self._writes = 0  # since the last purge
         self._wal_frames = 0  # estimated, since the last checkpoint
-        # Both set and read under _thread_lock: whether the operation running now is
-        # inline, and whether it got the write lock (BEGIN IMMEDIATE succeeded).
-        self._inline_now = False
-        self._began_write = False
+        self._inline_now = False  # set and read under _thread_lock
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self.path!r})"
@@ -314,8 +311,14 @@ class SQLiteStore(StateStore):
 
     def _call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:
         """``fn(conn)``, its sqlite3 errors as :class:`StateStoreError`, or ``_WouldWait``
-        for a lock met inline before the write lock was taken (nothing was written)."""
-        self._began_write = False
+        for a lock met inline when nothing of the attempt stays written.
+
+        In WAL mode only ``BEGIN IMMEDIATE`` or a read can meet a lock, before any
+        write; in a file SQLite could not put in WAL mode ``COMMIT`` can too (while
+        readers hold the file), and its transaction is rolled back. Either way the
+        connection is then out of any transaction and the database as it was, so
+        running ``fn`` again is safe: what it changed in Python before that is
+        counters only (``_writes``, ``_wal_frames``)."""
         try:
             return fn(conn)
         except sqlite3.Error as exc:
@@ -324,7 +327,7 @@ class SQLiteStore(StateStore):
                     conn.execute("ROLLBACK")
                 except sqlite3.Error:
                     pass
-            if self._inline_now and not self._began_write and _is_locked(exc):
+            if self._inline_now and _is_locked(exc) and not conn.in_transaction:
                 raise _WouldWait from exc
             raise self._error(exc) from exc
 
@@ -369,8 +372,8 @@ class SQLiteStore(StateStore):
     ) -> T:
         """Run ``fn(conn)`` inline when ``inline`` and nothing else uses the connection,
         else (or when it met a lock inline) in a worker thread; not abandoned on
-        cancellation. ``fn`` must write only inside ``_write_tx``, and before its first
-        SQL statement change nothing a second run would notice (it may run twice)."""
+        cancellation. ``fn`` must write only inside ``_write_tx`` and change nothing
+        else a second run would notice: it runs again after meeting a lock inline."""
         await self._ensure_open()
         if inline:
             await anyio.lowlevel.checkpoint()  # a cancellation and scheduling point, as before
@@ -398,8 +401,7 @@ class SQLiteStore(StateStore):
         Every ``_PURGE_EVERY`` writes the transaction also deletes the expired rows
         and gives their space back: on the worker thread only (inline writes wait
         for a thread write, see ``_run``)."""
-        conn.execute("BEGIN IMMEDIATE")  # a lock error here: nothing written, may retry
-        self._began_write = True
+        conn.execute("BEGIN IMMEDIATE")
         purged = 0
         try:
             result = fn()
