@@ -384,11 +384,22 @@ async def test_a_call_waiting_for_approval_when_the_gateway_dies_runs_once_on_re
         assert not r.is_error, r.content
         assert r.structured_content == {"sent": "a"} and runs.read_text().count("\n") == 1
         # 3. Killed while the approved tool runs: now the outcome is unknown (never run twice).
+        # Killed while its client still waits: a client that goes away first has the gateway
+        # cancel the call, which releases the claim (a replay would then run it again).
         meta[CALL_ID_META_KEY] = "run-1/step-2"
-        with anyio.move_on_after(3.0), contextlib.suppress(Exception):
-            await call(url, {"to": "b", "seconds": 30}, approve=True)
+
+        async def doomed() -> None:
+            with contextlib.suppress(Exception):
+                await call(url, {"to": "b", "seconds": 30}, approve=True)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(doomed)
+            with anyio.fail_after(20):
+                while runs.read_text().count("\n") < 2:  # the tool has started
+                    await anyio.sleep(0.02)
+            proc.kill()
+            tg.cancel_scope.cancel()
         assert runs.read_text().count("\n") == 2
-        proc.kill()
     await anyio.sleep(1.5)
     async with serve_process(tmp_path) as (url, proc):
         r = await call(url, {"to": "b", "seconds": 30}, approve=False)
