@@ -125,6 +125,38 @@ async def test_a_timed_out_side_effecting_tool_is_never_retried() -> None:
             assert res.error.details["gave_up"] == res.error.details["retry"]
 
 
+async def test_a_side_effecting_call_whose_connection_broke_off_is_never_retried() -> None:
+    """Before: an ``unavailable`` error with ``details.in_flight`` (an upstream MCP server
+    that crashed mid-call, an answer that broke off) was retried like any outage, so a
+    tool that had done its work before the connection dropped could run twice."""
+    lost = ToolError(
+        "the connection was lost during the call; the outcome is unknown",
+        kind="unavailable",
+        details={"in_flight": True},
+    )
+    cases = [(None, None, 1), (True, None, 2), (None, "config", 2), (None, "hint", 2)]
+    for read_only, idempotent, expected in cases:
+        ft, t = fake("send", [lost, {"ok": 1}], read_only=read_only)
+        if idempotent == "hint":  # the tool's own MCP annotation
+            t = dataclasses.replace(t, annotations=ToolAnnotations(idempotentHint=True))
+        retry = {"tools": {"send": {"idempotent": True}}} if idempotent == "config" else {}
+        async with kernel([t], retry=retry) as k:
+            res = await k.call("send", {})
+        assert len(ft.calls) == expected, (read_only, idempotent)
+        if expected == 1:
+            assert res.error is not None and res.error.kind == "unavailable"
+            assert "lost its connection during the call" in res.error.details["retry"]
+            assert res.error.details["gave_up"] == res.error.details["retry"]
+        else:
+            assert res.content == {"ok": 1}
+    # nothing was sent (in_flight false): an outage like any other, retried
+    refused = ToolError("connection refused", kind="unavailable", details={"in_flight": False})
+    ft, t = fake("send", [refused, {"ok": 1}])
+    async with kernel([t]) as k:
+        res = await k.call("send", {})
+    assert len(ft.calls) == 2 and res.content == {"ok": 1}
+
+
 async def test_only_classified_errors_are_retried() -> None:
     ft, t = fake("boom", [RuntimeError("division by zero")], read_only=True)
     async with kernel([t]) as k:

@@ -55,7 +55,8 @@ class _Policy(BaseModel):
         None, description="an empty result counts as a soft failure"
     )
     idempotent: bool | None = Field(
-        None, description="safe to repeat after a timeout even if it has side effects"
+        None,
+        description="safe to repeat after a timeout or a lost connection even if it has side effects",
     )
 
 

@@ -427,7 +427,8 @@ class RetryPlugin:
 
     @staticmethod
     def _repeatable(tool: Tool | None, pol: Mapping[str, Any]) -> bool:
-        """May this tool run again after a timeout (it may have done its work)?"""
+        """May this tool run again after a timeout or a lost connection (it may have done
+        its work)?"""
         if pol["idempotent"]:
             return True
         if tool is None:
@@ -561,9 +562,19 @@ class RetryPlugin:
             return self._give_up(error, st, detail, "retries are off for this tool", terminal=True)
         if not (error.retryable or error.details.get("failover")):
             return self._give_up(error, st, detail, None, terminal=True)
-        if str(error.kind) == "timeout" and not self._repeatable(tool, pol):
+        # A timeout, or a connection lost after the request went out (``in_flight``:
+        # an upstream MCP server that crashed mid-call, an answer that broke off),
+        # leaves the outcome unknown: the first attempt may have done its work.
+        unknown = (
+            "timed out"
+            if str(error.kind) == "timeout"
+            else "lost its connection during the call (details.in_flight: the outcome is unknown)"
+            if error.details.get("in_flight") is True
+            else None
+        )
+        if unknown is not None and not self._repeatable(tool, pol):
             unsafe = (
-                f"not retried: tool {call.name!r} timed out and may have side effects; "
+                f"not retried: tool {call.name!r} {unknown} and may have side effects; "
                 "mark it read_only/idempotent or set idempotent = true in [plugins.retry.tools]"
             )
             error.details["retry"] = unsafe
