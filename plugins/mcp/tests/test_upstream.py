@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -159,6 +161,41 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(kernel: Kern
         assert "_ConnectionLost" not in down.error.message, down.error.message
     r = await call_until_back(kernel, "up_forecast", {"city": "Oslo"})
     assert r.content == {"result": "sunny in Oslo"}
+
+
+def _children_running(script: str) -> list[int]:
+    """PIDs of this process's children whose command line names ``script``."""
+    me, pids = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == me and script in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_a_server_that_dies_while_idle_is_noticed_without_a_call() -> None:
+    """Before: ``Client.is_connected()`` stays true once a stdio server has exited,
+    so the health watch never noticed; the server showed ``up`` and the next call
+    failed on the dead session (as "lost during the call", the outcome unknown)."""
+    mcp = plugin({"up": upstream_entry()})
+    async with Kernel(plugins=[mcp]) as k:
+        await eventually(lambda: mcp.servers()["up"]["status"] == "up", 60)
+        await call_until_back(k, "up_forecast", {"city": "Oslo"})
+        (pid,) = _children_running("upstream_server.py")
+        os.kill(pid, signal.SIGKILL)
+        await eventually(lambda: mcp.servers()["up"]["status"] != "up", 10)
+        # and it comes back by itself, a new process
+        await eventually(lambda: mcp.servers()["up"]["status"] == "up", 60)
+        r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
+        assert r.content == {"result": "sunny in Oslo"}
+        assert pid not in _children_running("upstream_server.py")
 
 
 async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools(

@@ -119,6 +119,24 @@ _REFUSALS: ContextVar[list[tuple[int, str | None]] | None] = ContextVar(
 )
 
 
+def _session_dead(client: Client[Any]) -> bool:
+    """True once the connection under ``client``'s session has closed.
+
+    ``Client.is_connected()`` stays true after a stdio server's process exits:
+    FastMCP's stdio transport keeps its session until it is disconnected, though
+    the session's read loop has ended (``StdioTransport._is_session_dead``, which
+    FastMCP's own ``keep_alive`` reconnect relies on). Without this, a server that
+    died while idle was noticed only when the next call failed on it.
+    """
+    dead = getattr(client.transport, "_is_session_dead", None)
+    if not callable(dead):
+        return False
+    try:
+        return bool(dead())
+    except Exception:  # a FastMCP internal: never let it break the health watch
+        return False
+
+
 class _ConnectionLost(Exception):
     """The session ended (process exited, stream closed) while it was up."""
 
@@ -557,7 +575,7 @@ class Upstream:
             self._wake = anyio.Event()
             if self._stop.is_set():
                 return
-            if self._lost_client is client or not client.is_connected():
+            if self._lost_client is client or not client.is_connected() or _session_dead(client):
                 self._client = None  # no new calls on this client from here on
                 raise _ConnectionLost("the connection was lost")
             if self._want_relist and monotonic() >= self._relist_at:
