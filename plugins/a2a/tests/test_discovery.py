@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import anyio
@@ -193,7 +194,11 @@ async def test_background_refresh_runs_on_schedule_and_stops_at_shutdown(
 
 
 async def test_card_cached_in_state_serves_while_the_agent_is_down(
-    tmp_path: Path, router: Router, research: Agent, make_kernel: KernelFactory
+    tmp_path: Path,
+    router: Router,
+    research: Agent,
+    make_kernel: KernelFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     state = f"sqlite:///{tmp_path / 'state.db'}"
     first, plugin = await make_kernel(AGENTS, state=state)
@@ -202,7 +207,14 @@ async def test_card_cached_in_state_serves_while_the_agent_is_down(
 
     # restart with the agent down: the cached card keeps the tool, which answers unavailable
     del router.hosts["research.test"]
-    second, _ = await make_kernel(AGENTS, state=state)
+    with caplog.at_level(logging.WARNING, logger="toolwire.a2a"):
+        second, _ = await make_kernel(AGENTS, state=state)
+    # said at startup (so `toolwire config check --strict` sees it); before, nothing was
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(
+        CARD_URL in m and "not reachable at startup" in m and "cached by an earlier run" in m
+        for m in warned
+    ), warned
     assert second.get_tool("agent_research") is not None
     res = await second.call("agent_research", {"query": "x"})
     assert res.is_error and res.error is not None and res.error.kind == ErrorKind.UNAVAILABLE

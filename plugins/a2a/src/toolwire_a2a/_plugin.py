@@ -117,6 +117,14 @@ class A2APlugin:
                     h.card_url,
                     h.last_error,
                 )
+            elif h.last_error:  # its card is known from an earlier run (the state store)
+                log.warning(
+                    "plugin 'a2a': agent at %s is not reachable at startup (%s); its tools "
+                    "stay offered from the card cached by an earlier run and answer "
+                    "unavailable until the agent is back",
+                    h.card_url,
+                    h.last_error,
+                )
         if self.config.refresh_interval_s > 0:
             self._refresher = kernel.spawn(self._refresh_loop, name="a2a card refresh")
 
