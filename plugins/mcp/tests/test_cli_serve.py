@@ -23,7 +23,7 @@ from toolwire_mcp_testkit import clean_env, eventually, free_port, wait_until, w
 
 from toolwire import ConfigError
 from toolwire.cli import main
-from toolwire_mcp import ERROR_META_KEY
+from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
 from toolwire_mcp.cli import TERMINAL_HINT, loop_options
 
 pytestmark = pytest.mark.anyio
@@ -473,7 +473,8 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     async with Client(p.url, timeout=30) as c:
 
         async def call(key: str, seconds: float) -> None:
-            results[key] = await c.call_tool_mcp("nap", {"seconds": seconds})
+            meta = {CALL_ID_META_KEY: f"run-{key}"}
+            results[key] = await c.call_tool_mcp("nap", {"seconds": seconds}, meta=meta)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(call, "short", 0.3)
@@ -483,6 +484,9 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert results["short"].structured_content == {"result": "rested"}  # within the grace
     cut = results["long"]
     assert cut.is_error and cut.meta is not None
+    # before: {"call_id": null, "tool": null, ...}, unlike every other result
+    assert cut.meta[RESULT_META_KEY]["call_id"] == "run-long"
+    assert cut.meta[RESULT_META_KEY]["tool"] == "nap"
     info = cut.meta[ERROR_META_KEY]
     assert info["kind"] == "cancelled" and "shutdown grace period" in info["message"]
     assert "check whether it took effect" in info["message"]  # and what to do about it

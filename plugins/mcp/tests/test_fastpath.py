@@ -432,11 +432,15 @@ async def test_a_draining_server_refuses_new_calls_on_the_lean_path() -> None:
     gate = ServeGate()
     async with Kernel(tools=TOOLS) as k, serving(k, gate=gate) as served:
         gate.draining = True
-        _, _, answer = await post(served.url, envelope("greet", {"name": "x"}))
+        body = envelope("greet", {"name": "x"}, meta={CALL_ID_META_KEY: "c-9"})
+        _, _, answer = await post(served.url, body)
         assert served.fast is not None and served.fast.taken == 1
     result = answer["result"]
     assert result["isError"] is True
     assert result["content"][0]["text"].startswith("unavailable: toolwire is shutting down")
+    # named like every other result (before: call_id and tool were null)
+    stamp = result["_meta"][RESULT_META_KEY]
+    assert (stamp["call_id"], stamp["tool"]) == ("c-9", "greet")
 
 
 async def test_a_client_that_goes_away_cancels_its_call() -> None:

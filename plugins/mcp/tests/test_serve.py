@@ -233,6 +233,7 @@ async def test_call_id_travels_in_meta_and_deduplicates(client: Client[Any]) -> 
     assert bad.is_error and bad.meta is not None
     assert CALL_ID_META_KEY in bad.meta[ERROR_META_KEY]["message"]
     assert "got list" in bad.meta[ERROR_META_KEY]["message"]
+    assert bad.meta[RESULT_META_KEY]["tool"] == "reporter"  # before: null
     empty = await client.call_tool_mcp("reporter", {"steps": 0}, meta={CALL_ID_META_KEY: ""})
     assert empty.is_error and empty.meta is not None
     message = empty.meta[ERROR_META_KEY]["message"]

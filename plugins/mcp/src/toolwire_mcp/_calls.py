@@ -17,7 +17,7 @@ import jsonschema  # type: ignore[import-untyped]  # no stubs installed
 import jsonschema.exceptions  # type: ignore[import-untyped]
 import jsonschema.validators  # type: ignore[import-untyped]
 
-from toolwire import ErrorInfo, ErrorKind, Kernel, Tool, ToolResult, export_tool
+from toolwire import ErrorInfo, ErrorKind, Kernel, ResultMeta, Tool, ToolResult, export_tool
 
 from ._convert import quick_check
 from ._images import ImageFiles
@@ -91,9 +91,10 @@ class ServeGate:
         return self.inflight
 
     @staticmethod
-    def cut_result() -> ToolResult:
-        """The answer of a call cancelled because the grace period ended."""
-        return ToolResult.fail(ErrorKind.CANCELLED, _CUT, source="mcp")
+    def cut_result(name: str | None = None, call_id: str | None = None) -> ToolResult:
+        """The answer of a call cancelled because the grace period ended; ``name`` and
+        ``call_id`` go to its ``meta``, as the kernel's results carry them."""
+        return _fail(ErrorKind.CANCELLED, _CUT, name, call_id)
 
     def output_problem(self, tool: Tool, content: Mapping[str, Any]) -> str | None:
         """Why ``content`` does not match the output schema ``tool`` is listed with; None when
@@ -139,12 +140,21 @@ class ServeGate:
         return self.inflight
 
 
-def _fail(kind: str, message: str) -> ToolResult:
-    return ToolResult.fail(kind, message, source="mcp")
+def _fail(
+    kind: str, message: str, name: str | None = None, call_id: str | None = None
+) -> ToolResult:
+    """An error answered without the kernel, with the tool and call id a client sent: every
+    result's ``_meta["io.toolwire/result"]`` names them, as the kernel's results do."""
+    return ToolResult.from_error(
+        ErrorInfo(kind, message, source="mcp"), ResultMeta(call_id=call_id, tool=name)
+    )
 
 
-def call_id_from_meta(meta: Mapping[str, Any] | None) -> str | ToolResult | None:
-    """The call id a request's ``_meta`` carries; None without one; an error result when malformed."""
+def call_id_from_meta(
+    meta: Mapping[str, Any] | None, name: str | None = None
+) -> str | ToolResult | None:
+    """The call id a request's ``_meta`` carries; None without one; an error result (for
+    tool ``name``) when malformed."""
     if not meta:
         return None
     cid = meta.get(CALL_ID_META_KEY)
@@ -157,6 +167,7 @@ def call_id_from_meta(meta: Mapping[str, Any] | None) -> str | ToolResult | None
             f"_meta[{CALL_ID_META_KEY!r}] must be a non-empty string, got {got}; pass the "
             "tool call's own id (the same on every replay), or leave the key out to call "
             "without de-duplication",
+            name,
         )
     return str(cid)
 
@@ -182,7 +193,7 @@ async def run_call(
     here.
     """
     if gate.draining:
-        return _fail(ErrorKind.UNAVAILABLE, _DRAINING)
+        return _fail(ErrorKind.UNAVAILABLE, _DRAINING, name, call_id)
     metadata: dict[str, Any] = {"via": "mcp"}
     if request_id is not None:
         metadata["mcp_request_id"] = request_id
@@ -203,7 +214,7 @@ async def run_call(
     finally:
         gate.leave(cancel)
     if own and cancel.cancelled_caught:
-        return gate.cut_result()
+        return gate.cut_result(name, call_id)
     if not result.is_error:
         tool = kernel.get_tool(name)  # the schema the client was shown (a fallback's may differ)
         if tool is not None and tool.output_schema is not None:

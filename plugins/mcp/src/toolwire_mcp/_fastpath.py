@@ -418,7 +418,9 @@ class FastCallPath:
                     for task in watcher:
                         task.cancel()
             if outcome is None and self.gate.cutting:  # cancelled as the grace period ended
-                outcome = self._answer(call, self.gate.cut_result(), None)
+                cid = call_id_from_meta(call.meta)
+                cut = self.gate.cut_result(call.name, cid if isinstance(cid, str) else None)
+                outcome = self._answer(call, cut, None)
             if outcome is not None:  # None: the client went away and the call was cancelled
                 await reply.finish(outcome)
         finally:
@@ -439,7 +441,7 @@ class FastCallPath:
     async def _run(
         self, call: _Call, progress: ProgressSender | None, scope: anyio.CancelScope
     ) -> dict[str, Any]:
-        call_id = call_id_from_meta(call.meta)
+        call_id = call_id_from_meta(call.meta, call.name)
         if isinstance(call_id, ToolResult):
             result = call_id
         else:

@@ -280,7 +280,7 @@ class KernelTool(MCPTool):
         ctx = _current_context()
         rc = ctx.request_context if ctx is not None else None
         raw_meta = rc.meta if rc is not None else None
-        call_id = call_id_from_meta(raw_meta)
+        call_id = call_id_from_meta(raw_meta, self.name)
         if isinstance(call_id, ToolResult):
             return to_mcp_result(call_id)
         progress: ProgressSender | None = None
