@@ -654,6 +654,36 @@ def test_bad_tool_module_is_a_config_error(tmp_path: Path, monkeypatch: pytest.M
         Kernel.from_config(str(p))
 
 
+def test_a_tool_module_beside_the_config_file_says_to_set_pythonpath(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: only Python's "No module named 'sitetools_abc'": nothing said that the
+    config file's directory is not searched, nor what to set."""
+    fake_eps(monkeypatch)
+    (tmp_path / "sitetools_abc.py").write_text("")
+    p = write(tmp_path, '[tools]\nmodules = ["sitetools_abc"]\n')
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(str(p))
+    message = str(ei.value)
+    assert "tools.modules[0]: cannot import module 'sitetools_abc'" in message
+    assert f"is in {tmp_path.resolve()}, which is not on Python's import path" in message
+    assert f"set PYTHONPATH={tmp_path.resolve()}" in message
+    # nowhere to be found: install it or add its directory to PYTHONPATH
+    p = write(tmp_path, '[tools]\nmodules = ["no_such_module_abc"]\n')
+    with pytest.raises(ConfigError, match="install the package that provides it, or add"):
+        Kernel.from_config(str(p))
+    # found, but a module it imports is missing: that one is named
+    (tmp_path / "needs_dep_abc.py").write_text("import no_such_dependency_abc\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    p = write(tmp_path, '[tools]\nmodules = ["needs_dep_abc"]\n')
+    with pytest.raises(
+        ConfigError,
+        match="a module it imports is missing: install the package that provides "
+        "'no_such_dependency_abc'",
+    ):
+        Kernel.from_config(str(p))
+
+
 @pytest.mark.parametrize(
     ("modules", "problem"),
     [

@@ -1058,7 +1058,9 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
             module = _import(ref.module)
         except ImportError as exc:
             raise ConfigError(
-                f"cannot import module {ref.module!r}: {exc}", file=file, key=key
+                f"cannot import module {ref.module!r}: {exc}{_import_hint(ref.module, exc, file)}",
+                file=file,
+                key=key,
             ) from exc
         except Exception as exc:  # the module itself is broken: a SyntaxError, a failing import
             raise ConfigError(
@@ -1139,6 +1141,30 @@ def warn_plain_secrets(model: Any, key: str, cfg: ToolwireConfig) -> None:
             file,
             plain,
         )
+
+
+def _import_hint(module: str, exc: ImportError, file: str | None) -> str:
+    """What to do when a ``[tools] modules`` entry cannot be imported."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not missing:
+        return ""
+    if missing != module and not module.startswith(missing + "."):
+        return f" (a module it imports is missing: install the package that provides {missing!r})"
+    top = module.split(".")[0]
+    where = Path(file).resolve().parent if file is not None else Path.cwd()
+    beside = (where / f"{top}.py").is_file() or (where / top).is_dir()
+    if beside:
+        return (
+            f"; {top!r} is in {where}, which is not on Python's import path: modules are "
+            f"imported like `import {module}`, from the installed packages and PYTHONPATH, "
+            f"never from the config file's directory; set PYTHONPATH={where} (or install "
+            "the module as a package) in the environment that runs toolwire"
+        )
+    return (
+        f"; modules are imported like `import {module}`, from the installed packages and "
+        "PYTHONPATH: install the package that provides it, or add the directory holding "
+        "it to PYTHONPATH"
+    )
 
 
 def _import(module: str) -> Any:
