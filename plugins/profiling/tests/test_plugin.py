@@ -146,6 +146,38 @@ async def test_replays_and_denials_are_calls_not_executions() -> None:
     assert recs[2].error_kind == "denied" and recs[2].attempts == ()
 
 
+class AskOnce:
+    """A stand-in for approval by MCP elicitation on a 2026-07-28 connection: the first
+    round of each call id ends with ``input_required``; the client's retry runs."""
+
+    name, order = "ask-once", 300
+
+    def __init__(self) -> None:
+        self.asked: set[str] = set()
+
+    @hookimpl
+    def before_call(self, call: ToolCall) -> None:
+        if call.call_id not in self.asked:
+            self.asked.add(str(call.call_id))
+            raise CallRejected("input_required", "approval is being asked of the client")
+
+
+async def test_an_input_required_round_is_not_a_call() -> None:
+    """Before: each round counted as a call with an ``input_required`` error, so a call
+    approved through elicitation counted twice, and its tool's call success rate halved."""
+    tool = FakeTool("send")
+    p = ProfilingPlugin(ProfilingConfig(tracing="off", metrics="off"))
+    async with Kernel(tools=[tool.tool], plugins=[p, AskOnce()]) as k:
+        first = await k.call("send", {}, call_id="c-1")
+        again = await k.call("send", {}, call_id="c-1")  # the client's retry, answered
+    assert first.error is not None and first.error.kind == "input_required"
+    assert not again.is_error
+    s = p.get_statistics("send")
+    assert s["calls"] == 1 and s["call_errors"] == {} and s["call_success_rate"] == 1.0
+    assert s["count"] == 1 and s["errors"] == {}
+    assert [r.error_kind for r in p.recent_calls()] == ["input_required", None]
+
+
 async def test_failed_call_counts_as_a_tool_failure() -> None:
     k, p = make_kernel(FakeTool("broken", script=[ValueError("boom")]))
     async with k:

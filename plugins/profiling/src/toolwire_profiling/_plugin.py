@@ -58,6 +58,8 @@ KEY_VERSION = "v1"
 _CAS_TRIES = 16
 #: gen_ai.tool.name on the metrics of calls to unknown tools (keeps their cardinality bounded).
 _CANCELLED = str(ErrorKind.CANCELLED)
+#: The error kind of a call that asks the MCP client for input and is retried with it.
+_INPUT_REQUIRED = "input_required"
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,8 +339,13 @@ class ProfilingPlugin:
         cancelled = kind == _CANCELLED and not replayed
         served = meta.served_by
         source = None
-        if tool is not None:  # an unknown tool name (not_found) has no figures to keep
+        if tool is not None:
             source = tool.source
+        # An unknown tool name (not_found) has no figures to keep. Nor has an MCP
+        # ``input_required`` round (an approval asked through elicitation on a 2026-07-28
+        # connection): the client retries the same call with the answers, and that
+        # request is the call; counting the round too made one call two, one an error.
+        if tool is not None and kind != _INPUT_REQUIRED:
             acc = self._pending.get(name)
             if acc is None:
                 acc = self._pending[name] = ToolStats()
