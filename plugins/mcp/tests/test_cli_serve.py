@@ -490,6 +490,8 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     info = cut.meta[ERROR_META_KEY]
     assert info["kind"] == "cancelled" and "shutdown grace period" in info["message"]
     assert "check whether it took effect" in info["message"]  # and what to do about it
+    # before: "idempotency replays its result if it had one", read as "a replay is safe"
+    assert "a replay with the same call id runs the tool again" in info["message"]
     assert p.wait(20) == 0
     assert "1 calls still running after 1.0s: cancelling them" in p.stderr
     assert "Exception in ASGI application" not in p.stderr

@@ -32,8 +32,9 @@ _DRAINING = "toolwire is shutting down and accepts no new calls; retry on anothe
 _CUT = (
     "toolwire is shutting down: the call was still running when the shutdown grace period "
     "([server] shutdown_grace_s) ended, so it was cancelled; its outcome is unknown: check "
-    "whether it took effect before calling it again (with the same call id, idempotency "
-    "replays its result if it had one), or give calls more time with shutdown_grace_s"
+    "whether it took effect before calling it again (idempotency keeps no result of a "
+    "cancelled call: a replay with the same call id runs the tool again, unless it had "
+    "returned before the cut), or give calls more time with shutdown_grace_s"
 )
 #: What the kernel makes of numbers JSON cannot carry (``toolwire._types._finite``).
 _NON_FINITE: Final = frozenset({"Infinity", "-Infinity", "NaN"})
