@@ -151,6 +151,11 @@ def result_meta(result: ToolResult) -> dict[str, Any]:
             "duration_ms": round(m.duration_ms, 3),
         }
     }
+    approval = m.approval
+    if approval is not None and approval.get("status") != "not_required":
+        # A person (or a policy) decided this call: the client learns how, and that
+        # arguments it did not send may have run (``edited``).
+        out[RESULT_META_KEY]["approval"] = approval
     if result.error is not None:
         out[ERROR_META_KEY] = result.error.to_dict()
     return out
