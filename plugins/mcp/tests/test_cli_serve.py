@@ -822,6 +822,45 @@ async def test_requests_must_arrive_within_request_read_timeout(
     assert "Traceback" not in p.stderr, p.stderr[-3000:]
 
 
+async def test_a_request_head_over_max_header_bytes_is_refused_before_auth(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """Before: uvicorn kept a request's line and headers in memory whatever their length,
+    before the token was checked (one client's 150 MB header took 300 MB of the server's)."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {
+            "tools": {"modules": ["napping"]},
+            "server": {"max_header_bytes": 4096},
+        },
+    )
+    p = serve_process(
+        "--config",
+        "toolwire.toml",
+        "serve",
+        "--transport",
+        "http",
+        "--port",
+        "0",
+        env=clean_env(TOOLS_AUTH_TOKEN="tok-123456"),
+    ).wait_ready()
+    assert p.url is not None
+    host, port = p.url.split("//", 1)[1].split("/", 1)[0].rsplit(":", 1)
+    head = f"GET /mcp HTTP/1.1\r\nHost: {host}:{port}\r\nX-Pad: ".encode()
+    with socket.create_connection((host, int(port))) as s:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(head + b"a" * 200_000 + b"\r\n\r\n")
+        answer = await anyio.to_thread.run_sync(_recv_all, s)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 431 "), answer
+    assert b"max_header_bytes" in answer
+    headers = {**ACCEPT, "authorization": "Bearer tok-123456", "x-pad": "a" * 2000}
+    async with httpx2.AsyncClient(timeout=10) as http:  # a head within the cap is served
+        assert (await http.post(p.url, json=INIT, headers=headers)).status_code == 200
+    assert p.stop() == 0
+
+
 async def test_max_sessions_caps_handshake_era_sessions(tmp_path: Path, serve_process: Any) -> None:
     """Before: the MCP SDK's 10,000 could not be changed (FastMCP does not pass it on)."""
     write_config(

@@ -43,12 +43,14 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 
 @asynccontextmanager
-async def _server(read_timeout_s: float) -> AsyncIterator[int]:
+async def _server(
+    read_timeout_s: float, max_head_bytes: int | None = 64 * 1024
+) -> AsyncIterator[int]:
     config = uvicorn.Config(
         _app,
         host="127.0.0.1",
         port=0,
-        http=timed_http_protocol(read_timeout_s),
+        http=timed_http_protocol(read_timeout_s, max_head_bytes),
         lifespan="off",
         log_level="warning",
     )
@@ -97,3 +99,50 @@ async def test_a_request_pipelined_behind_a_slow_one_is_timed_from_its_answer() 
             _exchange, port, slow + queued, b"x" * (size // 2), 8.0
         )
         assert half.count(b"HTTP/1.1 200 OK") == 1 and half.endswith(b"/slow"), half
+
+
+def _send_all(port: int, data: bytes, limit: float = 8.0) -> bytes:
+    """Send ``data`` (what the server reads of it), then what comes back until it closes."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(limit)
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed under a head it refused: its answer was sent first
+        out = b""
+        try:
+            while chunk := s.recv(65536):
+                out += chunk
+        except (TimeoutError, ConnectionResetError):
+            pass
+        return out
+
+
+async def test_a_head_over_max_head_bytes_gets_431_and_the_connection_closes() -> None:
+    """Before: uvicorn held a request's line and headers whatever their length (a header of
+    150 MB took as much memory, before any auth); now the read stops at the cap."""
+    big_header = b"GET /h HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+    big_url = b"GET /" + b"u" * (1 << 20) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    async with _server(5.0, max_head_bytes=16 * 1024) as port:
+        for request in (big_header, big_url):
+            answer = await anyio.to_thread.run_sync(_send_all, port, request)
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+            assert b"max_header_bytes" in answer and b"200 OK" not in answer
+        # a head within the cap, and a body of any size behind it, are served
+        fits = b"GET /fits HTTP/1.1\r\nHost: x\r\nX-Ok: " + b"a" * 12_000 + b"\r\n"
+        answer = await anyio.to_thread.run_sync(
+            _send_all, port, fits + b"Connection: close\r\n\r\n"
+        )
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"/fits"), answer[:200]
+        body = 300_000
+        post = b"POST /body HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % body
+        last = b"GET /last HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        answer = await anyio.to_thread.run_sync(_send_all, port, post + b"x" * body + last)
+        assert answer.count(b"HTTP/1.1 200 OK") == 2 and answer.endswith(b"/last"), answer[:300]
+
+
+async def test_no_head_cap_when_max_head_bytes_is_none() -> None:
+    request = b"GET /h HTTP/1.1\r\nHost: x\r\nConnection: close\r\nX-Big: " + b"a" * 200_000
+    async with _server(5.0, max_head_bytes=None) as port:
+        answer = await anyio.to_thread.run_sync(_send_all, port, request + b"\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 OK"), answer[:200]

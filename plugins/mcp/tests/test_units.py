@@ -482,6 +482,12 @@ def test_timed_http_protocol_takes_a_finite_positive_deadline() -> None:
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="finite number of seconds > 0"):
             timed_http_protocol(bad)
+    assert timed_http_protocol(2.5).max_head_bytes == 64 * 1024
+    assert timed_http_protocol(2.5, None).max_head_bytes is None
+    assert timed_http_protocol(2.5, 4096).max_head_bytes == 4096
+    for bad_cap in (0, -5, 1.5, True):
+        with pytest.raises(ValueError, match="max_head_bytes must be a whole number >= 1"):
+            timed_http_protocol(2.5, bad_cap)  # type: ignore[arg-type]
 
 
 def test_upstream_json_with_a_lone_surrogate_is_read() -> None:

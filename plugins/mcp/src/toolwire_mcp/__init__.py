@@ -110,18 +110,30 @@ async def run_server(
     await impl(kernel, config or ServeConfig(), on_ready=on_ready, handle_signals=handle_signals)
 
 
-def timed_http_protocol(read_timeout_s: float = 30.0) -> type[Any]:
-    """uvicorn's HTTP protocol with the deadline of ``[server] request_read_timeout_s``.
+def timed_http_protocol(
+    read_timeout_s: float = 30.0, max_head_bytes: int | None = 64 * 1024
+) -> type[Any]:
+    """uvicorn's HTTP protocol with ``[server] request_read_timeout_s`` and ``max_header_bytes``.
 
     For ``create_http_app`` run in your own uvicorn:
     ``uvicorn.run(app, http=timed_http_protocol(30))``. Each request must arrive
     whole (head and body) within ``read_timeout_s`` of its first byte, or of the
-    connection's opening, else the connection is closed.
+    connection's opening, else the connection is closed. A request whose line
+    and headers are longer than ``max_head_bytes`` (None: no cap) gets a 431 and
+    the connection is closed.
     """
     if not read_timeout_s > 0 or read_timeout_s == float("inf"):
         raise ValueError(
             f"read_timeout_s must be a finite number of seconds > 0, not {read_timeout_s!r}"
         )
+    if max_head_bytes is not None and (
+        isinstance(max_head_bytes, bool)
+        or not isinstance(max_head_bytes, int)
+        or max_head_bytes < 1
+    ):
+        raise ValueError(
+            f"max_head_bytes must be a whole number >= 1 or None, not {max_head_bytes!r}"
+        )
     from ._http import timed_http_protocol as impl
 
-    return impl(read_timeout_s)
+    return impl(read_timeout_s, max_head_bytes)

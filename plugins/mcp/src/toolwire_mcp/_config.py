@@ -335,6 +335,13 @@ class ServeConfig(BaseModel):
         "first byte, or after the connection opens; else the connection is closed (a client "
         "sending a byte at a time cannot hold sockets for ever); None: no deadline",
     )
+    max_header_bytes: int | None = Field(
+        64 * 1024,
+        ge=1024,
+        description="HTTP: the longest request line and headers, together, in bytes; a longer "
+        "head gets 431 and the connection is closed (a client cannot make the server hold a "
+        "head of any size before auth); None: no cap",
+    )
     max_sessions: int | None = Field(
         10_000,
         ge=1,

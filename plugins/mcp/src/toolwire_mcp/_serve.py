@@ -836,8 +836,8 @@ async def run_server(
                 lifespan="on",
                 ws="none",
                 http=(
-                    timed_http_protocol(cfg.request_read_timeout_s)
-                    if cfg.request_read_timeout_s is not None
+                    timed_http_protocol(cfg.request_read_timeout_s, cfg.max_header_bytes)
+                    if cfg.request_read_timeout_s is not None or cfg.max_header_bytes is not None
                     else "httptools"
                 ),
                 timeout_graceful_shutdown=1,
