@@ -1,4 +1,4 @@
-"""Through `toolwire serve`: MCP elicitation end to end, and the HTTP API behind the token."""
+"""Through `toolwire serve`: MCP elicitation end to end, and the HTTP API behind its token."""
 
 from __future__ import annotations
 
@@ -141,18 +141,27 @@ async def serving(kernel: Kernel, token: str | None) -> AsyncIterator[str]:
         tg.cancel_scope.cancel()
 
 
-async def test_the_http_api_lists_shows_and_decides_behind_the_bearer_token(
+APPROVER = "approver-t0ken"
+
+
+async def test_the_http_api_lists_shows_and_decides_behind_its_own_token(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
-    kernel, _, rec = gateway(default="REQUIRED")
+    kernel, _, rec = gateway(default="REQUIRED", http_token=APPROVER)
     pending = Pending(kernel)
-    auth = {"authorization": "Bearer s3cret"}
+    auth = {"authorization": f"Bearer {APPROVER}"}
     async with kernel, serving(kernel, "s3cret") as base, httpx.AsyncClient(base_url=base) as http:
-        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "s3cret"}):
+        for headers in (
+            {},
+            {"authorization": "Bearer wrong"},
+            {"authorization": APPROVER},
+            {"authorization": "Bearer s3cret"},  # the MCP clients' token opens /mcp only
+        ):
             denied = await http.get("/approvals", headers=headers)
             assert denied.status_code == 401 and denied.headers["www-authenticate"] == "Bearer"
+            assert denied.json()["error"]["kind"] == "auth"
             assert (await http.post("/approvals/x/approve", headers=headers)).status_code == 401
         assert (await http.get("/approvals", headers=auth)).json() == {"approvals": []}
 
@@ -214,16 +223,102 @@ async def test_the_http_api_lists_shows_and_decides_behind_the_bearer_token(
     assert refused.meta[ERROR_META_KEY]["details"]["reason"] == "no thanks"
 
 
-async def test_without_a_token_the_http_api_is_open_like_the_mcp_endpoint(
+# no API token configured / one of the approvers' own
+@pytest.mark.parametrize("approver", [None, APPROVER])
+async def test_an_mcp_client_cannot_approve_its_own_call_over_http(
+    monkeypatch: pytest.MonkeyPatch, approver: str | None
+) -> None:
+    """Before: the API took the gateway's bearer token, which every MCP client holds: an
+    agent whose call waited for a person listed the request and approved it itself."""
+    monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
+    kernel, p, rec = gateway(default="REQUIRED", http_token=approver)
+    pending = Pending(kernel)
+    mcp_token = {"authorization": "Bearer s3cret"}
+    async with (
+        kernel,
+        serving(kernel, "s3cret") as base,
+        httpx.AsyncClient(base_url=base) as http,
+        Client(f"{base}/mcp", auth="s3cret") as agent,
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(agent.call_tool_mcp, "send_email", ARGS)
+        req = await pending.next()
+        listed = await http.get("/approvals", headers=mcp_token)
+        approved = await http.post(f"/approvals/{req['id']}/approve", headers=mcp_token)
+        assert listed.status_code == approved.status_code == (403 if approver is None else 401)
+        assert "http_token" in approved.json()["error"]["message"]
+        assert (await p.get(req["id"])).status == "pending"
+        await p.reject(req["id"], by="ops")
+    assert rec.runs == []
+
+
+async def test_without_http_token_the_http_api_answers_403_naming_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """With or without a gateway token: no one holds the approvers' token."""
     monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
     monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
     kernel, _, _ = gateway()
     async with kernel, serving(kernel, None) as base, httpx.AsyncClient(base_url=base) as http:
-        r = await http.get("/approvals")
-        assert r.status_code == 200 and r.json() == {"approvals": []}
-        assert (await http.get("/approvals?status=bogus")).status_code == 400
+        for r in (
+            await http.get("/approvals"),
+            await http.post("/approvals/x/approve", json={"by": "me"}),
+        ):
+            assert r.status_code == 403, r.text
+            error = r.json()["error"]
+            assert (
+                error["kind"] == "forbidden" and "[plugins.approval] http_token" in error["message"]
+            )
+            assert "toolwire approvals approve" in error["message"]
+        assert (await http.get("/mcp")).status_code != 403  # the MCP endpoint is as it was
+
+
+def test_a_gateway_whose_token_opens_the_approval_api_does_not_start() -> None:
+    from toolwire import ConfigError
+    from toolwire_mcp._serve import plugin_http_routes
+
+    kernel = Kernel(plugins=[plugin(http_token="same-t0ken")])
+    with pytest.raises(ConfigError, match=r"plugins\.approval: .*every MCP client holds") as err:
+        plugin_http_routes(kernel, auth_token="same-t0ken", reserved=["/mcp"])
+    assert "same-t0ken" not in str(err.value)
+    # its own token: served without the gateway's check (it checks its own)
+    routes = plugin_http_routes(kernel, auth_token="other-t0ken", reserved=["/mcp"])
+    assert len(routes) == 4 and all(callable(r.toolwire_auth) for r in routes)  # type: ignore[attr-defined]
+
+
+async def test_the_http_api_bounds_what_it_reads_of_a_body() -> None:
+    """Before: a body was read whole into memory, whatever its size (300 MB took 300 MB), and
+    one nested too deeply made a 500 with a traceback in the log."""
+    from starlette.applications import Starlette
+
+    _, p, _ = gateway(http_token=APPROVER)
+    app = Starlette(routes=p.http_routes())
+    transport = httpx.ASGITransport(app=app)
+    auth = {"authorization": f"Bearer {APPROVER}"}
+    sent: list[int] = []
+
+    async def endless() -> AsyncIterator[bytes]:
+        while True:  # no Content-Length: only the count of what was read can stop it
+            sent.append(1)
+            yield b" " * 65536
+
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+        big = await http.post("/approvals/x/approve", headers=auth, content=endless())
+        assert big.status_code == 413 and big.json()["error"]["kind"] == "too_large"
+        assert len(sent) <= 20  # stopped at 1 MiB
+        declared = await http.post(
+            "/approvals/x/approve",
+            headers={**auth, "content-length": str(10**9)},
+            content=b"{}",
+        )
+        assert declared.status_code == 413
+        deep = await http.post("/approvals/x/approve", headers=auth, content=b"[" * 100_000)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]["message"]
+        # no token: refused before the body is read
+        sent.clear()
+        anon = await http.post("/approvals/x/approve", content=endless())
+        assert anon.status_code == 401 and len(sent) <= 2
 
 
 def test_a_plugin_route_clashing_with_the_mcp_endpoint_is_refused() -> None:
@@ -244,13 +339,14 @@ async def test_the_http_api_refuses_unknown_body_keys_instead_of_ignoring_them()
     from approval_testkit import running_call
     from starlette.applications import Starlette
 
-    kernel, p, rec = gateway(default="REQUIRED")
+    kernel, p, rec = gateway(default="REQUIRED", http_token=APPROVER)
     pending = Pending(kernel)
     app = Starlette(routes=p.http_routes())
     transport = httpx.ASGITransport(app=app)
+    auth = {"authorization": f"Bearer {APPROVER}"}
     async with (
         kernel,
-        httpx.AsyncClient(transport=transport, base_url="http://t") as http,
+        httpx.AsyncClient(transport=transport, base_url="http://t", headers=auth) as http,
         running_call(kernel, "send_email", ARGS) as result,
     ):
         req = await pending.next()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, field_validator
 
 from toolwire.state import MAX_TTL_S
 
@@ -118,6 +118,12 @@ class ApprovalConfig(BaseModel):
     )
     terminal: bool = Field(True, description="prompt at the terminal in `toolwire call`")
     http_prefix: str = Field("/approvals", description="path of the HTTP API on the gateway")
+    http_token: SecretStr | None = Field(
+        None,
+        description="bearer token approvers send to the HTTP API; a token of its own, not the "
+        "gateway's (every MCP client holds that one, and could approve its own calls); write "
+        '{"$secretRef" = "NAME"}. Unset: the HTTP API answers 403',
+    )
 
     @field_validator("annotations", mode="before")
     @classmethod
@@ -133,6 +139,22 @@ class ApprovalConfig(BaseModel):
                 )
             out[hint] = policy
         return out
+
+    @field_validator("http_token")
+    @classmethod
+    def _token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return value
+        raw = value.get_secret_value()
+        if not raw.strip():
+            raise ValueError('is empty; set a token of its own, e.g. {"$secretRef" = "NAME"}')
+        if raw != raw.strip() or any(c in raw for c in "\r\n\0"):
+            raise ValueError(
+                "has leading or trailing whitespace, a line break or NUL, which no client "
+                "can send in an Authorization header (a secret read with its trailing "
+                "newline?); remove it"
+            )
+        return value
 
     @field_validator("http_prefix")
     @classmethod

@@ -499,6 +499,13 @@ def plugin_http_routes(
     A plugin offers routes with an ``http_routes()`` method returning Starlette
     routes (full paths, e.g. ``/approvals/{id}``). A route whose path starts
     with one of ``reserved`` (the MCP endpoint) is a ``ConfigError``.
+
+    A route with a ``toolwire_auth`` attribute checks its own credentials: a
+    function ``(bearer_token) -> bool`` telling whether a token opens it. It
+    is served without the server's bearer check (one ``Authorization`` header
+    cannot carry two tokens), and a route that ``auth_token`` would open is a
+    ``ConfigError``: every MCP client holds that token (the approval API's
+    token, say, must be the approvers' own).
     """
     verifier = BearerTokenVerifier(auth_token) if auth_token else None
     out: list[BaseRoute] = []
@@ -514,7 +521,18 @@ def plugin_http_routes(
                     "the MCP endpoint; change [server] path or the plugin's route prefix",
                     key="server.path",
                 )
-            out.append(_GuardedRoute(route, verifier))
+            own_auth = getattr(route, "toolwire_auth", None)
+            if own_auth is None:
+                out.append(_GuardedRoute(route, verifier))
+                continue
+            if auth_token and own_auth(auth_token):
+                raise ConfigError(
+                    f"plugin {info.name!r} serves the HTTP route {path!r} to holders of the "
+                    "server's bearer token, which every MCP client holds; give the plugin a "
+                    "token of its own (for the approval plugin: [plugins.approval] http_token)",
+                    key=f"plugins.{info.name}",
+                )
+            out.append(route)  # it checks its own token
     return out
 
 
