@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -191,6 +192,28 @@ async def test_include_exclude_hidden_binary_and_large_files(tmp_path: Path) -> 
     assert status["files"] == 1
     joined = " ".join(res.content["warnings"])
     assert "image.md: binary file" in joined and "big.md" in joined
+
+
+async def test_links_out_of_the_folder_are_skipped_files_and_folders_alike(
+    tmp_path: Path,
+) -> None:
+    """Before: only a link to a file was checked; a linked folder on the way (a cloned
+    repository's ``docs/shared -> /home/me``) was indexed, and searched by any caller."""
+    root, outside = tmp_path / "docs", tmp_path / "private"
+    write(root, {"keep.md": "# Zebra\n\nzebra facts", "sub/in.md": "zebra inside"})
+    write(outside, {"secret.md": "zebra secret"})
+    (root / "linked").symlink_to(outside, target_is_directory=True)
+    (root / "file.md").symlink_to(outside / "secret.md")
+    (root / "sub" / "same.md").symlink_to(root / "keep.md")  # a link within: indexed
+    kernel = docs_kernel(root, include=["*.md", "*/*.md"])
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "zebra", "max_results": 10})
+    paths = sorted(r["provider_metadata"]["collection"]["path"] for r in res.content["results"])
+    assert paths == ["keep.md", "sub/in.md", "sub/same.md"]
+    assert "secret" not in json.dumps(res.content["results"])
+    joined = " ".join(res.content["warnings"])
+    assert "linked/secret.md: a link out of the folder" in joined
+    assert "file.md: a link out of the folder" in joined
 
 
 async def test_changed_files_are_reindexed_on_refresh(tmp_path: Path) -> None:

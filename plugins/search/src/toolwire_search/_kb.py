@@ -311,11 +311,14 @@ def scan(
 ) -> tuple[list[tuple[str, Path, int, int]], list[str]]:
     """Files to index: ``(relative path, path, mtime_ns, size)`` sorted, and problems.
 
-    Hidden files and folders are skipped; so are symbolic links leading out of ``root``.
+    Hidden files and folders are skipped; so are files a symbolic link leads out of
+    ``root`` to: a link to a file, or a link to a folder on the way (``docs/shared``
+    linked to ``/etc`` and a pattern like ``*/*.md``).
     """
     found: dict[str, tuple[str, Path, int, int]] = {}
     problems: list[str] = []
     real_root = root.resolve()
+    inside: dict[Path, bool] = {}  # folder -> whether it really lies in root (links resolved)
     for pattern in include:
         for p in root.glob(pattern):
             rel = p.relative_to(root).as_posix()
@@ -326,7 +329,13 @@ def scan(
             try:
                 if not p.is_file():
                     continue
-                if p.is_symlink() and not p.resolve().is_relative_to(real_root):
+                folder_inside = inside.get(p.parent)
+                if folder_inside is None:
+                    folder_inside = p.parent.resolve().is_relative_to(real_root)
+                    inside[p.parent] = folder_inside
+                if not folder_inside or (
+                    p.is_symlink() and not p.resolve().is_relative_to(real_root)
+                ):
                     problems.append(f"{rel}: a link out of the folder (skipped)")
                     continue
                 st = p.stat()
@@ -361,9 +370,13 @@ def load_collection(
             skipped.append(f"{rel}: {size} bytes, over max_file_bytes ({max_file_bytes})")
             continue
         try:
-            raw = p.read_bytes()
+            with p.open("rb") as f:
+                raw = f.read(max_file_bytes + 1)  # bounded: the file may have grown since
         except OSError as exc:
             skipped.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if len(raw) > max_file_bytes:
+            skipped.append(f"{rel}: over max_file_bytes ({max_file_bytes}) when read")
             continue
         if b"\x00" in raw[:8192]:
             skipped.append(f"{rel}: binary file")
