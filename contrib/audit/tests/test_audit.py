@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+import toolwire_audit
 from toolwire import Kernel, ToolError, tool
 from toolwire.state import StateStoreError
 
@@ -133,6 +136,35 @@ async def test_a_relative_path_is_relative_to_the_config_file(
     assert not (cwd / "logs").exists()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+async def test_the_log_file_it_creates_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """Before: created with the umask's 0644, so every local user of a shared host read
+    who called what (and the arguments, with include_args)."""
+    old_umask = os.umask(0o022)
+    try:
+        k, log = kernel_for(tmp_path, "include_args = true\n")
+        async with k:
+            await k.call("login", {"user": "a", "password": "x"})
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600
+            log.rename(tmp_path / "audit.jsonl.1")  # rotated: the new file is private too
+            await k.call("login", {"user": "b", "password": "x"})
+            assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        log.unlink()
+        await k.call("login", {"user": "c", "password": "x"})  # after close: its own open
+        assert stat.S_IMODE(log.stat().st_mode) == 0o600
+        # a file that exists keeps the mode its owner gave it (a log rotator's, say)
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        (shared / "audit.jsonl").touch()
+        (shared / "audit.jsonl").chmod(0o640)
+        k2, log2 = kernel_for(shared, "")
+        async with k2:
+            await k2.call("login", {"user": "d", "password": "x"})
+        assert stat.S_IMODE(log2.stat().st_mode) == 0o640 and len(lines(log2)) == 1
+    finally:
+        os.umask(old_umask)
+
+
 async def test_a_rotated_log_is_followed_to_a_new_file(tmp_path: Path) -> None:
     """Before: after logrotate renamed the file, lines kept going to the renamed one."""
     k, log = kernel_for(tmp_path, "")
@@ -153,16 +185,16 @@ async def test_a_failed_reopen_after_rotation_keeps_writing_to_the_old_file(
         await k.call("login", {"user": "a", "password": "x"})
         rotated = tmp_path / "audit.jsonl.1"
         log.rename(rotated)
-        real_open = Path.open
+        real_open = toolwire_audit._open_log
 
-        def refuse(self: Path, *a: object, **kw: object) -> object:
-            if self == log:
+        def refuse(path: Path) -> Any:
+            if path == log:
                 raise PermissionError("not allowed")
-            return real_open(self, *a, **kw)  # type: ignore[arg-type]
+            return real_open(path)
 
-        monkeypatch.setattr(Path, "open", refuse)
+        monkeypatch.setattr(toolwire_audit, "_open_log", refuse)
         await k.call("login", {"user": "b", "password": "x"})
-        monkeypatch.setattr(Path, "open", real_open)
+        monkeypatch.setattr(toolwire_audit, "_open_log", real_open)
         await k.call("login", {"user": "c", "password": "x"})
     assert len(lines(rotated)) == 2  # a, and b while the new file could not be opened
     assert len(lines(log)) == 1  # c, once it could

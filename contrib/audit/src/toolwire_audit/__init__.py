@@ -28,6 +28,20 @@ log = logging.getLogger("toolwire.audit")
 _MAX_DEPTH = 64
 
 
+def _owner_only(path: str, flags: int) -> int:
+    """``open``'s opener: a file it creates is readable by its owner only (0600).
+
+    The lines hold who called what, and arguments with ``include_args``; on a
+    shared host the umask's usual 0644 let every local user read them. A file
+    that exists keeps its mode (a log rotator's ``create 0640``, say).
+    """
+    return os.open(path, flags, 0o600)
+
+
+def _open_log(path: Path) -> IO[str]:
+    return open(path, "a", encoding="utf-8", opener=_owner_only)
+
+
 class AuditConfig(BaseModel):
     """``[plugins.audit]``."""
 
@@ -75,7 +89,7 @@ class AuditPlugin:
                 p = Path(cfg_file).parent / p  # like every path in toolwire.toml
             p.parent.mkdir(parents=True, exist_ok=True)
             self._path = p
-            self._stream = p.open("a", encoding="utf-8")
+            self._stream = _open_log(p)
 
     @hookimpl
     def shutdown(self) -> None:
@@ -175,7 +189,7 @@ class AuditPlugin:
             sys.stderr.flush()
             return
         self._path.parent.mkdir(parents=True, exist_ok=True)
-        with self._path.open("a", encoding="utf-8") as f:
+        with _open_log(self._path) as f:
             f.write(text + "\n")
 
     def _reopen_if_rotated(self, path: Path) -> None:
@@ -188,7 +202,7 @@ class AuditPlugin:
         if moved:
             try:  # the new file first: if it cannot be opened, keep the old one
                 path.parent.mkdir(parents=True, exist_ok=True)
-                fresh = path.open("a", encoding="utf-8")
+                fresh = _open_log(path)
             except OSError as exc:
                 log.warning(
                     "audit: cannot open %s after rotation (%s); still writing to the old file",
