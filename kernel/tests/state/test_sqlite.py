@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 from pathlib import Path
 
 import pytest
@@ -63,6 +65,35 @@ async def test_directory_cannot_be_created(tmp_path: Path) -> None:
     with pytest.raises(StateStoreError) as info:
         await SQLiteStore(path).get("k")
     assert str(path) in str(info.value)
+
+
+def _modes(folder: Path, prefix: str) -> dict[str, int]:
+    return {
+        f.name: stat.S_IMODE(f.stat().st_mode)
+        for f in folder.iterdir()
+        if f.name.startswith(prefix)
+    }
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes are POSIX")
+async def test_a_new_database_file_is_readable_by_its_owner_only(tmp_path: Path) -> None:
+    """Before: sqlite3 created it with the umask's 0644; every local user could read the
+    approval requests' arguments and the stored results in it."""
+    old_umask = os.umask(0o022)
+    try:
+        path = tmp_path / "new.db"
+        async with SQLiteStore(path) as store:
+            await store.set("k", 1)
+            modes = _modes(tmp_path, "new.db")
+        assert modes.keys() >= {"new.db", "new.db-wal"} and set(modes.values()) == {0o600}
+        kept = tmp_path / "kept.db"
+        kept.touch()
+        kept.chmod(0o640)  # a file that exists keeps the mode its owner gave it
+        async with SQLiteStore(kept) as store:
+            await store.set("k", 1)
+        assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+    finally:
+        os.umask(old_umask)
 
 
 async def test_wal_mode_and_tables(tmp_path: Path) -> None:

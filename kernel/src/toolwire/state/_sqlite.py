@@ -85,6 +85,21 @@ _INLINE_MAX_TEXT = 64 * 1024
 _Row = tuple[str, int, "str | None", "float | None"]
 
 
+def _create_private(path: str) -> None:
+    """Create the database file readable by its owner only (0600), when there is none.
+
+    It holds what plugins store: approval requests with their arguments, stored
+    results, cached tool lists. sqlite3 would create it with the umask's 0644,
+    readable by every local user; SQLite gives its -wal and -shm files the
+    database file's mode. A file that exists keeps its mode.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:  # it exists, or cannot be made: sqlite3.connect says which
+        return
+    os.close(fd)  # an empty file is an empty database
+
+
 def _prefix_upper_bound(prefix: str) -> str | None:
     """The smallest string greater than every string starting with ``prefix``.
 
@@ -233,6 +248,7 @@ class SQLiteStore(StateStore):
                     f"sqlite state store at {self.path}: cannot create directory {parent}: "
                     f"{exc}; fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
                 ) from exc
+            _create_private(self.path)
         deadline = time.monotonic() + self._busy_timeout
         while True:
             conn: sqlite3.Connection | None = None
