@@ -114,6 +114,20 @@ def test_auth_enabled_without_a_token_names_what_to_set() -> None:
         ServeConfig(path="mcp")
 
 
+def test_a_token_no_client_can_send_is_refused_without_quoting_it() -> None:
+    """Before: a token read with its trailing newline was taken, and every request got 401
+    (an HTTP header value loses its surrounding whitespace)."""
+    for cfg, env, where in (
+        ({"auth_token": "s3cret-tok\n"}, {}, r"\[server\] auth_token"),
+        ({}, {"TOOLS_AUTH_TOKEN": " s3cret-tok"}, "TOOLS_AUTH_TOKEN"),
+        ({}, {"TOOLS_AUTH_TOKEN": "s3cret\x00tok"}, "TOOLS_AUTH_TOKEN"),
+    ):
+        with pytest.raises(ValueError, match=where) as err:
+            resolve_auth_token(ServeConfig.model_validate(cfg), env)
+        assert "s3cret" not in str(err.value)
+    assert resolve_auth_token(ServeConfig(), {"TOOLS_AUTH_TOKEN": "two words"}) == "two words"
+
+
 def test_text_rendering() -> None:
     assert render_text(ToolResult.ok("plain text")) == "plain text"
     assert render_text(ToolResult.ok({"a": 1, "b": [1, 2]})) == '{"a":1,"b":[1,2]}'

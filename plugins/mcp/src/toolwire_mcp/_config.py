@@ -383,8 +383,10 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
     """
     env = os.environ if env is None else env
     token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
+    source = "[server] auth_token"
     if not token:
         token = env.get(AUTH_TOKEN_ENV) or None
+        source = AUTH_TOKEN_ENV
     raw = env.get(AUTH_ENABLED_ENV)
     if raw is not None and raw.strip() != "":
         enabled = _truthy(raw, AUTH_ENABLED_ENV)
@@ -398,6 +400,14 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
         raise ValueError(
             f"bearer auth is enabled but no token is set: export {AUTH_TOKEN_ENV}=<token> or "
             f'set [server] auth_token = {{"$secretRef" = "NAME"}} in toolwire.toml'
+        )
+    if token != token.strip() or any(c in token for c in _BREAKS):
+        # No client can send it (header values lose surrounding whitespace): every request
+        # would get 401. The value is never quoted.
+        raise ValueError(
+            f"the bearer token ({source}) starts or ends with whitespace, or holds a line "
+            "break or NUL, which no client can send (a secret read with its trailing "
+            "newline?); remove it"
         )
     return token
 
