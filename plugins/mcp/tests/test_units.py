@@ -513,3 +513,15 @@ def test_upstream_json_with_a_lone_surrogate_is_read() -> None:
     for bad in (b"{not json", b'{"a": 1', b'{"a": "\\udce9" NaN}'):
         with pytest.raises(ValueError):
             from_json(bad)
+
+
+def test_the_repr_of_a_server_shows_env_and_header_names_not_values() -> None:
+    """Before: repr() and str() of a ServerConfig (and of the MCPConfig holding it) showed
+    `env` and `headers` values: API keys, Authorization headers, resolved $secretRefs."""
+    http = ServerConfig(url="http://x/mcp", headers={"Authorization": "Bearer HDRSECRET"})
+    stdio = ServerConfig(command="srv", env={"API_KEY": "ENVSECRET"})
+    whole = MCPConfig(servers={"h": http, "s": stdio})
+    for shown in (repr(http), str(http), repr(stdio), str(stdio), repr(whole), str(whole)):
+        assert "HDRSECRET" not in shown and "ENVSECRET" not in shown, shown
+    assert "'Authorization': '***'" in repr(http) and "'API_KEY': '***'" in repr(stdio)
+    assert stdio.env == {"API_KEY": "ENVSECRET"}  # the values themselves are unchanged

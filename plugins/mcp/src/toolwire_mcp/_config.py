@@ -96,6 +96,14 @@ class ServerConfig(BaseModel):
     enabled: bool = Field(True, description="false: ignore this entry")
     description: str | None = Field(None, description="free text (ignored)")
 
+    def __repr_args__(self) -> Any:
+        # `env` and `headers` often hold credentials (an API key, an Authorization header,
+        # $secretRef values once resolved): repr and str show their names, not their values.
+        for name, value in super().__repr_args__():
+            if name in ("env", "headers") and value:
+                value = dict.fromkeys(value, "***")
+            yield name, value
+
     @field_validator("timeout", mode="before")
     @classmethod
     def _timeout_in_ms(cls, v: Any) -> Any:
