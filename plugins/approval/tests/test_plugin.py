@@ -377,6 +377,26 @@ async def test_the_longest_timeout_and_retention_the_config_takes_still_run_call
     assert len(rec.runs) == 1
 
 
+@pytest.mark.parametrize("http_token", [None, "approver-t0ken"])
+async def test_the_http_api_is_offered_as_a_way_to_decide_only_when_it_answers(
+    http_token: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without http_token the API answers 403: the hints (event, log) no longer send
+    people there."""
+    kernel, p, _, pending = setup(default="REQUIRED", http_token=http_token)
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}):
+        req = await pending.next()
+        await p.reject(req["id"])
+    decide = pending.events[0].data["decide"]
+    logged = " ".join(r.getMessage() for r in caplog.records if "waits for" in r.getMessage())
+    assert "toolwire approvals approve " + req["id"] in decide["cli"]
+    if http_token is None:
+        assert "http" not in decide and "POST" not in logged
+    else:
+        assert decide["http"].startswith(f"POST /approvals/{req['id']}/approve")
+        assert f"POST /approvals/{req['id']}/approve" in logged
+
+
 async def test_the_approval_required_event_carries_what_a_ui_needs() -> None:
     kernel, p, _, pending = setup(tags={"mail": "REQUIRED"})
     kernel.remove_tool("send_email")

@@ -973,7 +973,7 @@ class ApprovalPlugin:
         log.log(
             logging.INFO if asked_here else logging.WARNING,
             "tool %r %s approval (%s, rule %s): request %s; approve with `%s approve %s`, "
-            "POST %s/%s/approve on the gateway, or a channel (see the approval plugin's README)",
+            "%sor a channel (see the approval plugin's README)",
             req.tool,
             "waits for" if created else "still waits for",
             req.policy,
@@ -981,8 +981,9 @@ class ApprovalPlugin:
             req.id,
             self._cli(),
             req.id,
-            self.config.http_prefix,
-            req.id,
+            f"POST {self.config.http_prefix}/{req.id}/approve on the gateway, "
+            if self.config.http_token is not None
+            else "",
         )
 
     def _cli(self) -> str:
@@ -1003,10 +1004,10 @@ class ApprovalPlugin:
     def _how_to_decide(self, rid: str) -> dict[str, str]:
         p = self.config.http_prefix
         cli = self._cli()
-        return {
-            "http": f"POST {p}/{rid}/approve | POST {p}/{rid}/reject",
-            "cli": f"{cli} approve {rid} | {cli} reject {rid}",
-        }
+        how = {"cli": f"{cli} approve {rid} | {cli} reject {rid}"}
+        if self.config.http_token is not None:  # without it the HTTP API answers 403
+            how["http"] = f"POST {p}/{rid}/approve | POST {p}/{rid}/reject"
+        return how
 
     async def _emit_decided(self, kernel: Kernel, call: ToolCall, rec: dict[str, Any]) -> None:
         if kernel.events.active:
@@ -1022,8 +1023,13 @@ class ApprovalPlugin:
                 f"plugin 'approval': tool {name!r} requires approval ({rule}) and "
                 f"nobody approved request {rid} within {rec['timeout_s']:g}s, so it was rejected "
                 f"(reason 'timeout'); the tool was not run. Approve the next call with "
-                f"`{self._cli()} approve <id>` or POST {self.config.http_prefix}/<id>/approve "
-                f"while it waits, or set plugins.approval.tools.{name} = 'NONE'"
+                f"`{self._cli()} approve <id>`"
+                + (
+                    f" or POST {self.config.http_prefix}/<id>/approve"
+                    if self.config.http_token is not None
+                    else ""
+                )
+                + f" while it waits, or set plugins.approval.tools.{name} = 'NONE'"
             )
         return (
             f"plugin 'approval': tool {name!r} was rejected by {d.get('by')!r} via "
