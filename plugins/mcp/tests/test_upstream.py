@@ -252,6 +252,36 @@ async def test_a_call_while_the_server_is_connecting_says_for_how_long_and_why(
         assert "the previous attempt failed: no answer within connect_timeout_s=1.0s" in msg
 
 
+async def test_a_secret_an_upstream_prints_on_stderr_is_hidden_in_logs_and_errors(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: each stderr line was logged as is (INFO, toolwire.mcp.stderr.<server>), a
+    $secretRef value the server printed included, and kept for the errors' last lines."""
+    script = tmp_path / "chatty.py"
+    script.write_text(
+        "import os, sys\n"
+        "print('starting with key ' + os.environ['API_KEY'], file=sys.stderr, flush=True)\n"
+        "sys.exit(1)\n"
+    )
+    secret = "sk-live-7f3a9c2e"
+    entry = {
+        "command": sys.executable,
+        "args": [str(script)],
+        "env": {"API_KEY": secret},
+        "include": ["forecast"],
+    }
+    mcp = plugin({"chatty": entry}, connect_timeout_s=2.0)
+    k = Kernel(plugins=[mcp])
+    k.add_secret(secret, "UPSTREAM_KEY")  # as Kernel.from_config does for a $secretRef
+    with caplog.at_level(logging.INFO, logger="toolwire.mcp"):
+        async with k:
+            r = await k.call("chatty_forecast", {"city": "Oslo"})
+    logged = [rec.getMessage() for rec in caplog.records]
+    assert any("starting with key [secret:UPSTREAM_KEY]" in m for m in logged), logged
+    assert not any(secret in m for m in logged), logged
+    assert r.error is not None and secret not in r.error.message
+
+
 async def test_unknown_names_in_include_or_exclude_are_warned_about(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

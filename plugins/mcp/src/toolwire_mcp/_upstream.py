@@ -142,10 +142,16 @@ class _ConnectionLost(Exception):
 
 
 class _StderrTap:
-    """A pipe for a stdio child's stderr: each line is logged (JSON) and the last ones kept."""
+    """A pipe for a stdio child's stderr: each line is logged (JSON) and the last ones kept.
 
-    def __init__(self, server: str) -> None:
+    ``redact`` hides known secrets in each line before it is logged or kept: a
+    server printing the key it was given in ``env`` (a ``$secretRef``) must not
+    put it in the gateway's log, nor, through the kept lines, in errors.
+    """
+
+    def __init__(self, server: str, redact: Callable[[str], str] | None = None) -> None:
         self.server = server
+        self._redact = redact
         self.tail: deque[str] = deque(maxlen=20)
         rfd, wfd = os.pipe()
         self.writer = os.fdopen(wfd, "w", buffering=1)
@@ -182,6 +188,8 @@ class _StderrTap:
                             rest -= 1
                             break
                     text = f"{line}... ({rest} more characters on this line)" if rest else line
+                if self._redact is not None:
+                    text = self._redact(text)
                 self.tail.append(text)
                 lg.info("%s", text)
 
@@ -335,7 +343,9 @@ class Upstream:
         self._output_checkers: dict[str, tuple[Any, Any]] = {}
         #: ``tools/call`` requests sent over the direct HTTP path (tests check it is used)
         self.direct_calls = 0
-        self._stderr = _StderrTap(name) if cfg.kind == "stdio" else None
+        self._stderr = (
+            _StderrTap(name, redact=kernel.redactor.text) if cfg.kind == "stdio" else None
+        )
 
     # ------------------------------------------------------------ lifecycle
     async def load_known_tools(self) -> None:
