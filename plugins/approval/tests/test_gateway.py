@@ -491,7 +491,7 @@ async def test_a_call_waiting_for_approval_when_the_gateway_dies_runs_once_on_re
         async with anyio.create_task_group() as tg:
             tg.start_soon(doomed)
             with anyio.fail_after(20):
-                while runs.read_text().count("\n") < 2:  # the tool has started
+                while runs.read_text().count("\n") < 2:  # noqa: ASYNC110 (another process writes it)
                     await anyio.sleep(0.02)
             proc.kill()
             tg.cancel_scope.cancel()
