@@ -122,6 +122,7 @@ async def test_a_timed_out_side_effecting_tool_is_never_retried() -> None:
         assert len(ft.calls) == expected, (read_only, idempotent)
         if expected == 1:
             assert "may have side effects" in res.error.details["retry"]
+            assert not res.error.retryable  # nor should the caller retry it
             assert res.error.details["gave_up"] == res.error.details["retry"]
 
 
@@ -146,6 +147,7 @@ async def test_a_side_effecting_call_whose_connection_broke_off_is_never_retried
         if expected == 1:
             assert res.error is not None and res.error.kind == "unavailable"
             assert "lost its connection during the call" in res.error.details["retry"]
+            assert not res.error.retryable  # nor should the caller retry it
             assert res.error.details["gave_up"] == res.error.details["retry"]
         else:
             assert res.content == {"ok": 1}

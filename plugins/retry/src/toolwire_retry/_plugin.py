@@ -578,6 +578,8 @@ class RetryPlugin:
                 "mark it read_only/idempotent or set idempotent = true in [plugins.retry.tools]"
             )
             error.details["retry"] = unsafe
+            # nor by its caller: a retryable flag would invite the second run refused here
+            error.retryable = False
             return self._give_up(error, st, detail, unsafe, terminal=True)
         left = float(pol["max_elapsed_s"]) - (kernel.clock.monotonic() - float(st["t0"]))
         time_left = ctx.time_left()
