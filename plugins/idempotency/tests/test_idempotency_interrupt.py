@@ -67,7 +67,10 @@ def assert_outcome_unknown(result: ToolResult, interrupted: str) -> None:
     assert details["interrupted"] == interrupted
     assert isinstance(details["interrupted_at"], float)
     message = result.error.message
-    what = "timed out while it ran" if interrupted == "timeout" else "was cancelled while it ran"
+    what = {
+        "timeout": "timed out while it ran",
+        "lost": "lost its connection while it ran",
+    }.get(interrupted, "was cancelled while it ran")
     assert "outcome unknown" in message and what in message, message
     assert "unknown_after_interrupt" in message and "forget(" in message, message
 
@@ -99,6 +102,51 @@ async def test_an_async_tool_cancelled_after_its_side_effect(env: Env, on: bool)
     assert not after_forget.is_error and len(runs) == 2
     assert plugin.counters.interrupted == 1 and plugin.counters.released == 0
     assert plugin.counters.outcome_unknown == 2
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["off", "on"])
+async def test_a_call_that_lost_its_connection_mid_call(env: Env, on: bool) -> None:
+    """An upstream that crashed after the request went out (``details.in_flight``: the
+    mcp plugin's "connection lost during the call") leaves the outcome unknown as a
+    timeout does. Before: released even with the option on, and the replay ran again."""
+    runs: list[int] = []
+
+    @tool(name="send")
+    def send(to: str) -> dict[str, Any]:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ToolError(
+                "the connection was lost during the call; the outcome is unknown",
+                kind="unavailable",
+                details={"in_flight": True},
+            )
+        return {"sent": to}
+
+    plugin = env.plugin(unknown_after_interrupt=on)
+    async with env.kernel([send], [plugin]) as kernel:
+        first = await kernel.call("send", {"to": "bob"}, call_id="lost")
+        replay = await kernel.call("send", {"to": "bob"}, call_id="lost")
+    assert first.error is not None and first.error.kind == "unavailable"
+    if not on:
+        assert len(runs) == 2 and replay.content == {"sent": "bob"}
+        return
+    assert len(runs) == 1
+    assert_outcome_unknown(replay, "lost")
+    # nothing was sent (in_flight false): an outage, released as before
+    refused = ToolError("refused", kind="unavailable", details={"in_flight": False})
+    tries: list[int] = []
+
+    @tool(name="post")
+    def post(to: str) -> dict[str, Any]:
+        tries.append(1)
+        if len(tries) == 1:
+            raise refused
+        return {"posted": to}
+
+    async with env.kernel([post], [env.plugin(unknown_after_interrupt=True)]) as kernel:
+        await kernel.call("post", {"to": "bob"}, call_id="refused")
+        again = await kernel.call("post", {"to": "bob"}, call_id="refused")
+    assert len(tries) == 2 and again.content == {"posted": "bob"}
 
 
 async def test_a_waiting_duplicate_is_answered_outcome_unknown(env: Env) -> None:

@@ -201,6 +201,10 @@ class _Claim:
     not_started: set[int] | None = None
     #: Kernel clock time at which each attempt that ended with a ``timeout`` failed.
     timed_out_at: dict[int, float] | None = None
+    #: Kernel clock time at which each attempt lost its connection after the request
+    #: went out (an error with ``details.in_flight = true``: an upstream that crashed
+    #: mid-call): its outcome is unknown too.
+    lost_at: dict[int, float] | None = None
 
 
 class _Renewer:
@@ -433,9 +437,16 @@ class IdempotencyPlugin:
 
     @hookimpl
     def on_error(self, error: ErrorInfo, ctx: CallContext) -> None:
-        """Note when an attempt of a claimed call ended with ``timeout`` (for
-        ``unknown_after_interrupt``), or that the kernel never started it."""
+        """Note when an attempt of a claimed call ended with ``timeout`` or lost its
+        connection mid-call (for ``unknown_after_interrupt``), or that the kernel never
+        started it."""
         if error.kind != ErrorKind.TIMEOUT:
+            if error.details.get("in_flight") is True:
+                claim = ctx.state.get(STATE_KEY)
+                if claim is not None:
+                    if claim.lost_at is None:
+                        claim.lost_at = {}
+                    claim.lost_at[ctx.attempt] = claim.clock()
             return
         claim = ctx.state.get(STATE_KEY)
         if claim is None:
@@ -578,7 +589,8 @@ class IdempotencyPlugin:
         A cancellation that came while an attempt ran (``ctx.attempt`` counts it, no
         ``Attempt`` records it yet), else the latest attempt that ended with ``timeout``
         (the tool may have done its work, or its thread may still run), except the
-        kernel's timeout for an attempt it never started.
+        kernel's timeout for an attempt it never started, or that lost its connection
+        after the request went out (``details.in_flight``).
         """
         if err is not None and err.kind == ErrorKind.CANCELLED and ctx.attempt > len(ctx.attempts):
             return {"why": "cancelled", "at": claim.clock(), "attempt": ctx.attempt}
@@ -586,7 +598,10 @@ class IdempotencyPlugin:
         not_started = set(claim.not_started or ())
         if err is not None and attempts and _not_started(err):
             not_started.add(len(attempts))  # the last attempt, in case on_error missed it
+        lost = claim.lost_at or {}
         for n in range(len(attempts), 0, -1):
+            if n in lost:
+                return {"why": "lost", "at": lost[n], "attempt": n}
             if attempts[n - 1].error_kind == ErrorKind.TIMEOUT and n not in not_started:
                 at = (claim.timed_out_at or {}).get(n)
                 return {"why": "timeout", "at": claim.clock() if at is None else at, "attempt": n}
@@ -595,9 +610,12 @@ class IdempotencyPlugin:
     @staticmethod
     def _interrupted_what(interrupted: Mapping[str, Any]) -> str:
         """'timed out while it ran (attempt 2, 2026-...)' for a message."""
+        why = interrupted.get("why")
         what = (
             "timed out while it ran"
-            if interrupted.get("why") == "timeout"
+            if why == "timeout"
+            else "lost its connection while it ran"
+            if why == "lost"
             else "was cancelled while it ran"
         )
         attempt = interrupted.get("attempt")
@@ -897,7 +915,7 @@ class IdempotencyPlugin:
             f", tenant={call.tenant!r})" if call.tenant is not None else ")"
         )
         interrupted = value.get("i")
-        if type(interrupted) is dict and interrupted.get("why") in ("timeout", "cancelled"):
+        if type(interrupted) is dict and interrupted.get("why") in ("timeout", "cancelled", "lost"):
             details["interrupted"] = interrupted["why"]
             details["interrupted_at"] = interrupted.get("at")
             what = f"its attempt {self._interrupted_what(interrupted)}"
