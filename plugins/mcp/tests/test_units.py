@@ -105,6 +105,24 @@ def test_auth_token_resolution(
     assert resolve_auth_token(ServeConfig.model_validate(cfg), env) == expected
 
 
+def test_a_configured_token_switched_off_is_warned_about() -> None:
+    """Before: TOOLS_AUTH_ENABLED=false silently opened a gateway whose token was set."""
+    from toolwire_mcp._config import auth_switched_off
+
+    with_token = ServeConfig.model_validate({"auth_token": "s3cret-token"})
+    off = {"TOOLS_AUTH_ENABLED": "false"}
+    note = auth_switched_off(with_token, off)
+    assert note is not None and "TOOLS_AUTH_ENABLED=false" in note
+    assert "s3cret-token" not in note  # never quoted
+    assert resolve_auth_token(with_token, off) is None  # still off, as asked
+    by_env = auth_switched_off(ServeConfig(), {**off, "TOOLS_AUTH_TOKEN": "t"})
+    assert by_env is not None and "TOOLS_AUTH_ENABLED=false" in by_env
+    by_file = ServeConfig.model_validate({"auth_token": "t", "auth_enabled": False})
+    assert "[server] auth_enabled = false" in (auth_switched_off(by_file, {}) or "")
+    assert auth_switched_off(with_token, {}) is None  # on: nothing to say
+    assert auth_switched_off(ServeConfig(), off) is None  # no token: nothing switched off
+
+
 def test_auth_enabled_without_a_token_names_what_to_set() -> None:
     with pytest.raises(ValueError, match="TOOLS_AUTH_TOKEN"):
         resolve_auth_token(ServeConfig(), {"TOOLS_AUTH_ENABLED": "true"})

@@ -420,6 +420,33 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
     return token
 
 
+def auth_switched_off(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """A warning when a token is configured but bearer auth is switched off
+    (``TOOLS_AUTH_ENABLED=false`` or ``[server] auth_enabled = false``), else None.
+
+    The token is never quoted."""
+    env = os.environ if env is None else env
+    configured = (cfg.auth_token is not None and bool(cfg.auth_token.get_secret_value())) or bool(
+        env.get(AUTH_TOKEN_ENV)
+    )
+    if not configured:
+        return None
+    raw = env.get(AUTH_ENABLED_ENV)
+    if raw is not None and raw.strip() != "":
+        if _truthy(raw, AUTH_ENABLED_ENV):
+            return None
+        by = f"{AUTH_ENABLED_ENV}={raw.strip()}"
+    elif cfg.auth_enabled is False:
+        by = "[server] auth_enabled = false"
+    else:
+        return None
+    return (
+        f"bearer auth is off ({by}) although a token is configured: HTTP clients are not "
+        "asked for it, and anyone who can connect can call every tool; remove the setting "
+        "that turns it off, or the token"
+    )
+
+
 def validate_server_table(data: Mapping[str, Any]) -> ServeConfig:
     """``[server]`` validated (raises ``pydantic.ValidationError``)."""
     return ServeConfig.model_validate(dict(data))

@@ -53,7 +53,7 @@ import toolwire
 from toolwire import ConfigError, Kernel, Tool, ToolResult, export_tool
 
 from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
-from ._config import ServeConfig, resolve_auth_token
+from ._config import ServeConfig, auth_switched_off, resolve_auth_token
 from ._convert import content_blocks, result_meta, utf8_safe
 from ._fastpath import install_fast_path
 from ._guard import remember_guard_verdicts
@@ -794,6 +794,10 @@ async def run_server(
             "under asyncio (anyio.run(main) or asyncio.run(main))"
         )
     token = resolve_auth_token(cfg) if cfg.transport == "http" else None
+    if cfg.transport == "http" and token is None:
+        switched_off = auth_switched_off(cfg)
+        if switched_off is not None:
+            log.warning("%s", switched_off)
     gate = serve_gate(cfg)
     app: Starlette | None = None
     if cfg.transport == "http":
