@@ -248,6 +248,32 @@ async def test_a_timeout_answers_timeout(upstream: HttpUpstream, direct: bool) -
 
 
 @PATHS
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "event-stream"])
+async def test_an_answer_over_max_answer_bytes_fails_the_call_only(
+    upstream: HttpUpstream, direct: bool, stream: bool
+) -> None:
+    """A server answering more than ``max_answer_bytes`` (a JSON body, or one event) fails
+    that call with an error naming the setting; the next calls are served as before."""
+    limit = 64 * 1024
+    entry = {"url": upstream.url, "max_answer_bytes": limit}
+    async with gateway(entry, direct=direct) as (k, up):
+        progress = Progress() if stream else None
+        r = await k.call("up_big", {"size": 3 * limit, "stream": stream}, progress=progress)
+        assert r.error is not None and r.error.kind == "tool_error", r.error
+        assert r.error.details["answer_too_large"] is True
+        assert r.error.details["max_answer_bytes"] == limit
+        assert f"max_answer_bytes = {limit} bytes ([plugins.mcp.servers.up])" in r.error.message
+        assert not r.error.retryable  # the same call would bring the same answer
+        if stream:
+            assert progress is not None and progress.got == [(0, 1, "starting")]
+        # under the cap (the text comes twice: content and structuredContent), still up
+        r = await k.call("up_big", {"size": limit // 4, "stream": stream}, progress=progress)
+        assert r.content == {"result": "x" * (limit // 4)}, r.error
+        assert up.status == "up"
+        assert up.direct_calls == (2 if direct else 0)
+
+
+@PATHS
 async def test_list_changed_announced_during_a_call_re_lists(
     upstream: HttpUpstream, direct: bool
 ) -> None:

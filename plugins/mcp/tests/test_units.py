@@ -34,6 +34,8 @@ from toolwire_mcp._convert import (
         ({"command": "x", "transport": "stdio", "type": "sse"}, "disagree"),
         ({"command": "x", "colour": "red"}, "Extra inputs"),
         ({"command": "x", "timeout": 0}, "whole number of milliseconds > 0"),
+        ({"url": "http://h/mcp", "max_answer_bytes": 10}, "greater than or equal to 1024"),
+        ({"url": "http://h/sse", "max_answer_bytes": 4096}, "does not apply to a legacy SSE"),
     ],
 )
 def test_server_entries_are_checked(entry: dict[str, Any], needle: str) -> None:
@@ -481,6 +483,7 @@ def test_a_long_stderr_line_is_kept_short() -> None:
     [
         ({"command": "srv", "headers": {"x": "1"}}, "`headers`"),
         ({"command": "srv", "auth": "t"}, "`auth`"),
+        ({"command": "srv", "max_answer_bytes": 4096}, "`max_answer_bytes`"),
         ({"url": "http://h/mcp", "env": {"A": "1"}}, "`env`"),
         ({"url": "http://h/mcp", "args": ["-v"], "cwd": "/tmp"}, "`args`, `cwd`"),
     ],

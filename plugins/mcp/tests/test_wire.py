@@ -20,7 +20,14 @@ import pytest
 import trustme
 from toolwire_mcp_testkit import Server, direct_caller, serving
 
-from toolwire_mcp._wire import ConnectError, Disconnected, Pool, ProtocolError, WireError
+from toolwire_mcp._wire import (
+    ConnectError,
+    Disconnected,
+    Pool,
+    ProtocolError,
+    TooLarge,
+    WireError,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -570,3 +577,98 @@ async def test_an_error_answer_read_whole_keeps_the_connection() -> None:
         assert not getattr(ok, "is_error", True)
         await caller.close()
     assert srv.connections == 1
+
+
+async def test_a_body_over_the_read_limit_raises_and_keeps_nothing() -> None:
+    """``max_body``: a Content-Length over it fails before the body comes; a chunked
+    body fails once past it; a body at the limit is read whole, on the same connection."""
+    limit = 100_000
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (limit + 1))
+        await w.drain()  # and the body never comes
+        await s.read_request(r)  # a new connection for this one: the first was dropped
+
+    async def chunked(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        part = b"y" * 10_000
+        for _ in range(limit // len(part)):  # exactly the limit: read whole
+            w.write(b"%x\r\n%s\r\n" % (len(part), part))
+        w.write(b"0\r\n\r\n")
+        await s.read_request(r)  # the same connection serves the next request
+        w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+        for _ in range(100):  # then 1 MB, endless as far as the limit goes
+            w.write(b"%x\r\n%s\r\n" % (len(part), part))
+            await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, max_body=limit)
+        resp = await pool.post(b"{}")
+        with pytest.raises(TooLarge, match=f"over {limit} bytes") as info:
+            await asyncio.wait_for(resp.read(), 5)
+        assert info.value.limit == limit
+        resp.close()
+        await pool.close()
+
+    async with serving(chunked) as srv:
+        pool = pool_for(srv, max_body=limit)
+        resp = await pool.post(b"{}")
+        assert await resp.read() == b"y" * limit
+        resp.release()
+        resp = await pool.post(b"{}")
+        with pytest.raises(TooLarge):
+            await asyncio.wait_for(resp.read(), 5)
+        # nothing of it kept, and not read to its end (reading pauses at 256 KiB unread)
+        assert not resp._chunks and resp._size < 100 * len(b"y" * 10_000)
+        resp.close()
+        await pool.close()
+    assert srv.connections == 1
+
+
+async def test_a_compressed_body_is_not_expanded_past_the_read_limit() -> None:
+    """A gzip "bomb" (100 MB of zeros in about 100 KB) stops at the limit, decompressed."""
+    bomb = gzip.compress(b"\0" * 100_000_000, compresslevel=9)
+    limit = 1_000_000
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(bomb, "content-encoding: gzip"))
+        await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, max_body=limit)
+        resp = await pool.post(b"{}")
+        with pytest.raises(TooLarge):
+            await asyncio.wait_for(resp.read(), 5)
+        assert resp._size <= 2 * (limit + 1)  # decompressed past the limit by one read, no more
+        resp.close()
+        await pool.close()
+
+
+async def test_a_compressed_stream_read_is_not_expanded_past_max_body() -> None:
+    """A streamed body (SSE) has no cap on its whole, but one read may not decompress to
+    more than ``max_body``; plain reads of any size pass."""
+    bomb = gzip.compress(b"\0" * 100_000_000, compresslevel=9)
+    plain = b"z" * 500_000
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(plain, "content-type: text/event-stream"))
+        await s.read_request(r)
+        w.write(answer(bomb, "content-type: text/event-stream", "content-encoding: gzip"))
+        await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, max_body=100_000)
+        resp = await pool.post(b"{}")
+        assert b"".join([c async for c in resp.chunks()]) == plain
+        resp.release()
+        resp = await pool.post(b"{}")
+        with pytest.raises(TooLarge):
+            async for _ in resp.chunks():
+                pass
+        assert resp._size <= 100_000
+        resp.close()
+        await pool.close()

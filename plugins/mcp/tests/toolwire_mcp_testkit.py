@@ -280,7 +280,10 @@ class Server:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            if await reader.read() == b"":
+            try:
+                if await reader.read() == b"":
+                    self.closed_by_client.set()
+            except ConnectionError:  # reset: the client closed with our answer unread
                 self.closed_by_client.set()
             writer.close()
 

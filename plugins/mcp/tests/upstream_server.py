@@ -2,7 +2,7 @@
 
 Tools: ``forecast`` (text), ``stats`` (structured), ``fail`` (ToolError),
 ``limited`` (a rate-limit error in words), ``steps`` (progress notifications),
-``crash`` (the process dies mid-call), ``grow`` (adds a tool and announces
+``big`` (a long answer), ``crash`` (the process dies mid-call), ``grow`` (adds a tool and announces
 ``tools/list_changed``), ``seen_meta`` (echoes the request ``_meta``),
 ``hidden`` (for include/exclude tests), ``slow`` (sleeps; ``slow_state`` counts
 how such calls ended), ``envelope`` (the request's ``_meta`` and MCP headers),
@@ -79,6 +79,14 @@ async def steps(n: int, ctx: Context) -> dict[str, int]:
     for i in range(n):
         await ctx.report_progress(i + 1, n, f"step {i + 1} of {n}")
     return {"steps": n}
+
+
+@mcp.tool
+async def big(size: int, ctx: Context, stream: bool = False) -> str:
+    """Answers ``size`` characters; ``stream``: after a progress notification (an SSE answer)."""
+    if stream:
+        await ctx.report_progress(0, 1, "starting")
+    return "x" * size
 
 
 @mcp.tool

@@ -82,6 +82,13 @@ class ServerConfig(BaseModel):
         description='bearer token sent to the server; write {"$secretRef" = "NAME"}',
         json_schema_extra={"toolwire_not_secret": ["oauth"]},  # a mode, not a credential
     )
+    max_answer_bytes: int = Field(
+        32 * 1024 * 1024,
+        ge=1024,
+        description="HTTP: the largest answer taken from this server, in bytes (a JSON "
+        "response, or one event of an event stream, decompressed); a larger one fails the "
+        "call (`tool_error`, `details.answer_too_large`) and is not kept in memory",
+    )
     # common
     timeout: int | None = Field(
         None, gt=0, description="per-request timeout in milliseconds (mcpServers convention)"
@@ -171,9 +178,15 @@ class ServerConfig(BaseModel):
         # Keys of the other kind of server would be ignored without a word.
         stray = (
             [k for k in ("headers", "auth") if getattr(self, k)]
+            + [k for k in ("max_answer_bytes",) if k in self.model_fields_set]
             if self.command
             else [k for k in ("args", "env", "cwd") if getattr(self, k)]
         )
+        if "max_answer_bytes" in self.model_fields_set and self.url and self.kind == "sse":
+            raise ValueError(
+                "`max_answer_bytes` does not apply to a legacy SSE server (transport 'sse'): "
+                "the MCP SDK caps its events at 1 MiB"
+            )
         if stray:
             what = "a stdio server (`command`)" if self.command else "an HTTP server (`url`)"
             verb = "does" if len(stray) == 1 else "do"

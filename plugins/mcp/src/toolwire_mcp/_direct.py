@@ -48,7 +48,7 @@ from mcp.shared.inbound import (
 from pydantic import ValidationError
 
 from ._lenient import from_json
-from ._wire import Pool, Response, WireError
+from ._wire import Pool, Response, TooLarge, WireError
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
 
@@ -65,12 +65,12 @@ _LOG_LEVEL: Final = "debug"
 _LOG_LEVEL_META_KEY: Final = "io.modelcontextprotocol/logLevel"
 
 #: The MCP transport's limits: 30 s to connect, 300 s between reads (the
-#: stream may stay open), 1 MiB per SSE event (FastMCP's transport default).
+#: stream may stay open). The size of an answer is the server entry's
+#: ``max_answer_bytes``.
 _CONNECT_S: Final = 30.0
 #: How long a call may wait for a pooled connection (as httpx2's pool timeout) plus connecting.
 _POOL_WAIT_S: Final = 60.0
 _READ_S: Final = 300.0
-_MAX_EVENT: Final = 1024 * 1024
 #: Shorter than common server keep-alive timeouts (uvicorn: 5 s), so an idle
 #: connection the server is about to close is not reused.
 _KEEPALIVE_S: Final = 4.0
@@ -91,6 +91,17 @@ class HTTPRefusal(Exception):
         super().__init__(f"HTTP {status}")
         self.status = status
         self.retry_after = retry_after
+
+
+class AnswerTooLarge(Exception):
+    """The server's answer (a JSON body, or one event) is over ``max_answer_bytes``.
+
+    Nothing of it was kept; the connection is dropped. The call may have run.
+    """
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer is over {limit} bytes")
+        self.limit = limit
 
 
 class NotMirrored(Exception):
@@ -125,8 +136,10 @@ class DirectCaller:
         auth: str | None,
         timeout_s: float | None,
         on_list_changed: Callable[[], None],
+        max_answer_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.server = server
+        self._max_answer = max_answer_bytes
         self.protocol_version = protocol_version
         self._url = url
         self._timeout_s = timeout_s
@@ -167,6 +180,7 @@ class DirectCaller:
             connect_s=_CONNECT_S,
             pool_wait_s=_POOL_WAIT_S,
             read_s=read_s,
+            max_body=max_answer_bytes,
         )
 
     @property
@@ -293,7 +307,7 @@ class DirectCaller:
             if ctype.startswith("application/json"):
                 try:
                     msg = mcp_types.jsonrpc_message_adapter.validate_json(
-                        await resp.read(), by_name=False
+                        await self._read(resp), by_name=False
                     )
                 except (ValidationError, ValueError):
                     msg = None
@@ -307,7 +321,7 @@ class DirectCaller:
                 raise MCPError(code=mcp_types.METHOD_NOT_FOUND, message="Not Found")
             raise MCPError(code=mcp_types.INTERNAL_ERROR, message=SDK_REFUSED_TEXT)
         if ctype.startswith("application/json"):
-            raw = await resp.read()
+            raw = await self._read(resp)
             try:
                 msg = from_json(raw)
             except ValueError as exc:
@@ -324,6 +338,12 @@ class DirectCaller:
         if ctype.startswith("text/event-stream"):
             return await self._events(resp, name, rid, progress)
         raise MCPError(code=mcp_types.INVALID_REQUEST, message=f"Unexpected content type: {ctype}")
+
+    async def _read(self, resp: Response) -> bytes:
+        try:
+            return await resp.read()
+        except TooLarge as exc:
+            raise AnswerTooLarge(exc.limit) from None
 
     # ------------------------------------------------------------- answers
     @staticmethod
@@ -350,6 +370,14 @@ class DirectCaller:
         self, resp: Response, name: str, rid: int, progress: ProgressFn | None
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         """Read SSE frames until the response: notifications on the way, comments ignored."""
+        try:
+            return await self._read_events(resp, name, rid, progress)
+        except TooLarge as exc:  # one compressed read expanding past the cap
+            raise AnswerTooLarge(exc.limit) from None
+
+    async def _read_events(
+        self, resp: Response, name: str, rid: int, progress: ProgressFn | None
+    ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         buf = bytearray()
         first = True
         data: list[bytes] = []
@@ -386,11 +414,8 @@ class DirectCaller:
                     log.warning("MCP server %r: unknown SSE event %r", self.server, event)
                 data, size, event = [], 0, b""
             del buf[:start]
-            if size + len(buf) > _MAX_EVENT:
-                raise MCPError(
-                    code=mcp_types.CONNECTION_CLOSED,
-                    message=f"SSE stream failed: an event exceeds {_MAX_EVENT} bytes",
-                )
+            if size + len(buf) > self._max_answer:
+                raise AnswerTooLarge(self._max_answer)
         raise MCPError(
             code=mcp_types.CONNECTION_CLOSED, message="SSE stream ended without a response"
         )

@@ -23,10 +23,10 @@ import threading
 import urllib.parse
 import urllib.request
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
 from time import monotonic
-from typing import Any, Literal
+from typing import Any, Final, Literal, cast
 
 import anyio
 import httpx2
@@ -72,6 +72,7 @@ from ._convert import (
 from ._direct import (
     CLIENT_INFO,
     SDK_REFUSED_TEXT,
+    AnswerTooLarge,
     DirectCaller,
     HTTPRefusal,
     NotMirrored,
@@ -117,6 +118,49 @@ def _schema_violation(exc: BaseException) -> bool:
 _REFUSALS: ContextVar[list[tuple[int, str | None]] | None] = ContextVar(
     "toolwire_mcp_refusals", default=None
 )
+
+
+class _OverLimit(httpx2.StreamError):
+    """Raised reading a FastMCP-client answer over ``max_answer_bytes`` (the SDK then
+    answers the request with a parse error quoting this text, recognized by ``_MARK``)."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"{_MARK} {limit} bytes")
+
+
+_MARK: Final = "toolwire: the answer is over max_answer_bytes ="
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    """A response body that stops at ``limit`` bytes (``_OverLimit``)."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, declared: int | None) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._declared = declared
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._declared is not None and self._declared > self._limit:
+            raise _OverLimit(self._limit)
+        size = 0
+        async for chunk in self._inner:
+            size += len(chunk)
+            if size > self._limit:
+                raise _OverLimit(self._limit)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _too_large(exc: MCPError, limit: int) -> bool:
+    """Whether the SDK's error is an answer over ``limit``: a JSON body ``_CappedStream``
+    stopped, or an event over the transport's ``max_sse_event_size``."""
+    if exc.code == mcp_types.PARSE_ERROR:
+        return f"{_MARK} {limit} bytes" in exc.message
+    return exc.code == mcp_types.CONNECTION_CLOSED and exc.message.endswith(
+        f"exceeded the {limit} byte limit."
+    )
 
 
 def _session_dead(client: Client[Any]) -> bool:
@@ -420,7 +464,11 @@ class Upstream:
                 str(cfg.url), headers=dict(cfg.headers), auth=auth, httpx_client_factory=factory
             )
         return StreamableHttpTransport(
-            str(cfg.url), headers=dict(cfg.headers), auth=auth, httpx_client_factory=factory
+            str(cfg.url),
+            headers=dict(cfg.headers),
+            auth=auth,
+            httpx_client_factory=factory,
+            max_sse_event_size=cfg.max_answer_bytes,
         )
 
     def _http_client(
@@ -430,9 +478,24 @@ class Upstream:
         auth: httpx2.Auth | None = None,
         **_: Any,
     ) -> httpx2.AsyncClient:
-        """The HTTP client of the MCP transport, noting refused responses (401, 403, 5xx)."""
+        """The HTTP client of the MCP transport, noting refused responses (401, 403, 5xx),
+        and stopping a JSON answer at ``max_answer_bytes``.
+
+        It asks for answers uncompressed (``Accept-Encoding: identity``), so the
+        bytes counted are the bytes kept: a small compressed body cannot expand
+        past the cap. (The direct path decompresses under the cap itself.)
+        """
+        limit = self.cfg.max_answer_bytes
 
         async def note(response: httpx2.Response) -> None:
+            ctype = response.headers.get("content-type", "").lower()
+            if not ctype.startswith("text/event-stream"):  # events: max_sse_event_size
+                declared = response.headers.get("content-length", "")
+                response.stream = _CappedStream(
+                    cast(httpx2.AsyncByteStream, response.stream),
+                    limit,
+                    int(declared) if declared.isdigit() else None,
+                )
             if response.status_code >= 400:
                 self._http_status = response.status_code
                 refusals = _REFUSALS.get()
@@ -440,7 +503,7 @@ class Upstream:
                     refusals.append((response.status_code, response.headers.get("retry-after")))
 
         return httpx2.AsyncClient(
-            headers=headers,
+            headers={**(headers or {}), "accept-encoding": "identity"},
             timeout=timeout or httpx2.Timeout(30.0, read=300.0),
             auth=auth,
             event_hooks={"response": [note]},
@@ -575,6 +638,7 @@ class Upstream:
             auth=auth,
             timeout_s=cfg.timeout_s,
             on_list_changed=self._list_changed,
+            max_answer_bytes=cfg.max_answer_bytes,
         )
         return self._http
 
@@ -1070,6 +1134,8 @@ class Upstream:
                 meta=meta,
             )
         except MCPError as exc:
+            if _too_large(exc, self.cfg.max_answer_bytes):
+                raise AnswerTooLarge(self.cfg.max_answer_bytes) from exc
             # The SDK answers a refused POST with this stand-in; the status tells more.
             if (
                 refusals
@@ -1169,6 +1235,15 @@ class Upstream:
             )
         if isinstance(exc, TimeoutError):
             return ToolError(f"{prefix}: timed out", kind=ErrorKind.TIMEOUT, details=where)
+        if isinstance(exc, AnswerTooLarge):
+            return ToolError(
+                f"{prefix}: the server's answer is over max_answer_bytes = {exc.limit} bytes "
+                f"([plugins.mcp.servers.{self.name}]); it was dropped. The call may have taken "
+                "effect upstream: check before calling it again; raise max_answer_bytes if "
+                "answers this large are expected",
+                kind=ErrorKind.TOOL_ERROR,
+                details={**where, "answer_too_large": True, "max_answer_bytes": exc.limit},
+            )
         if _schema_violation(exc):
             # The SDK's check of a result against the tool's output schema: the server
             # answered, the answer is wrong. Not a lost connection. What it answered is kept:

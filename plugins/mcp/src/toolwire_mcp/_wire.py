@@ -36,7 +36,15 @@ from urllib.parse import urlsplit
 
 import httptools
 
-__all__ = ["ConnectError", "Disconnected", "Pool", "ProtocolError", "Response", "WireError"]
+__all__ = [
+    "ConnectError",
+    "Disconnected",
+    "Pool",
+    "ProtocolError",
+    "Response",
+    "TooLarge",
+    "WireError",
+]
 
 #: The largest status line plus headers accepted, as aiohttp's default limits roughly allow.
 MAX_HEAD: Final = 64 * 1024
@@ -58,6 +66,14 @@ class Disconnected(WireError):
 
 class ProtocolError(WireError):
     """The server's bytes are not an HTTP/1.1 response this client can read."""
+
+
+class TooLarge(WireError):
+    """A body (decompressed) longer than the reader's limit; what came of it is dropped."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the body is over {limit} bytes")
+        self.limit = limit
 
 
 def _zlib_header(data: bytes) -> bool:
@@ -85,13 +101,16 @@ class Response:
         "_decoder",
         "_done",
         "_error",
+        "_limit",
         "_raw_deflate_ok",
+        "_size",
         "_waiter",
+        "_whole",
         "headers",
         "status",
     )
 
-    def __init__(self, conn: _Conn) -> None:
+    def __init__(self, conn: _Conn, limit: int | None = None) -> None:
         self._conn: _Conn | None = conn
         self.status = 0
         self.headers: dict[str, str] = {}
@@ -101,6 +120,10 @@ class Response:
         self._waiter: asyncio.Future[None] | None = None
         self._decoder: zlib._Decompress | None = None
         self._raw_deflate_ok = False
+        #: Bytes of body received (decompressed), and the pool's ``max_body`` (None: no cap).
+        self._size = 0
+        self._limit = limit
+        self._whole = False  # read() was called: the limit is on the whole body
 
     # -- fed by the connection
     def _wake(self) -> None:
@@ -109,18 +132,36 @@ class Response:
             w.set_result(None)
 
     def _feed(self, data: bytes) -> None:
+        if self._error is not None:
+            return  # a failed answer (too large, say): the rest is dropped as it comes
+        limit = self._limit
         if self._decoder is not None:
             if self._raw_deflate_ok:  # "deflate" is meant zlib-wrapped; some send it raw
                 self._raw_deflate_ok = False
                 if len(data) >= 2 and not _zlib_header(data):
                     self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
             try:
-                data = self._decoder.decompress(data)
+                # capped: a small compressed read may expand a thousandfold
+                data = self._decoder.decompress(data, 0 if limit is None else limit + 1)
             except zlib.error as exc:
                 self._fail(ProtocolError(f"bad {self.headers.get('content-encoding')} body: {exc}"))
                 return
+            if limit is not None and len(data) > limit:  # one read expanding past the cap
+                self._too_large(limit)
+                return
         if data:
+            self._size += len(data)
+            if limit is not None and self._whole and self._size > limit:
+                self._too_large(limit)
+                return
             self._chunks.append(data)
+            self._wake()
+
+    def _too_large(self, limit: int) -> None:
+        self._chunks.clear()  # nothing of it is kept, even when it all came
+        self._decoder = None
+        if self._error is None:
+            self._error = TooLarge(limit)
             self._wake()
 
     def _finish(self) -> None:
@@ -164,7 +205,17 @@ class Response:
         return self._done and self._error is None and not self._chunks
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body: at most the pool's ``max_body`` bytes (decompressed), else
+        ``TooLarge``, raised as soon as it is known (a larger Content-Length, or the bytes
+        so far)."""
+        self._whole = True
+        limit = self._limit
+        if limit is not None and self._error is None:
+            declared = self.headers.get("content-length", "")
+            if self._size > limit or (
+                self._decoder is None and declared.isdigit() and int(declared) > limit
+            ):
+                self._too_large(limit)
         while not self._done:
             if self._error is not None:
                 raise self._error
@@ -176,7 +227,8 @@ class Response:
         return body
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as it arrives, chunk by chunk."""
+        """The body as it arrives, chunk by chunk (no cap on the whole: a stream may run
+        long; a single read decompressing past ``max_body`` is ``TooLarge``)."""
         while True:
             if self._chunks:
                 data = b"".join(self._chunks)
@@ -346,7 +398,7 @@ class _Conn(asyncio.Protocol):
     def request(self, data: bytes, read_s: float) -> asyncio.Future[Response]:
         """Send one request; the future resolves with the response once its headers are in."""
         assert self.transport is not None
-        self._resp = Response(self)
+        self._resp = Response(self, self.pool.max_body)
         self._head = self.loop.create_future()
         self._head_size = 0
         self._pre_head = 0
@@ -409,6 +461,8 @@ class _Conn(asyncio.Protocol):
 class Pool:
     """POSTs to one URL over at most ``limit`` keep-alive connections.
 
+    ``max_body``: the longest body ``Response.read`` takes, decompressed (and the
+    most one read of a streamed body may decompress to); None: no cap.
     Create it inside the event loop; ``close()`` it when done.
     """
 
@@ -423,8 +477,10 @@ class Pool:
         connect_s: float = 30.0,
         pool_wait_s: float = 60.0,
         read_s: float = 300.0,
+        max_body: int | None = None,
     ) -> None:
         parts = urlsplit(url)
+        self.max_body = max_body
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"{url!r}: not an http(s) URL")
         self.loop = asyncio.get_running_loop()
