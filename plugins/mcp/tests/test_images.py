@@ -159,3 +159,26 @@ async def test_serve_config_sets_the_roots(tmp_path: Path) -> None:
             r = await c.post("/mcp", json=body, headers=headers_for(body))
     [block] = r.json()["result"]["content"]
     assert block["type"] == "text" and "is outside the directories" in block["text"]
+
+
+def test_a_folder_swapped_for_a_link_after_the_check_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The roots are checked on the resolved path, then the file is opened. A folder under
+    a root replaced by a link to elsewhere in between (``realpath`` saw a real folder) must
+    not lead the open out of the roots. Before, only the last step refused links."""
+    from toolwire_mcp import _images
+
+    served, outside = tmp_path / "served", tmp_path / "outside"
+    served.mkdir()
+    outside.mkdir()
+    (outside / "secret.png").write_bytes(PNG)
+    (served / "shots").symlink_to(outside, target_is_directory=True)  # the swap, done
+    (served / "real").mkdir()
+    (served / "real" / "ok.png").write_bytes(PNG)
+    files = _images.ImageFiles(roots=[served])
+    # realpath as it was before the swap: "shots" still a folder of its own
+    monkeypatch.setattr(_images.os.path, "realpath", lambda p: os.path.normpath(p))
+    with pytest.raises(_images._NotSent, match="cannot read"):
+        files._read(str(served / "shots" / "secret.png"))
+    assert files._read(str(served / "real" / "ok.png")).data == base64.b64encode(PNG).decode()

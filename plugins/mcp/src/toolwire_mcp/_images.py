@@ -10,8 +10,9 @@ that:
 
 - lies under one of the directories it may read (``[server] image_roots``;
   default: the system temp directory and the working directory), symlinks
-  resolved first and the file opened without following a link, so a result
-  cannot name ``/etc/shadow``;
+  resolved first and then every folder on the way and the file opened
+  without following a link, so a result cannot name ``/etc/shadow``, nor
+  reach it through a folder swapped for a link after the check;
 - is a regular file (not a FIFO or a device, which could block a reader)
   no larger than ``[server] image_max_bytes`` (10 MiB by default);
 - starts with the bytes of a PNG, JPEG, GIF, WebP or BMP image (its type is
@@ -108,15 +109,14 @@ class ImageFiles:
         if not os.path.isabs(path):
             raise _NotSent(f"{IMG_PATH_KEY} {path!r} is not an absolute path")
         real = Path(os.path.realpath(path))
-        if not any(real.is_relative_to(root) for root in self.roots):
+        root = next((r for r in self.roots if real.is_relative_to(r)), None)
+        if root is None:
             roots = ", ".join(str(r) for r in self.roots)
             raise _NotSent(
                 f"{path} is outside the directories images are served from ({roots}); "
                 "add its directory to [server] image_roots"
             )
-        # No link followed at the last step (one swapped in after realpath), no blocking
-        # open of a FIFO; then only a regular file is read.
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = _open_beneath(root, real.relative_to(root).parts, path)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -138,6 +138,35 @@ class ImageFiles:
         return mcp_types.ImageContent(
             type="image", data=base64.b64encode(data).decode(), mime_type=mime
         )
+
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0)
+
+
+def _open_beneath(root: Path, parts: tuple[str, ...], shown: str) -> int:
+    """A descriptor of the file ``root/parts...``, following no link on the way.
+
+    ``parts`` come from ``realpath``: none was a link when it looked. Each
+    directory is then opened from the one before it without following a link,
+    so a directory swapped for a link to elsewhere after that look fails the
+    open (``ELOOP``/``ENOTDIR``) instead of leading out of ``root``; the file
+    itself is opened non-blocking (no hanging on a FIFO). Where ``dir_fd`` is
+    not supported (Windows), only the last step is guarded.
+    """
+    if not parts:
+        raise _NotSent(f"{shown} is not a regular file")
+    if os.open not in os.supports_dir_fd:
+        return os.open(root.joinpath(*parts), _FILE_FLAGS)
+    fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)  # the root as configured, links allowed
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
 class _NotSent(Exception):
