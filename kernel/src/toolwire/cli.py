@@ -244,7 +244,8 @@ async def _cancel_on_sigterm(
             signal.signal(signal.SIGTERM, previous)
 
 
-#: Entry points ``(server_table, file) -> None`` that validate ``[server]`` (raise ConfigError).
+#: Entry points ``(server_table, file, config) -> None`` that validate ``[server]`` (raise
+#: ConfigError, log warnings).
 SERVER_CONFIG_GROUP = "toolwire.server_config"
 
 
@@ -256,7 +257,7 @@ def _check_server_table(cfg: ToolwireConfig) -> str | None:
     if not checkers:
         return "not checked: `toolwire serve` (pip install toolwire-mcp) is not installed"
     for ep in checkers:
-        ep.load()(cfg.server, cfg.path)
+        ep.load()(cfg.server, cfg.path, cfg)
     return "ok"
 
 

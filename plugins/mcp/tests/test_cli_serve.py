@@ -935,6 +935,40 @@ def test_a_plain_text_auth_token_in_the_file_is_warned_about(
         assert "s3cret" not in text
 
 
+def test_config_check_warns_what_serve_would_of_the_server_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `config check` said "ok" with no warning of a plain-text [server] auth_token
+    or of auth switched off although a token is set; `serve` warned of both at start."""
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith(("TOOLWIRE_", "TOOLS_AUTH_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
+    monkeypatch.setenv("GW_REF_TOKEN", "from-the-environment")
+    cases = {
+        'auth_token = "s3cret-in-the-file"': "server.auth_token holds a credential in plain text",
+        'auth_token = {"$secretRef" = "GW_REF_TOKEN"}\nauth_enabled = false': (
+            "bearer auth is off ([server] auth_enabled = false) although a token is configured"
+        ),
+        'auth_token = {"$secretRef" = "GW_REF_TOKEN"}': None,
+    }
+    for table, warning in cases.items():
+        (tmp_path / "gw.toml").write_text(
+            f'enabled_plugins = []\n[server]\ntransport = "http"\n{table}\n'
+        )
+        assert main(["--config", "gw.toml", "config", "check", "--strict"]) == (
+            0 if warning is None else 1
+        )
+        out = capsys.readouterr().out
+        warnings = json.loads(out)["warnings"]
+        if warning is None:
+            assert warnings == []
+        else:
+            assert len(warnings) == 1 and warning in warnings[0], warnings
+        assert "s3cret" not in out
+
+
 def test_config_check_lists_an_unreachable_server_in_its_warnings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,7 @@ import pydantic
 from toolwire import ConfigError, ToolwireConfig, warn_plain_secrets
 from toolwire.cli import add_config_option, build_cli_kernel, load_cli_config, unknown_key
 
-from ._config import ServeConfig, resolve_auth_token
+from ._config import ServeConfig, auth_switched_off, resolve_auth_token
 
 __all__ = ["register"]
 
@@ -75,10 +75,16 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
     return cfg
 
 
-def check_server_table(data: dict[str, Any], file: str | None) -> None:
-    """``toolwire config check``'s check of ``[server]`` (entry point ``toolwire.server_config``)."""
+def check_server_table(data: dict[str, Any], file: str | None, config: ToolwireConfig) -> None:
+    """``toolwire config check``'s check of ``[server]`` (entry point ``toolwire.server_config``):
+    the errors and warnings ``toolwire serve`` would give at start."""
     cfg = serve_config(data, file, argparse.Namespace())
+    warn_plain_secrets(cfg, "server", config)  # a plain auth_token in the file
     loop_options(cfg.loop, file)
+    if cfg.transport == "http" and resolve_auth_token(cfg) is None:
+        switched_off = auth_switched_off(cfg)
+        if switched_off is not None:
+            logging.getLogger("toolwire.serve").warning("%s", switched_off)
 
 
 def loop_options(choice: str, file: str | None = None) -> dict[str, Any]:
