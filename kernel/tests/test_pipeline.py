@@ -65,6 +65,12 @@ async def test_unknown_tool_is_not_found_with_close_names() -> None:
     assert r.error.kind == "not_found"
     assert "'add'" in r.error.message
     assert r.error.details["close_matches"] == ["add"]
+    # for every caller: a model over MCP cannot run `toolwire tools`, a program has no shell
+    n = len(make_kernel().list_tools())
+    assert r.error.message == (
+        f"unknown tool 'ad'; did you mean 'add'? (MCP tools/list, kernel.list_tools() and "
+        f"`toolwire tools` list the {n} tools there are)"
+    )
 
 
 async def test_an_empty_catalog_says_so_and_how_to_fill_it() -> None:

@@ -1158,7 +1158,9 @@ class Kernel:
         return self._fail(
             ctx,
             ErrorKind.NOT_FOUND,
-            f"unknown tool {name!r}{hint} (list the tools with `toolwire tools` or kernel.list_tools())",
+            # Said for every caller: a model over MCP, a program, an operator at a shell.
+            f"unknown tool {name!r}{hint} (MCP tools/list, kernel.list_tools() and "
+            f"`toolwire tools` list the {len(self._catalog)} tools there are)",
             close_matches=close,
         )
 
