@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import anyio
@@ -16,6 +16,7 @@ import pytest
 
 from toolwire.state import Entry, RedisStore, StateDataError, StateStoreError, open_store
 from toolwire.state._redis import CHANNEL_PREFIX, redact_url
+from toolwire.testing import _skip_or_fail
 
 pytestmark = pytest.mark.anyio
 
@@ -107,19 +108,20 @@ async def test_rediss_to_a_server_without_tls_says_so_before_the_connect_timeout
     )
 
 
+def _missing(problem: str) -> NoReturn:
+    """Skip, or fail where Redis is required (``TOOLWIRE_REQUIRE_REDIS``, as in CI)."""
+    _skip_or_fail(problem, "install redis-server and openssl (Debian: apt-get install ...)")
+
+
 @pytest.fixture
 def tls_redis(free_tcp_port: int, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """A private redis-server that speaks TLS only: (its port, the CA file to trust)."""
-    import os
     import shutil
     import subprocess
 
     exe, openssl = shutil.which("redis-server"), shutil.which("openssl")
     if exe is None or openssl is None:
-        missing = "redis-server" if exe is None else "openssl"
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS") == "1":
-            pytest.fail(f"{missing} is not on PATH")
-        pytest.skip(f"{missing} is not on PATH")
+        _missing(f"{'redis-server' if exe is None else 'openssl'} is not on PATH")
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
         [
@@ -144,10 +146,7 @@ def tls_redis(free_tcp_port: int, tmp_path: Path) -> Iterator[tuple[int, Path]]:
         for _ in range(100):
             if proc.poll() is not None:  # e.g. a redis-server built without TLS
                 text = log.read_text(errors="replace")
-                why = f"redis-server cannot serve TLS here: {text[-300:]}"
-                if os.environ.get("TOOLWIRE_REQUIRE_REDIS") == "1":  # CI: never skip
-                    pytest.fail(why)
-                pytest.skip(why)
+                _missing(f"redis-server cannot serve TLS here: {text[-300:]}")
             try:
                 client.ping()
                 break
@@ -220,15 +219,12 @@ async def test_a_slow_tls_server_is_waited_for_not_taken_for_one_without_tls(
 @pytest.fixture
 def password_redis(free_tcp_port: int) -> Iterator[str]:
     """A private redis-server that requires a password: its URL without the password."""
-    import os
     import shutil
     import subprocess
 
     exe = shutil.which("redis-server")
     if exe is None:
-        if os.environ.get("TOOLWIRE_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server is not on PATH")
-        pytest.skip("redis-server is not on PATH")
+        _missing("redis-server is not on PATH")
     args = ["--bind", "127.0.0.1", "--port", str(free_tcp_port), "--save", ""]
     args += ["--appendonly", "no", "--requirepass", "s3cret-pw"]
     proc = subprocess.Popen([exe, *args], stdout=subprocess.DEVNULL)
