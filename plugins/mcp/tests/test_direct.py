@@ -273,6 +273,76 @@ async def test_an_answer_over_max_answer_bytes_fails_the_call_only(
         assert up.direct_calls == (2 if direct else 0)
 
 
+@pytest.fixture(scope="module")
+def gzipping() -> Iterator[HttpUpstream]:
+    """An upstream that gzips every answer, whatever the client asked for."""
+    up = HttpUpstream(env=clean_env(UPSTREAM_FORCE_GZIP="1")).start()
+    yield up
+    up.stop()
+
+
+@PATHS
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "event-stream"])
+async def test_a_compressed_answer_is_decompressed_under_max_answer_bytes(
+    gzipping: HttpUpstream, direct: bool, stream: bool
+) -> None:
+    """A server sending gzip though asked for none: its answers are read (decompressed
+    here), and a small compressed answer expanding past the cap fails like a large one.
+    Before, the FastMCP client's cap counted the compressed bytes: 8 MiB of 'x' came in
+    whole under a 64 KiB cap."""
+    limit = 64 * 1024
+    async with gateway({"url": gzipping.url, "max_answer_bytes": limit}, direct=direct) as (
+        k,
+        up,
+    ):
+        progress = Progress() if stream else None
+        r = await k.call("up_big", {"size": 128 * limit, "stream": stream}, progress=progress)
+        assert r.error is not None and r.error.details.get("answer_too_large") is True, r.error
+        r = await k.call("up_big", {"size": limit // 4, "stream": stream}, progress=progress)
+        assert r.content == {"result": "x" * (limit // 4)}, r.error
+        assert up.status == "up"
+
+
+async def test_a_listing_over_max_answer_bytes_keeps_the_server_down_naming_the_key(
+    upstream: HttpUpstream,
+) -> None:
+    """The cap holds for every answer of the server, its tool list included: a server
+    listing more than ``max_answer_bytes`` is not connected, and says which key to raise."""
+    cfg = {
+        "servers": {"up": {"url": upstream.url, "max_answer_bytes": 1024}},
+        "connect_timeout_s": 5,
+    }
+    mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+    async with Kernel(plugins=[mcp]):
+        up = mcp._upstreams["up"]
+        assert up.status != "up"
+        assert "max_answer_bytes = 1024 bytes ([plugins.mcp.servers.up])" in str(up.last_error), (
+            up.last_error
+        )
+
+
+@PATHS
+@pytest.mark.parametrize("tool", ["http_503_page", "http_503_json"])
+async def test_a_refusal_with_a_body_over_the_cap_is_still_the_refusal(
+    upstream: HttpUpstream, direct: bool, tool: str
+) -> None:
+    """A 503 whose body (an error page, a JSON-RPC error) is over ``max_answer_bytes``
+    answers ``unavailable`` with its status, and the server stays up. Before, the direct
+    path took the page for a lost connection and dropped the session, and the JSON one
+    for an answer too large (a ``tool_error``)."""
+    async with gateway({"url": upstream.url, "max_answer_bytes": 32 * 1024}, direct=direct) as (
+        k,
+        up,
+    ):
+        r = await k.call(f"up_{tool}", {})
+        assert r.error is not None and r.error.kind == "unavailable", r.error
+        assert r.error.details["status"] == 503
+        assert up.status == "up"
+        assert (await k.call("up_forecast", {"city": "Oslo"})).content == {
+            "result": "sunny in Oslo"
+        }
+
+
 @PATHS
 async def test_list_changed_announced_during_a_call_re_lists(
     upstream: HttpUpstream, direct: bool

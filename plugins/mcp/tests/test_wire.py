@@ -672,3 +672,30 @@ async def test_a_compressed_stream_read_is_not_expanded_past_max_body() -> None:
         assert resp._size <= 100_000
         resp.close()
         await pool.close()
+
+
+async def test_many_compressed_pieces_in_one_read_stop_at_max_body() -> None:
+    """A chunked gzip body of many small pieces, each expanding 100-fold, arriving in one
+    socket read: what is decoded and unread may not pass ``max_body``. Before, each piece
+    was capped alone, and 200 of them buffered 198 times the cap before the reader came."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    pieces = [packer.compress(b"\0" * 99_000) + packer.flush(zlib.Z_SYNC_FLUSH) for _ in range(200)]
+    pieces.append(packer.flush())
+    body = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        head = b"content-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+        w.write(b"HTTP/1.1 200 OK\r\n" + head + b"transfer-encoding: chunked\r\n\r\n" + body)
+        await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, max_body=100_000)
+        resp = await pool.post(b"{}")
+        await asyncio.sleep(0.2)  # all of it arrives before the reader asks
+        with pytest.raises(TooLarge):
+            async for _ in resp.chunks():
+                pass
+        assert resp._size <= 2 * 100_001
+        resp.close()
+        await pool.close()

@@ -13,7 +13,9 @@ results: an elicitation, a bare retry request), ``regional`` (an
 ``http_401``, ``http_429``, ``http_503`` (over HTTP, a gate in front of the
 server answers their calls with that status, as an API gateway would).
 
-Over HTTP, ``UPSTREAM_TOKEN=<token>`` in the environment requires that bearer token.
+Over HTTP, ``UPSTREAM_TOKEN=<token>`` in the environment requires that bearer token,
+``UPSTREAM_FORCE_GZIP=1`` gzips every answer whatever the client asked for, and
+``http_503_page`` / ``http_503_json`` are refused with a 40 kB / 100 kB body.
 """
 
 from __future__ import annotations
@@ -241,6 +243,10 @@ for _status in (401, 429, 503):
 _RETRY_AFTER_FORMS = {"http_429_date": "date", "http_429_nan": "nan"}
 for _name in _RETRY_AFTER_FORMS:
     mcp.tool(_gated, name=_name, description="Refused with HTTP 429 over HTTP.")
+#: 503 with a large body: a 40 kB HTML error page, or a 100 kB JSON-RPC error
+_BIG_REFUSALS = ("http_503_page", "http_503_json")
+for _name in _BIG_REFUSALS:
+    mcp.tool(_gated, name=_name, description="Refused with HTTP 503 and a large body.")
 
 
 class Gate:
@@ -253,6 +259,20 @@ class Gate:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
             name = headers.get(b"mcp-name", b"").decode()
+            if name in _BIG_REFUSALS:
+                from starlette.responses import JSONResponse, PlainTextResponse
+
+                big = "x" * 100_000
+                page = (  # a page under 64 kB: small enough to be read to its end
+                    PlainTextResponse(f"<html>{big[:40_000]}</html>", 503)
+                    if name == "http_503_page"
+                    else JSONResponse(
+                        {"jsonrpc": "2.0", "id": None, "error": {"code": -1, "message": big}},
+                        503,
+                    )
+                )
+                await page(scope, receive, send)
+                return
             form = _RETRY_AFTER_FORMS.get(name)
             if form is not None or (name.startswith("http_") and name[5:].isdigit()):
                 from email.utils import formatdate
@@ -274,16 +294,54 @@ class Gate:
         await self.app(scope, receive, send)
 
 
+class ForceGzip:
+    """ASGI middleware (``UPSTREAM_FORCE_GZIP=1``): every answer gzip-compressed, whatever
+    the request's Accept-Encoding says (a faulty or hostile server); an event stream
+    compressed as it goes, each part flushed."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        import zlib
+
+        packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)  # gzip
+
+        async def packed(msg: Any) -> None:
+            if msg["type"] == "http.response.start":
+                headers = [
+                    (k, v) for k, v in msg.get("headers", []) if k.lower() != b"content-length"
+                ]
+                headers.append((b"content-encoding", b"gzip"))
+                await send({**msg, "headers": headers})
+                return
+            if msg["type"] == "http.response.body":
+                more = msg.get("more_body", False)
+                body = packer.compress(msg.get("body", b""))
+                body += packer.flush(zlib.Z_SYNC_FLUSH if more else zlib.Z_FINISH)
+                await send({**msg, "body": body})
+                return
+            await send(msg)
+
+        await self.app(scope, receive, packed)
+
+
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--http":
         from starlette.middleware import Middleware
 
+        middleware = [Middleware(Gate)]
+        if os.environ.get("UPSTREAM_FORCE_GZIP") == "1":
+            middleware.append(Middleware(ForceGzip))
         mcp.run(
             transport="http",
             host="127.0.0.1",
             port=int(sys.argv[2]),
             show_banner=False,
-            middleware=[Middleware(Gate)],
+            middleware=middleware,
         )
     else:
         mcp.run(transport="stdio", show_banner=False)

@@ -27,6 +27,7 @@ paths' failures with the same code:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Mapping
@@ -309,12 +310,15 @@ class DirectCaller:
                     msg = mcp_types.jsonrpc_message_adapter.validate_json(
                         await self._read(resp), by_name=False
                     )
-                except (ValidationError, ValueError):
-                    msg = None
+                except (ValidationError, ValueError, AnswerTooLarge):
+                    msg = None  # the status speaks (a refusal's body is not the answer)
                 if isinstance(msg, mcp_types.JSONRPCError):
                     raise MCPError.from_error_data(msg.error)
             elif _small(resp):
-                await resp.read()  # read to its end, the connection can serve the next call
+                # read to its end, the connection can serve the next call (one over
+                # the cap, decompressed, is not kept and loses its connection)
+                with contextlib.suppress(TooLarge):
+                    await resp.read()
             if refused(status):
                 raise HTTPRefusal(status, resp.headers.get("retry-after"))
             if status == 404:

@@ -22,6 +22,7 @@ import ssl
 import threading
 import urllib.parse
 import urllib.request
+import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
@@ -124,33 +125,102 @@ class _OverLimit(httpx2.StreamError):
     """Raised reading a FastMCP-client answer over ``max_answer_bytes`` (the SDK then
     answers the request with a parse error quoting this text, recognized by ``_MARK``)."""
 
+    def __init__(self, limit: int, server: str) -> None:
+        super().__init__(f"{_MARK} {limit} bytes ([plugins.mcp.servers.{server}])")
+
+
+class _EventsOverLimit(httpx2.SSEError):
+    """One read of an event stream decoding to more than ``max_answer_bytes``; worded as
+    the SDK's own event cap, so that both end the call the same way."""
+
     def __init__(self, limit: int) -> None:
-        super().__init__(f"{_MARK} {limit} bytes")
+        super().__init__(f"Server-sent event exceeded the {limit} byte limit.")
 
 
 _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
+_DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
 
 
 class _CappedStream(httpx2.AsyncByteStream):
-    """A response body that stops at ``limit`` bytes (``_OverLimit``)."""
+    """A response body capped at ``limit`` bytes, decompressed here (gzip, deflate).
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int, declared: int | None) -> None:
+    ``whole``: the whole body is capped (a JSON answer; ``_OverLimit``). Else
+    (an event stream, whose events the SDK caps itself) only what one read
+    decompresses to (``_EventsOverLimit``). The body is decompressed here, with
+    the cap as the most any one call may produce, so that a small compressed
+    read cannot expand a thousandfold first; httpx is then told it is plain.
+    """
+
+    def __init__(
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        server: str,
+        *,
+        whole: bool,
+        declared: int | None,
+        encoding: str | None,
+    ) -> None:
         self._inner = inner
         self._limit = limit
+        self._server = server
+        self._whole = whole
         self._declared = declared
+        self._encoding = encoding
+
+    def _over(self) -> Exception:
+        if self._whole:
+            return _OverLimit(self._limit, self._server)
+        return _EventsOverLimit(self._limit)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        if self._declared is not None and self._declared > self._limit:
-            raise _OverLimit(self._limit)
+        limit, whole = self._limit, self._whole
+        if whole and self._encoding is None and (self._declared or 0) > limit:
+            raise self._over()
+        decoder: zlib._Decompress | None = None
+        if self._encoding is not None:
+            decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
+        maybe_raw = self._encoding == "deflate"  # "deflate" is meant zlib-wrapped; some send raw
         size = 0
         async for chunk in self._inner:
+            if decoder is not None and chunk:
+                if maybe_raw:
+                    maybe_raw = False
+                    if len(chunk) >= 2 and (
+                        chunk[0] & 0x0F != 8 or (chunk[0] << 8 | chunk[1]) % 31
+                    ):
+                        decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+                room = limit + 1 - (size if whole else 0)
+                try:
+                    chunk = decoder.decompress(chunk, room)
+                except zlib.error as exc:
+                    raise httpx2.DecodingError(f"bad {self._encoding} body: {exc}") from None
+                if len(chunk) >= room:  # more would come of it: past the cap
+                    raise self._over()
             size += len(chunk)
-            if size > self._limit:
-                raise _OverLimit(self._limit)
-            yield chunk
+            if whole and size > limit:
+                raise self._over()
+            if chunk:
+                yield chunk
+        if decoder is not None:
+            tail = decoder.flush()
+            if len(tail) > limit - (size if whole else 0):
+                raise self._over()
+            if tail:
+                yield tail
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _quiet_over_limit(record: logging.LogRecord) -> bool:
+    """Drop the SDK's "Error parsing JSON response" traceback for an answer toolwire cut
+    (the call's own error says what happened)."""
+    exc = record.exc_info[1] if record.exc_info else None
+    return not isinstance(exc, _OverLimit)
+
+
+logging.getLogger("mcp.client.streamable_http").addFilter(_quiet_over_limit)
 
 
 def _too_large(exc: MCPError, limit: int) -> bool:
@@ -479,31 +549,45 @@ class Upstream:
         **_: Any,
     ) -> httpx2.AsyncClient:
         """The HTTP client of the MCP transport, noting refused responses (401, 403, 5xx),
-        and stopping a JSON answer at ``max_answer_bytes``.
+        and capping every answer at ``max_answer_bytes`` (``_CappedStream``).
 
-        It asks for answers uncompressed (``Accept-Encoding: identity``), so the
-        bytes counted are the bytes kept: a small compressed body cannot expand
-        past the cap. (The direct path decompresses under the cap itself.)
+        It asks for answers uncompressed (``Accept-Encoding: identity``) unless
+        the entry's ``headers`` ask otherwise; a gzip or deflate body (sent
+        anyway, or asked for) is decompressed under the cap, another coding
+        fails the request.
         """
-        limit = self.cfg.max_answer_bytes
+        limit, server = self.cfg.max_answer_bytes, self.name
 
         async def note(response: httpx2.Response) -> None:
-            ctype = response.headers.get("content-type", "").lower()
-            if not ctype.startswith("text/event-stream"):  # events: max_sse_event_size
-                declared = response.headers.get("content-length", "")
-                response.stream = _CappedStream(
-                    cast(httpx2.AsyncByteStream, response.stream),
-                    limit,
-                    int(declared) if declared.isdigit() else None,
+            coding = response.headers.get("content-encoding", "identity").strip().lower()
+            if coding not in _DECODED and coding != "identity":
+                raise httpx2.DecodingError(
+                    f"MCP server {server!r} answered with Content-Encoding {coding!r}; "
+                    "toolwire reads identity, gzip and deflate"
                 )
+            if coding in _DECODED:
+                del response.headers["content-encoding"]  # decoded by _CappedStream, not httpx
+            declared = response.headers.get("content-length", "")
+            response.stream = _CappedStream(
+                cast(httpx2.AsyncByteStream, response.stream),
+                limit,
+                server,
+                whole=not response.headers.get("content-type", "")
+                .lower()
+                .startswith("text/event-stream"),
+                declared=int(declared) if declared.isdigit() else None,
+                encoding=coding if coding in _DECODED else None,
+            )
             if response.status_code >= 400:
                 self._http_status = response.status_code
                 refusals = _REFUSALS.get()
                 if refusals is not None:
                     refusals.append((response.status_code, response.headers.get("retry-after")))
 
+        merged = httpx2.Headers(headers or {})
+        merged.setdefault("accept-encoding", "identity")
         return httpx2.AsyncClient(
-            headers={**(headers or {}), "accept-encoding": "identity"},
+            headers=merged,
             timeout=timeout or httpx2.Timeout(30.0, read=300.0),
             auth=auth,
             event_hooks={"response": [note]},

@@ -104,6 +104,7 @@ class Response:
         "_limit",
         "_raw_deflate_ok",
         "_size",
+        "_unread",
         "_waiter",
         "_whole",
         "headers",
@@ -122,6 +123,7 @@ class Response:
         self._raw_deflate_ok = False
         #: Bytes of body received (decompressed), and the pool's ``max_body`` (None: no cap).
         self._size = 0
+        self._unread = 0  # bytes in _chunks
         self._limit = limit
         self._whole = False  # read() was called: the limit is on the whole body
 
@@ -140,13 +142,16 @@ class Response:
                 self._raw_deflate_ok = False
                 if len(data) >= 2 and not _zlib_header(data):
                     self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
+            # Capped: a small compressed read may expand a thousandfold. What is
+            # decoded and not yet read may not pass the cap either (a chunked body
+            # feeds many pieces per socket read, before reading can be paused).
+            room = 0 if limit is None else limit + 1 - self._unread
             try:
-                # capped: a small compressed read may expand a thousandfold
-                data = self._decoder.decompress(data, 0 if limit is None else limit + 1)
+                data = self._decoder.decompress(data, room)
             except zlib.error as exc:
                 self._fail(ProtocolError(f"bad {self.headers.get('content-encoding')} body: {exc}"))
                 return
-            if limit is not None and len(data) > limit:  # one read expanding past the cap
+            if limit is not None and self._unread + len(data) > limit:
                 self._too_large(limit)
                 return
         if data:
@@ -155,10 +160,12 @@ class Response:
                 self._too_large(limit)
                 return
             self._chunks.append(data)
+            self._unread += len(data)
             self._wake()
 
     def _too_large(self, limit: int) -> None:
         self._chunks.clear()  # nothing of it is kept, even when it all came
+        self._unread = 0
         self._decoder = None
         if self._error is None:
             self._error = TooLarge(limit)
@@ -172,7 +179,15 @@ class Response:
                 self._fail(ProtocolError(f"bad {self.headers.get('content-encoding')} body: {exc}"))
                 return
             if tail:
+                self._size += len(tail)
+                limit = self._limit
+                if limit is not None and (
+                    self._unread + len(tail) > limit or (self._whole and self._size > limit)
+                ):
+                    self._too_large(limit)
+                    return
                 self._chunks.append(tail)
+                self._unread += len(tail)
             if not self._decoder.eof:
                 coding = self.headers.get("content-encoding")
                 self._fail(ProtocolError(f"the {coding} body ends before its compressed stream"))
@@ -224,6 +239,7 @@ class Response:
             raise self._error
         body = b"".join(self._chunks)
         self._chunks.clear()
+        self._unread = 0
         return body
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -233,6 +249,7 @@ class Response:
             if self._chunks:
                 data = b"".join(self._chunks)
                 self._chunks.clear()
+                self._unread = 0
                 yield data
                 continue
             if self._error is not None:
