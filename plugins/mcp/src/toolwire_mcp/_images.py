@@ -140,8 +140,13 @@ class ImageFiles:
         )
 
 
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | getattr(os, "O_DIRECTORY", 0)
+# (Windows has none of these but O_RDONLY; there only realpath's check guards the path)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_FILE_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+# O_PATH: a folder one may pass through but not list (mode --x) is still a way
+_DIR_FLAGS = (
+    getattr(os, "O_PATH", os.O_RDONLY) | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def _open_beneath(root: Path, parts: tuple[str, ...], shown: str) -> int:
@@ -152,16 +157,16 @@ def _open_beneath(root: Path, parts: tuple[str, ...], shown: str) -> int:
     so a directory swapped for a link to elsewhere after that look fails the
     open (``ELOOP``/``ENOTDIR``) instead of leading out of ``root``; the file
     itself is opened non-blocking (no hanging on a FIFO). Where ``dir_fd`` is
-    not supported (Windows), only the last step is guarded.
+    not supported (Windows), the path is opened whole, as ``realpath`` left it.
     """
     if not parts:
         raise _NotSent(f"{shown} is not a regular file")
     if os.open not in os.supports_dir_fd:
         return os.open(root.joinpath(*parts), _FILE_FLAGS)
-    fd = os.open(root, _DIR_FLAGS & ~os.O_NOFOLLOW)  # the root as configured, links allowed
+    fd = os.open(root, _DIR_FLAGS)  # the root as configured, a link allowed
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            nxt = os.open(part, _DIR_FLAGS | _NOFOLLOW, dir_fd=fd)
             os.close(fd)
             fd = nxt
         return os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
