@@ -186,6 +186,39 @@ def warning_lines(err: str) -> list[str]:
     return [r["msg"] for r in logs if r["level"] == "warning"]
 
 
+def test_server_table_checkers_of_both_forms_are_called(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``toolwire.server_config`` checkers get the loaded config as a third argument; one
+    written before that (two arguments) is still called, not a TypeError traceback."""
+    from toolwire import ToolwireConfig
+    from toolwire import cli as cli_mod
+
+    seen: list[tuple[object, ...]] = []
+
+    def old(table: dict[str, object], file: str | None) -> None:
+        seen.append(("old", table, file))
+
+    def new(table: dict[str, object], file: str | None, config: ToolwireConfig) -> None:
+        seen.append(("new", table, file, config))
+
+    class EP:
+        def __init__(self, name: str, fn: Callable[..., None]) -> None:
+            self.name, self._fn = name, fn
+
+        def load(self) -> Callable[..., None]:
+            return self._fn
+
+    def entry_points(*, group: str) -> list[EP]:
+        assert group == cli_mod.SERVER_CONFIG_GROUP
+        return [EP("a", old), EP("b", new)]
+
+    monkeypatch.setattr(cli_mod.md, "entry_points", entry_points)
+    cfg = ToolwireConfig.model_validate({"server": {"port": 8123}})
+    assert cli_mod._check_server_table(cfg) == "ok"
+    assert seen == [("old", {"port": 8123}, None), ("new", {"port": 8123}, None, cfg)]
+
+
 def test_config_check_lists_the_warnings_and_strict_fails_on_them(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, fake_plugins: Callable[..., None]
 ) -> None:

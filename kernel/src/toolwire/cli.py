@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata as md
+import inspect
 import json
 import logging
 import signal
@@ -257,7 +258,15 @@ def _check_server_table(cfg: ToolwireConfig) -> str | None:
     if not checkers:
         return "not checked: `toolwire serve` (pip install toolwire-mcp) is not installed"
     for ep in checkers:
-        ep.load()(cfg.server, cfg.path, cfg)
+        check = ep.load()
+        try:  # a checker written before the config was passed takes two arguments
+            inspect.signature(check).bind(cfg.server, cfg.path, cfg)
+        except TypeError:
+            check(cfg.server, cfg.path)
+        except ValueError:  # no signature to read (a builtin): the current form
+            check(cfg.server, cfg.path, cfg)
+        else:
+            check(cfg.server, cfg.path, cfg)
     return "ok"
 
 

@@ -75,11 +75,16 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
     return cfg
 
 
-def check_server_table(data: dict[str, Any], file: str | None, config: ToolwireConfig) -> None:
+def check_server_table(
+    data: dict[str, Any], file: str | None, config: ToolwireConfig | None = None
+) -> None:
     """``toolwire config check``'s check of ``[server]`` (entry point ``toolwire.server_config``):
-    the errors and warnings ``toolwire serve`` would give at start."""
+    the errors and warnings ``toolwire serve`` would give at start. ``config``: the loaded
+    config (a kernel older than this check passes none; a plain-text token then goes
+    unmentioned)."""
     cfg = serve_config(data, file, argparse.Namespace())
-    warn_plain_secrets(cfg, "server", config)  # a plain auth_token in the file
+    if config is not None:
+        warn_plain_secrets(cfg, "server", config)  # a plain auth_token in the file
     loop_options(cfg.loop, file)
     if cfg.transport == "http" and resolve_auth_token(cfg) is None:
         switched_off = auth_switched_off(cfg)
