@@ -69,7 +69,7 @@ async def test_unknown_tool_is_not_found_with_close_names() -> None:
     n = len(make_kernel().list_tools())
     assert r.error.message == (
         f"unknown tool 'ad'; did you mean 'add'? (MCP tools/list, kernel.list_tools() and "
-        f"`toolwire tools` list the {n} tools there are)"
+        f"`toolwire tools` list the tools there are: {n})"
     )
 
 

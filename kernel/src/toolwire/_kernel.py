@@ -1160,7 +1160,7 @@ class Kernel:
             ErrorKind.NOT_FOUND,
             # Said for every caller: a model over MCP, a program, an operator at a shell.
             f"unknown tool {name!r}{hint} (MCP tools/list, kernel.list_tools() and "
-            f"`toolwire tools` list the {len(self._catalog)} tools there are)",
+            f"`toolwire tools` list the tools there are: {len(self._catalog)})",
             close_matches=close,
         )
 
