@@ -38,6 +38,10 @@ pytestmark = pytest.mark.anyio
         ({"brave": {"pool": {"cooldown_secs": 1}}}, "cooldown_secs"),
         ({"brave": {"base_url": "api.search.brave.com"}}, "http://"),
         ({"chain_order": ["exa", "exa"]}, "more than once"),
+        (
+            {"searxng": {"max_answer_bytes": 100}},
+            "max_answer_bytes\n.*greater than or equal to 1024",
+        ),
         ({"brave": {"api_key": "k", "colour": "red"}}, "colour"),
         # failed at startup before, with "ValueError: Unknown scheme for proxy URL"
         ({"proxy": "proxy.internal:3128"}, "proxy\n.*http://, https:// or socks5://"),
@@ -46,6 +50,13 @@ pytestmark = pytest.mark.anyio
 def test_invalid_configuration_names_the_key(data: dict[str, Any], message: str) -> None:
     with pytest.raises(pydantic.ValidationError, match=message):
         SearchConfig.model_validate(data)
+
+
+def test_max_answer_bytes_defaults_per_backend() -> None:
+    """4 MiB, Exa 16 MiB (its contents.text gives answers of megabytes); a key wins."""
+    plugin = SearchPlugin(SearchConfig.model_validate({"searxng": {"max_answer_bytes": 2048}}))
+    caps = {name: b.max_answer_bytes for name, b in plugin.backends.items()}
+    assert caps == {"brave": 4 * 1024 * 1024, "exa": 16 * 1024 * 1024, "searxng": 2048}
 
 
 def test_unknown_backends_in_the_chain_or_tables_are_errors() -> None:

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from ._models import SearchQuery
 
 __all__ = [
+    "DEFAULT_MAX_ANSWER_BYTES",
+    "MAX_ERROR_BODY",
     "Backend",
     "BackendPage",
     "BackendRequest",
@@ -36,8 +38,11 @@ __all__ = [
     "relevant_headers",
 ]
 
-#: At most this much of an error body is kept (the ratelimit plugin reads 8 KiB).
+#: At most this much of an error body is read and kept (the ratelimit plugin reads 8 KiB).
 MAX_ERROR_BODY = 8192
+#: The largest answer taken from a backend by default, decompressed (``max_answer_bytes``):
+#: a page of results is some 10-200 KiB, and 4 MiB leaves room for native fields.
+DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(slots=True)
@@ -192,8 +197,10 @@ class Backend(ABC):
     ``served_by``), ``title``, ``default_env`` (environment variables holding
     keys), ``default_base_url`` (None when the "key" is the base URL, as for
     SearXNG), ``key_is_base_url``, ``default_params`` (native parameters sent
-    unless the operator overrides them in ``params``) and ``key_hint`` (how
-    to get a key, for the ``config_error`` message).
+    unless the operator overrides them in ``params``), ``key_hint`` (how
+    to get a key, for the ``config_error`` message) and
+    ``default_max_answer_bytes`` (the largest answer taken unless the
+    operator sets ``max_answer_bytes``).
     """
 
     name: ClassVar[str]
@@ -203,12 +210,18 @@ class Backend(ABC):
     key_is_base_url: ClassVar[bool] = False
     default_params: ClassVar[Mapping[str, Any]] = {}
     key_hint: ClassVar[str] = "an API key"
+    default_max_answer_bytes: ClassVar[int] = DEFAULT_MAX_ANSWER_BYTES
 
     def __init__(self, config: _BackendBase) -> None:
         self.config = config
         self.params: dict[str, Any] = {**self.default_params, **config.params}
 
     # -------------------------------------------------------------- setup
+    @property
+    def max_answer_bytes(self) -> int:
+        """The largest answer taken, decompressed: ``max_answer_bytes``, else the default."""
+        return self.config.max_answer_bytes or self.default_max_answer_bytes
+
     @property
     def env(self) -> list[str]:
         """Environment variables read when no key is configured."""
@@ -250,7 +263,8 @@ class Backend(ABC):
         """Normalize a decoded success answer (``make_result`` for each result)."""
 
     def decode(self, response: httpx.Response, alias: str | None) -> Any:
-        """The decoded body of a 2xx answer (JSON by default).
+        """The decoded body of a 2xx answer (JSON by default). ``response`` holds the
+        body, read and decompressed by the plugin (at most ``max_answer_bytes``).
 
         A success that is not JSON is the provider's fault (a maintenance page, a
         broken deployment), not the query's: ``unavailable``, which is retried and
@@ -269,7 +283,9 @@ class Backend(ABC):
 
     def error_for(self, response: httpx.Response, alias: str | None) -> ToolError:
         """The error for a 4xx/5xx answer. The default hands status, headers and body
-        to the classifier; override it to add the provider's error code to the message."""
+        to the classifier; override it to add the provider's error code to the message.
+        ``response`` holds the start of the body only: ``MAX_ERROR_BODY`` bytes and one
+        more (a longer one is cut, the rest never read)."""
         return http_error(self.name, response, alias=alias)
 
     def exhaustion(self, response: httpx.Response, now: float) -> Exhaustion | None:

@@ -70,6 +70,13 @@ class _BackendBase(BaseModel):
         default_factory=dict,
         description="extra native request parameters, merged over the plugin's defaults",
     )
+    max_answer_bytes: int | None = Field(
+        None,
+        ge=1024,
+        description="the largest answer taken from this backend, in bytes, decompressed "
+        "(default 4 MiB; Exa 16 MiB); a larger one fails the request (`unavailable`, "
+        "`details.answer_too_large`: retried, then the next backend) and is not kept",
+    )
     pool: dict[str, Any] = Field(
         default_factory=dict,
         description="ratelimit provider settings for this backend's key pool (cooldown_seconds, "

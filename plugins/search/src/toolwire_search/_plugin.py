@@ -37,7 +37,8 @@ from toolwire.state import StateStoreError
 from toolwire_ratelimit import ApiKey, RateLimitPlugin
 from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
 
-from ._backend import Backend, KeyExhausted
+from ._answer import ACCEPT_ENCODING, AnswerTooLarge, UndecodableAnswer, read_answer, with_body
+from ._backend import MAX_ERROR_BODY, Backend, KeyExhausted
 from ._brave import BraveBackend
 from ._config import KeyEntry, SearchConfig
 from ._exa import ExaBackend
@@ -246,7 +247,8 @@ class SearchPlugin:
             transport=self._transport,
             timeout=self.config.timeout_seconds,
             proxy=self.config.proxy if self._transport is None else None,
-            headers={"User-Agent": self.config.user_agent},
+            # only what _read decodes itself, within max_answer_bytes
+            headers={"User-Agent": self.config.user_agent, "Accept-Encoding": ACCEPT_ENCODING},
             follow_redirects=False,  # keys travel in headers: never to another host
         )
         for name, cfg in self.config.collections.items():
@@ -522,14 +524,15 @@ class SearchPlugin:
             who = f"{b.name} ({alias})" if alias else b.name
             req = b.build_request(q, secret=secret, base_url=b.base_url(secret), now=now)
             try:
-                resp = await client.request(
+                async with client.stream(
                     req.method,
                     req.url,
                     params=req.params or None,
                     json=req.json,
                     headers=req.headers,
                     timeout=timeout,
-                )
+                ) as streamed:
+                    resp = await self._read(b, streamed, who)
             except httpx.TimeoutException as exc:
                 raise ToolError(
                     f"{who}: no answer within {timeout:g}s ({type(exc).__name__})",
@@ -643,6 +646,52 @@ class SearchPlugin:
         if not results:
             self._soft_failure(tool, b, page.failure, out, ctx)
         return out
+
+    async def _read(self, b: Backend, resp: httpx.Response, who: str) -> httpx.Response:
+        """``resp`` with its body read: a success up to the backend's ``max_answer_bytes``
+        (decompressed), an error's first ``MAX_ERROR_BODY`` bytes, a redirect's nothing.
+
+        An answer over the cap fails as it arrives, before it is all read, and
+        nothing of it is kept; leaving ``client.stream`` then drops the connection.
+        """
+        status = resp.status_code
+        if 300 <= status < 400:
+            return with_body(resp, b"")
+        if status >= 400:
+            return with_body(resp, await read_answer(resp, MAX_ERROR_BODY + 1, cut=True))
+        limit = b.max_answer_bytes
+        try:
+            return with_body(resp, await read_answer(resp, limit))
+        except AnswerTooLarge as exc:
+            table = self._table(b.name)
+            declared = f" (Content-Length {exc.declared})" if exc.declared is not None else ""
+            details: dict[str, Any] = {
+                "backend": b.name,
+                "answer_too_large": True,
+                "max_answer_bytes": limit,
+            }
+            if exc.declared is not None:
+                details["content_length"] = exc.declared
+            # a broken answer, the provider's fault: unavailable, like one that is not JSON
+            raise ToolError(
+                f"{who}: the answer is over max_answer_bytes = {limit} bytes{declared}; it "
+                f"was dropped and the rest not read. Raise [{table}] max_answer_bytes if "
+                "this backend's answers are expected to be that large",
+                kind=ErrorKind.UNAVAILABLE,
+                details=details,
+            ) from None
+        except UndecodableAnswer as exc:
+            raise ToolError(
+                f"{who}: the answer cannot be read: {exc}",
+                kind=ErrorKind.UNAVAILABLE,
+                details={"backend": b.name},
+            ) from None
+
+    @staticmethod
+    def _table(name: str) -> str:
+        """The config table of backend ``name``."""
+        builtin = name in {c.name for c in BUILTIN_BACKENDS}
+        return f"plugins.search.{name}" if builtin else f"plugins.search.backends.{name}"
 
     def _soft_failure(
         self, tool: str, b: Backend, failure: str | None, out: dict[str, Any], ctx: CallContext
