@@ -107,6 +107,7 @@ class ScriptedExecutor(AgentExecutor):
     - ``file``: an artifact with a 256 KiB file (``BLOB``), inline.
     - ``numbers``: an artifact with the data parts ``NUMBERS``.
     - ``stream``: a status message, then an artifact in two appended chunks.
+    - ``big <n>``: an artifact of ``n`` characters ("x" repeated).
     - anything else: one artifact "Findings on: <text>".
     """
 
@@ -191,6 +192,10 @@ class ScriptedExecutor(AgentExecutor):
             await up.complete()
         elif text == "numbers":
             await up.add_artifact([new_data_part(d) for d in NUMBERS], name="numbers")
+            await up.complete()
+        elif text.startswith("big "):
+            size = int(text.split()[1])
+            await up.add_artifact([new_text_part("x" * size)], name="big")
             await up.complete()
         elif text == "stream":
             await up.update_status(

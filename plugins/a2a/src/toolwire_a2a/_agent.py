@@ -34,6 +34,7 @@ from toolwire import CallContext, ErrorKind, Tool, ToolAnnotations, ToolError
 from ._cards import CardEntry, describe_card
 from ._config import A2AConfig
 from ._errors import map_error
+from ._limits import capped_client
 from ._results import INTERRUPTED, RUNNING, StreamAggregator, task_result
 
 if TYPE_CHECKING:
@@ -125,6 +126,8 @@ class AgentSpec:
     streaming: bool | None = None
     timeout_s: float | None = None
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The agent entry's own ``max_answer_bytes`` (None: the global one).
+    max_answer_bytes: int | None = None
 
 
 # protobuf ships no type information; imported this way it is simply ``Any``.
@@ -181,13 +184,20 @@ class AgentHandle:
         self.status: Literal["unknown", "up", "down"] = "unknown"
         self.last_error: str | None = None
         self.tools: list[Tool] = []
-        self.http = httpx.AsyncClient(
+        if spec.max_answer_bytes is None:
+            limit, setting = config.max_answer_bytes, "[plugins.a2a] max_answer_bytes"
+        else:
+            limit = spec.max_answer_bytes
+            setting = f"max_answer_bytes of the agent {spec.card_url} in [plugins.a2a] agents"
+        # every answer, card and event of this agent is capped at ``limit`` (see _limits)
+        self.http = capped_client(
+            limit=limit,
+            setting=setting,
             transport=transport,
             headers=spec.headers,
             timeout=httpx.Timeout(
                 connect=config.request_timeout_s, read=None, write=60.0, pool=60.0
             ),
-            follow_redirects=True,
         )
         self._plain: Client | None = None
         self._stream: Client | None = None
@@ -451,6 +461,13 @@ class AgentHandle:
             raise
         except Exception as exc:
             err = self._fail(exc, action)
+            if err.details.get("answer_too_large") and agg.task_id:
+                # the agent took the task before an event grew too large: say which
+                raise ToolError(
+                    f"{err}; the agent had taken the task {agg.task_id!r}",
+                    kind=err.kind,
+                    details={**err.details, "task_id": agg.task_id, "context_id": agg.context_id},
+                ) from exc
             if not (
                 streaming
                 and agg.task_id

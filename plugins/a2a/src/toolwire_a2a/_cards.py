@@ -15,6 +15,7 @@ from a2a.client.card_resolver import parse_agent_card
 from a2a.types import AgentCard
 
 from ._config import Selector
+from ._limits import AnswerTooLarge, AnswerUndecodable
 
 __all__ = [
     "CardEntry",
@@ -95,6 +96,13 @@ async def fetch_json(
         r = await http.get(url, headers=hdrs, params=params, timeout=timeout_s)
     except httpx.TimeoutException:
         raise CardFetchError(f"GET {url} timed out after {timeout_s:g}s") from None
+    except AnswerTooLarge as exc:
+        raise CardFetchError(
+            f"GET {url}: the answer is over max_answer_bytes = {exc.limit} bytes "
+            f"({exc.setting}); it was dropped"
+        ) from None
+    except AnswerUndecodable as exc:
+        raise CardFetchError(f"GET {url}: {exc}") from None
     except httpx.HTTPError as exc:
         raise CardFetchError(f"GET {url} failed: {type(exc).__name__}: {exc}") from None
     if r.status_code == 304 and etag:

@@ -15,6 +15,9 @@ __all__ = ["A2AConfig", "AgentConfig", "RegistryConfig", "Selector", "card_url_f
 #: Where A2A 0.3+ agents publish their card, relative to the agent's base URL.
 WELL_KNOWN_CARD_PATH = "/.well-known/agent-card.json"
 
+#: ``max_answer_bytes`` unless configured: 32 MiB, as the mcp plugin's.
+DEFAULT_MAX_ANSWER_BYTES = 32 * 1024 * 1024
+
 _NICKNAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,39}$")
 
 
@@ -133,6 +136,9 @@ class AgentConfig(BaseModel):
         le=MAX_TTL_S,
         allow_inf_nan=False,
         description="overrides the global `timeout_s`",
+    )
+    max_answer_bytes: int | None = Field(
+        None, ge=1024, description="overrides the global `max_answer_bytes`"
     )
     settings: dict[str, Any] = Field(
         default_factory=dict,
@@ -295,6 +301,13 @@ class A2AConfig(BaseModel):
     )
     max_description_chars: int = Field(
         2000, ge=200, description="tool descriptions built from cards are cut to this length"
+    )
+    max_answer_bytes: int = Field(
+        DEFAULT_MAX_ANSWER_BYTES,
+        ge=1024,
+        description="the largest answer taken from an agent or the registry, in bytes, "
+        "decompressed: a JSON-RPC answer, a card, the listing, or one event of a stream; a "
+        "larger one fails (`tool_error`, `details.answer_too_large`) and is not kept in memory",
     )
 
     @field_validator("agents", mode="before")

@@ -20,6 +20,8 @@ from a2a.utils.errors import (
 
 from toolwire import ErrorKind, ToolError, parse_retry_after
 
+from ._limits import AnswerTooLarge
+
 __all__ = ["map_error", "retry_after"]
 
 _RPC_CODE = re.compile(r"JSON-RPC Error (-?\d+):\s*(.*)", re.DOTALL)
@@ -84,6 +86,7 @@ def _status_error(exc: httpx.HTTPStatusError, agent: str, action: str) -> ToolEr
 def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     """The ``ToolError`` for ``exc``, raised while doing ``action`` with ``agent``.
 
+    an answer over ``max_answer_bytes`` -> ``tool_error`` with ``details.answer_too_large``;
     unreachable (connection refused, DNS, HTTP 404/5xx) -> ``unavailable``;
     timeouts -> ``timeout``; HTTP 401/403 -> ``auth``; HTTP 429 ->
     ``rate_limit``; JSON-RPC -32001 TaskNotFound -> ``not_found``; -32002
@@ -95,6 +98,18 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     details: dict[str, Any] = {"agent": agent}
     if isinstance(exc, ToolError):
         return exc
+    too_large = _cause(exc, AnswerTooLarge)
+    if isinstance(too_large, AnswerTooLarge):
+        # Not a lost connection (the plugin closed it) and not worth repeating: the same
+        # request brings the same answer, and it may have taken effect already.
+        return ToolError(
+            f"{where}: the agent's answer is over max_answer_bytes = {too_large.limit} bytes "
+            f"({too_large.setting}); it was dropped. What was asked may have taken effect on "
+            f"the agent's side: check before asking again; raise max_answer_bytes if answers "
+            f"this large are expected",
+            kind=ErrorKind.TOOL_ERROR,
+            details={**details, "answer_too_large": True, "max_answer_bytes": too_large.limit},
+        )
     if isinstance(exc, A2AClientTimeoutError) or isinstance(
         _cause(exc, httpx.TimeoutException), httpx.TimeoutException
     ):

@@ -20,6 +20,7 @@ from ._cards import (
     selector_matches,
 )
 from ._config import A2AConfig, card_url_for
+from ._limits import capped_client
 
 if TYPE_CHECKING:
     from toolwire import Kernel
@@ -98,10 +99,11 @@ class A2APlugin:
         self._lock = anyio.Lock()
         if not self._configured():
             return
-        self._http = httpx.AsyncClient(
+        self._http = capped_client(  # the registry listing
+            limit=self.config.max_answer_bytes,
+            setting="[plugins.a2a] max_answer_bytes",
             transport=self._transport,
             timeout=self.config.request_timeout_s,
-            follow_redirects=True,
         )
         try:
             await self._load_cache(kernel)
@@ -254,6 +256,7 @@ class A2APlugin:
                 streaming=a.streaming,
                 timeout_s=a.timeout_s,
                 settings=dict(a.settings),
+                max_answer_bytes=a.max_answer_bytes,
             )
             out.append((spec, None))
         return out

@@ -1,0 +1,240 @@
+"""A cap on what an agent (or a registry) may send: ``max_answer_bytes``.
+
+The a2a-sdk client reads a JSON-RPC answer whole (``response.json()``) and an
+SSE event line by line with no bound, and httpx expands a compressed body
+before anyone counts it: one faulty or hostile agent could exhaust the process.
+``capped_client`` builds the ``httpx.AsyncClient`` the plugin hands to the SDK
+(and reads cards and the registry with): every response body it receives is
+counted as it arrives, decompressed, and stops with ``AnswerTooLarge`` past the
+cap. A body is capped whole; an event stream answering a streaming request
+(``Accept: text/event-stream``) is capped per event, since a long task may
+stream for long. Nothing of a stopped body is kept, and its connection is
+closed (not put back in the pool); the client's other requests go on.
+
+The client asks for ``Accept-Encoding: identity``, so the bytes counted are the
+bytes kept. A server that compresses anyway (gzip, deflate) is decompressed
+here, never more than ``_STEP`` bytes at a time, and counted as it expands;
+any other coding is refused (``AnswerUndecodable``) rather than expanded
+unbounded.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Final, cast
+
+import httpx
+
+__all__ = ["AnswerTooLarge", "AnswerUndecodable", "capped_client"]
+
+#: The most bytes one step of decompression may produce.
+_STEP: Final = 64 * 1024
+#: Codings decompressed here; "identity" is none.
+_INFLATE: Final = frozenset({"gzip", "x-gzip", "deflate"})
+#: Statuses whose answer has no body whatever its Content-Length says.
+_NO_BODY: Final = frozenset({204, 304})
+#: Where an SSE event ends: a line ending followed by an empty line's (CRLF, LF and CR
+#: all end lines; ``\r\n`` alone ends one line only).
+_EVENT_END: Final = re.compile(rb"\n[\r\n]|\r\r")
+
+
+class AnswerTooLarge(Exception):
+    """An answer (a body, or one event of a stream) over ``limit`` bytes, decompressed.
+
+    ``setting`` says where the limit was set (for the error message). Nothing of
+    the answer was kept; its connection was closed. The request may have taken
+    effect on the other side.
+    """
+
+    def __init__(self, limit: int, setting: str) -> None:
+        super().__init__(f"the answer is over max_answer_bytes = {limit} bytes")
+        self.limit = limit
+        self.setting = setting
+
+
+class AnswerUndecodable(ValueError):
+    """A compressed answer that could not be decompressed (a coding not supported, or
+    corrupt data): the answer is unreadable, the agent was reached."""
+
+
+def _zlib_header(data: bytes) -> bool:
+    """Whether ``data`` opens with a zlib header (RFC 1950): deflate, and a valid check."""
+    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+class _Inflater:
+    """Decompresses gzip or deflate (zlib-wrapped, or raw as some servers send it) in
+    steps of at most ``_STEP`` bytes, so one small read cannot expand unbounded."""
+
+    def __init__(self, coding: str) -> None:
+        self._coding = coding
+        self._gzip = coding in ("gzip", "x-gzip")
+        self._obj: zlib._Decompress | None = (
+            zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None
+        )
+        self._head = b""  # deflate: the first bytes, until the header can be told
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._obj is None:  # deflate: zlib-wrapped or raw, told by the first two bytes
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, self._head = self._head, b""
+            wbits = zlib.MAX_WBITS if _zlib_header(data) else -zlib.MAX_WBITS
+            self._obj = zlib.decompressobj(wbits)
+        obj = self._obj
+        try:
+            while not obj.eof:  # what follows the end of the stream is ignored, as httpx does
+                out = obj.decompress(data, _STEP)
+                data = obj.unconsumed_tail
+                if out:
+                    yield out
+                if not data and len(out) < _STEP:
+                    return  # all input taken, nothing left pending
+        except zlib.error as exc:
+            raise AnswerUndecodable(f"bad {self._coding} body: {exc}") from None
+
+    def flush(self) -> Iterator[bytes]:
+        if self._head:
+            raise AnswerUndecodable(f"bad {self._coding} body: one byte long")
+        if self._obj is not None:
+            yield from self.feed(b"")
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    """A response body decompressed (if need be) and stopped past ``limit`` bytes: the
+    whole of it, or each SSE event of it (``per_event``)."""
+
+    def __init__(
+        self,
+        inner: httpx.AsyncByteStream,
+        limit: int,
+        setting: str,
+        *,
+        declared: int | None,
+        coding: str | None,
+        per_event: bool,
+    ) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._setting = setting
+        self._declared = declared
+        self._coding = coding
+        self._per_event = per_event
+        self._size = 0  # bytes of the body, or of the event under way
+        self._last = b""  # the body's last byte so far (an event end may straddle reads)
+
+    def _take(self, data: bytes) -> tuple[bytes, bool]:
+        """Count ``data``: what of it to pass on, and whether the cap was passed.
+
+        Past the cap, a whole body passes nothing more; a stream passes the events
+        that ended before the one over the cap (one read may hold several).
+        """
+        if not self._per_event:
+            self._size += len(data)
+            return (b"", True) if self._size > self._limit else (data, False)
+        if not data:
+            return data, False
+        # ``_size`` counts the event under way, ``_last`` (its last byte) included
+        seen = self._last + data
+        size, begin = self._size - len(self._last), 0
+        for end in _EVENT_END.finditer(seen):  # every event ending in this read
+            if size + end.start() - begin > self._limit:
+                break
+            size, begin = 0, end.end()
+        else:
+            size += len(seen) - begin
+            if size <= self._limit:
+                self._size, self._last = size, data[-1:]
+                return data, False
+        return data[: max(0, begin - len(self._last))], True
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        if self._coding is None and self._declared is not None and self._declared > self._limit:
+            raise AnswerTooLarge(self._limit, self._setting)  # before any of it is read
+        async for piece in self._pieces():
+            passed, over = self._take(piece)
+            if passed:
+                yield passed
+            if over:
+                raise AnswerTooLarge(self._limit, self._setting)
+
+    async def _pieces(self) -> AsyncIterator[bytes]:
+        """The body as it comes, decompressed in steps of at most ``_STEP`` bytes."""
+        if self._coding is None:
+            async for chunk in self._inner:
+                yield chunk
+            return
+        inflater = _Inflater(self._coding)
+        async for chunk in self._inner:
+            for piece in inflater.feed(chunk):
+                yield piece
+        for piece in inflater.flush():
+            yield piece
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _coding(response: httpx.Response) -> str | None:
+    """The one coding to undo (gzip, deflate), or None; ``AnswerUndecodable`` for others."""
+    codings = [
+        c.strip().lower()
+        for c in response.headers.get_list("content-encoding", split_commas=True)
+        if c.strip().lower() not in ("", "identity")
+    ]
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in _INFLATE:
+        raise AnswerUndecodable(
+            f"the answer came with Content-Encoding {', '.join(codings)!r}, although "
+            "identity (no compression) was asked for; toolwire reads gzip and deflate only"
+        )
+    return codings[0]
+
+
+def capped_client(
+    *,
+    limit: int,
+    setting: str,
+    transport: httpx.AsyncBaseTransport | None,
+    headers: dict[str, str] | None = None,
+    timeout: httpx.Timeout | float,
+) -> httpx.AsyncClient:
+    """An ``httpx.AsyncClient`` whose every response body is capped at ``limit`` bytes
+    (``AnswerTooLarge`` naming ``setting``), per event for an event stream it asked for.
+
+    It follows redirects (their bodies are capped too) and asks for uncompressed answers.
+    """
+
+    async def cap(response: httpx.Response) -> None:
+        request = response.request
+        ctype = response.headers.get("content-type", "").lower()
+        per_event = ctype.startswith("text/event-stream") and "text/event-stream" in (
+            request.headers.get("accept", "").lower()
+        )
+        declared = response.headers.get("content-length", "").strip()
+        coding = _coding(response)
+        if coding is not None:  # undone here, counted as it expands: httpx must not again
+            del response.headers["content-encoding"]
+        no_body = response.status_code in _NO_BODY or request.method == "HEAD"
+        response.stream = _CappedStream(
+            cast(httpx.AsyncByteStream, response.stream),
+            limit,
+            setting,
+            # a stream's length says nothing of its events' (a proxy may buffer it whole)
+            declared=int(declared) if declared.isdigit() and not (no_body or per_event) else None,
+            coding=coding,
+            per_event=per_event,
+        )
+
+    mine = {k: v for k, v in (headers or {}).items() if k.lower() != "accept-encoding"}
+    return httpx.AsyncClient(
+        transport=transport,
+        headers={**mine, "Accept-Encoding": "identity"},
+        timeout=timeout,
+        follow_redirects=True,
+        event_hooks={"response": [cap]},
+    )
