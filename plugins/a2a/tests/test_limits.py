@@ -26,6 +26,7 @@ from toolwire_a2a_testkit import (
     Router,
     eventually,
     fixture,
+    make_agent,
     make_card,
 )
 
@@ -83,6 +84,23 @@ async def test_an_artifact_over_the_cap_fails_that_call_only(
     assert ok.content["text"] == "x" * (LIMIT // 2)
     # every request asked for an uncompressed answer
     assert router.hits and all(h.headers["accept-encoding"] == "identity" for h in router.hits)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_the_rest_binding_is_capped_alike(
+    make_kernel: KernelFactory, router: Router, streaming: bool
+) -> None:
+    rest = make_agent("http://rest.test", name="Rest Agent", rest=True)
+    router.hosts["rest.test"] = rest.app
+    config = {"agents": ["http://rest.test"], "streaming": streaming, "max_answer_bytes": LIMIT}
+    kernel, _ = await make_kernel(config)
+    res = await kernel.call("agent_rest_agent", {"query": f"big {3 * LIMIT}"})
+    assert res.error is not None and res.error.details.get("answer_too_large") is True, res
+    assert res.error.kind == ErrorKind.TOOL_ERROR
+    ok = await kernel.call("agent_rest_agent", {"query": f"big {LIMIT // 2}"})
+    assert ok.error is None and ok.content["text"] == "x" * (LIMIT // 2), ok.error
+    sent = [h for h in router.hits if h.host == "rest.test" and h.method == "POST"]
+    assert sent[-1].path == ("/message:stream" if streaming else "/message:send")
 
 
 async def test_the_default_cap_is_32_mib_and_lets_a_large_artifact_through(

@@ -78,6 +78,11 @@ def test_card_url_for_keeps_card_urls_and_queries() -> None:
         ("request_timeout_s = inf", "plugins.a2a.request_timeout_s"),
         ("poll_interval_s = 1e16", "plugins.a2a.poll_interval_s"),
         ('agents = [{url = "http://a", timeout_s = nan}]', "plugins.a2a.agents.0.timeout_s"),
+        ("max_answer_bytes = 10", "plugins.a2a.max_answer_bytes"),
+        (
+            'agents = [{url = "http://a", max_answer_bytes = 512}]',
+            "plugins.a2a.agents.0.max_answer_bytes",
+        ),
         # was sent as a double: the agent got 9007199254740992, silently
         (
             "context = {ids = [1, 9007199254740993]}",
