@@ -299,3 +299,24 @@ async def test_an_answer_that_cannot_be_decoded_is_a_broken_answer(
     assert forced.error.message.startswith("searxng (searxng-1): the answer cannot be read: its")
     assert what in forced.error.message
     assert walked.content["served_by"] == "exa"
+
+
+async def test_an_answer_dripping_in_is_cut_at_timeout_seconds() -> None:
+    """httpx times each read: a provider sending a byte every 0.2 s never trips a 1 s read
+    timeout. The whole answer now has ``timeout_seconds``; before, such a call ran on for
+    as long as the provider liked."""
+    import time
+
+    def drip() -> Iterator[bytes]:
+        for _ in range(100):  # 20 s of an answer, a byte at a time
+            time.sleep(0.2)
+            yield b" "
+
+    with Provider(Answer(drip)) as searx:
+        async with kernel_for(searx, timeout_seconds=1) as kernel:
+            t0 = time.monotonic()
+            r = await kernel.call("web_search_searxng", {"query": "q"})
+            took = time.monotonic() - t0
+    assert r.error is not None and r.error.kind == "timeout", r.error
+    assert "no complete answer within 1s" in r.error.message
+    assert took < 10  # cut near 1 s (a busy machine may be slow): not the 20 s of the drip

@@ -242,6 +242,15 @@ async def test_a_backend_added_in_code(respx_mock: respx.MockRouter) -> None:
     assert route.calls.last.request.url.params["lang"] == "de"
 
 
+async def test_a_backend_added_in_code_names_its_own_table() -> None:
+    """Its table is [plugins.search.backends.<name>]; before, its messages sent the reader
+    to [plugins.search.<name>], which is read only for the built-in backends."""
+    plugin = SearchPlugin(SearchConfig(), environ={}, extra_backends=[ToyBackend])
+    toy = plugin.backends["toy"]
+    assert "[plugins.search.backends.toy] api_keys" in toy.missing_key_message()
+    assert "[plugins.search.brave] api_keys" in plugin.backends["brave"].missing_key_message()
+
+
 def test_the_guide_sends_readers_to_the_readme_for_the_keys() -> None:
     # the README's tables are checked against the models by tests/test_doc_config_tables.py
     guide = (Path(__file__).parents[3] / "docs" / "search.md").read_text(encoding="utf-8")

@@ -652,7 +652,7 @@ async def test_timeouts_are_classified_and_fall_over(mock: respx.MockRouter) -> 
         forced = await kernel.call("web_search_brave", {"query": "q"})
         walked = await kernel.call("web_search", {"query": "q"})
     assert forced.error is not None and forced.error.kind == "timeout"
-    assert "no answer within 10s (ReadTimeout)" in forced.error.message
+    assert "no complete answer within 10s (ReadTimeout)" in forced.error.message
     assert walked.content["served_by"] == "exa"
     assert [k for _, k, _ in kinds(walked)] == ["timeout", "timeout", None]
     assert brave.call_count == 4

@@ -227,6 +227,15 @@ class Backend(ABC):
         """Environment variables read when no key is configured."""
         return list(self.config.env) if self.config.env is not None else list(self.default_env)
 
+    #: The config table of this backend, as messages name it (the plugin sets it:
+    #: ``plugins.search.<name>`` for a built-in one, else ``plugins.search.backends.<name>``).
+    config_table: str = ""
+
+    @property
+    def table(self) -> str:
+        """``[...]`` of this backend's config table, for messages."""
+        return f"[{self.config_table or f'plugins.search.{self.name}'}]"
+
     def base_url(self, secret: str) -> str:
         """The base URL for a request made with ``secret``."""
         if self.key_is_base_url:
@@ -234,7 +243,7 @@ class Backend(ABC):
         url = getattr(self.config, "base_url", None) or self.default_base_url
         if not url:
             raise ToolError(
-                f"{self.name}: no base_url configured; set [plugins.search.{self.name}] base_url",
+                f"{self.name}: no base_url configured; set {self.table} base_url",
                 kind=ErrorKind.CONFIG_ERROR,
             )
         return str(url).rstrip("/")
@@ -247,7 +256,7 @@ class Backend(ABC):
         field = "urls" if self.key_is_base_url else "api_keys"
         return (
             f"{self.title} has no {what}; {how} ({self.key_hint}; several: comma-separated), "
-            f'or [plugins.search.{self.name}] {field} = [{{"$secretRef" = "{env[0] if env else "NAME"}"}}]'
+            f'or {self.table} {field} = [{{"$secretRef" = "{env[0] if env else "NAME"}"}}]'
         )
 
     # ----------------------------------------------------------- requests

@@ -144,7 +144,9 @@ class SearchPlugin:
                 )
             if cls.name in self.backends:
                 raise ConfigError(f"search backend {cls.name!r} is registered twice")
-            self.backends[cls.name] = cls(self.config.backend_config(cls.name))
+            backend = cls(self.config.backend_config(cls.name))
+            backend.config_table = self._table(cls.name)
+            self.backends[cls.name] = backend
         unknown = sorted(set(self.config.backends) - set(self.backends))
         if unknown:
             raise ConfigError(
@@ -524,18 +526,21 @@ class SearchPlugin:
             who = f"{b.name} ({alias})" if alias else b.name
             req = b.build_request(q, secret=secret, base_url=b.base_url(secret), now=now)
             try:
-                async with client.stream(
-                    req.method,
-                    req.url,
-                    params=req.params or None,
-                    json=req.json,
-                    headers=req.headers,
-                    timeout=timeout,
-                ) as streamed:
-                    resp = await self._read(b, streamed, who)
-            except httpx.TimeoutException as exc:
+                # httpx times each step (connect, each read); the whole answer has the
+                # same time, so a provider dripping a byte a second cannot hold the call
+                with anyio.fail_after(timeout):
+                    async with client.stream(
+                        req.method,
+                        req.url,
+                        params=req.params or None,
+                        json=req.json,
+                        headers=req.headers,
+                        timeout=timeout,
+                    ) as streamed:
+                        resp = await self._read(b, streamed, who)
+            except (httpx.TimeoutException, TimeoutError) as exc:
                 raise ToolError(
-                    f"{who}: no answer within {timeout:g}s ({type(exc).__name__})",
+                    f"{who}: no complete answer within {timeout:g}s ({type(exc).__name__})",
                     kind=ErrorKind.TIMEOUT,
                     details={"backend": b.name},
                 ) from exc
