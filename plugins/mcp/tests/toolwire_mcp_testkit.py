@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -311,3 +312,69 @@ def direct_caller(srv: Server, server: str = "up") -> Any:
         timeout_s=None,
         on_list_changed=lambda: None,
     )
+
+
+# ------------------------------------------------- a scripted MCP upstream
+#: Writes the answer to one ``tools/call`` (its request id given) as the case needs;
+#: returns whether the connection serves the next request.
+CallScript = Callable[[int, asyncio.StreamReader, asyncio.StreamWriter, Server], Awaitable[bool]]
+
+_PAGE = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
+#: What the scripted upstream answers ``server/discover``: only the 2026-07-28 protocol.
+DISCOVERED = {
+    **_PAGE,
+    "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "scripted", "version": "1"}},
+    "supportedVersions": ["2026-07-28"],
+    "capabilities": {"tools": {"listChanged": False}},
+}
+#: Its one tool: ``probe``; the ``case`` argument names the script that answers the call.
+PROBE = {
+    "name": "probe",
+    "inputSchema": {"type": "object", "properties": {"case": {"type": "string"}}},
+}
+
+
+def json_answer(msg: Any, *headers: str, status: str = "200 OK") -> bytes:
+    """An HTTP answer with ``msg`` as its JSON body (bytes as they are)."""
+    body = msg if isinstance(msg, bytes) else json.dumps(msg).encode()
+    head = "".join(f"{h}\r\n" for h in headers)
+    return (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n{head}"
+        f"content-length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def scripted_upstream(scripts: Mapping[str, CallScript]) -> Handler:
+    """A Streamable-HTTP MCP server on the 2026-07-28 protocol whose ``tools/call`` answers
+    are scripted byte for byte.
+
+    ``server/discover`` and ``tools/list`` (one tool, ``probe``) are answered properly, so
+    the FastMCP client connects and the direct path is taken; any other request (the
+    ``subscriptions/listen`` stream, a GET) is refused. A call of ``probe`` with
+    ``{"case": name}`` is answered by ``scripts[name]``.
+    """
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, srv: Server) -> None:
+        while (body := await srv.read_request(r)) is not None:
+            if not srv.requests[-1].startswith(b"POST "):
+                w.write(b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n\r\n")
+                await w.drain()
+                continue
+            msg = json.loads(body)
+            rid, method = msg.get("id"), msg.get("method")
+            if method == "tools/call":
+                case = msg["params"]["arguments"].get("case", "ok")
+                if not await scripts[case](rid, r, w, srv):
+                    return
+                continue
+            if method == "server/discover":
+                w.write(json_answer({"jsonrpc": "2.0", "id": rid, "result": DISCOVERED}))
+            elif method == "tools/list":
+                page = {**_PAGE, "tools": [PROBE]}
+                w.write(json_answer({"jsonrpc": "2.0", "id": rid, "result": page}))
+            else:
+                error = {"code": -32601, "message": f"no {method} here"}
+                w.write(json_answer({"jsonrpc": "2.0", "id": rid, "error": error}))
+            await w.drain()
+
+    return handler

@@ -1,0 +1,400 @@
+"""Broken and hostile Streamable-HTTP upstreams: what a caller gets, on both call paths.
+
+A scripted upstream (``toolwire_mcp_testkit.scripted_upstream``) connects properly
+(``server/discover``, ``tools/list``: the 2026-07-28 protocol, so the direct path
+applies), then answers each ``tools/call`` with exactly the bytes a case needs:
+answers to another request, two answers, event streams cut at every byte or with
+odd line ends, lying lengths, odd statuses, silence, resets. Every case runs with
+``direct_http_calls`` true and false. The promise checked: a typed ``ToolError``
+naming the server and the problem (and that the call may have run, where it may
+have), never a hang, a wrong result, or a pool slot, connection or task left behind;
+the gateway keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+from toolwire_mcp_testkit import (
+    CallScript,
+    Server,
+    eventually,
+    json_answer,
+    scripted_upstream,
+    serving,
+)
+
+from toolwire import Kernel, ToolResult
+from toolwire_mcp import MCPConfig, MCPPlugin
+from toolwire_mcp._upstream import Upstream
+
+pytestmark = pytest.mark.anyio
+
+PATHS = pytest.mark.parametrize("direct", [True, False], ids=["direct", "fastmcp-client"])
+
+
+# ------------------------------------------------------------------ answers
+def result(rid: Any, text: str = "ok") -> dict[str, Any]:
+    content = [{"type": "text", "text": text}]
+    return {"jsonrpc": "2.0", "id": rid, "result": {"resultType": "complete", "content": content}}
+
+
+def error(rid: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+def event(msg: Any, nl: bytes = b"\n") -> bytes:
+    """One SSE event carrying ``msg``, its lines ended by ``nl``."""
+    return b"event: message" + nl + b"data: " + json.dumps(msg).encode() + nl + nl
+
+
+def events(*frames: bytes) -> bytes:
+    """An HTTP answer: the frames as an event stream of known length."""
+    body = b"".join(frames)
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
+    return head % len(body) + body
+
+
+def chunked(*parts: bytes, ctype: bytes = b"text/event-stream", end: bytes = b"0\r\n\r\n") -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ntransfer-encoding: chunked\r\n\r\n" % ctype
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts) + end
+
+
+def send(answer: Any, *, keep: bool = True) -> CallScript:
+    """A script writing ``answer(rid)`` at once; ``keep`` false then ends the connection."""
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        w.write(answer(rid))
+        await w.drain()
+        if not keep:
+            w.close()
+        return keep
+
+    return script
+
+
+def reset(w: asyncio.StreamWriter) -> None:
+    """End the connection with a TCP reset (RST), not a close."""
+    with contextlib.suppress(OSError):  # the client may have gone first
+        sock = w.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    w.transport.abort()
+
+
+def reset_after(answer: Any) -> CallScript:
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        if data := answer(rid):
+            w.write(data)
+            await w.drain()
+            await asyncio.sleep(0.05)  # the bytes arrive before the reset
+        reset(w)
+        return False
+
+    return script
+
+
+def stall_after(answer: Any) -> CallScript:
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        w.write(answer(rid))
+        await w.drain()
+        await s.until_client_closes(r)
+        return False
+
+    return script
+
+
+def bytewise(answer: Any) -> CallScript:
+    """The answer one byte at a time, each in its own chunk and TCP segment."""
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+        w.write(b"transfer-encoding: chunked\r\n\r\n")
+        for byte in answer(rid):
+            w.write(b"1\r\n%c\r\n" % byte)
+            await w.drain()
+            await asyncio.sleep(0.001)
+        w.write(b"0\r\n\r\n")
+        await w.drain()
+        return True
+
+    return script
+
+
+def pings_after(answer: Any) -> CallScript:
+    """The answer, then keep-alive comments for ever (until the client goes)."""
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        w.write(chunked(answer(rid), end=b""))
+        while True:
+            w.write(b"3\r\n:\n\n\r\n")
+            await w.drain()
+            await asyncio.sleep(0.01)
+
+    return script
+
+
+def ok(rid: int) -> bytes:
+    return json_answer(result(rid))
+
+
+def short_length(rid: int) -> bytes:
+    """A JSON answer whose Content-Length is 5 bytes short of its body."""
+    body = json.dumps(result(rid)).encode()
+    return JSON_HEAD.replace(b"100", b"%d" % (len(body) - 5)) + body
+
+
+LOG = json.dumps(
+    {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
+).encode()
+JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n"
+SSE_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+
+
+# ------------------------------------------------------------------ the gateway
+@asynccontextmanager
+async def gateway(
+    srv: Server, *, direct: bool, **entry: Any
+) -> AsyncIterator[tuple[Kernel, Upstream]]:
+    """A kernel with the mcp plugin and the scripted server as ``up``."""
+    cfg = {
+        "servers": {"up": {"url": f"http://127.0.0.1:{srv.port}/mcp", **entry}},
+        "reconnect_initial_s": 0.05,
+        "reconnect_max_s": 0.2,
+        "direct_http_calls": direct,
+    }
+    mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+    async with Kernel(plugins=[mcp]) as kernel:
+        up = mcp._upstreams["up"]
+        assert up.status == "up", up.last_error
+        assert (up._direct is not None) == direct
+        yield kernel, up
+
+
+async def call(k: Kernel, case: str, within: float = 10.0) -> ToolResult:
+    """Call ``probe`` with ``case``; a call that takes longer than ``within`` hangs: a failure."""
+    with anyio.fail_after(within):
+        return await k.call("up_probe", {"case": case})
+
+
+async def still_serving(k: Kernel, up: Upstream) -> None:
+    """The server answers the next calls (after a reconnect, if the case caused one), and
+    the direct path's pool has every slot back, no connection busy, no stream draining."""
+    with anyio.fail_after(10):
+        while True:
+            r = await call(k, "ok")
+            if not r.is_error:
+                break
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            await anyio.sleep(0.05)
+    assert r.content == {"result": "ok"}
+    caller = up._http
+    if caller is not None:
+        pool = caller._pool
+        await eventually(lambda: not caller._drains and pool._limit._value == 100)
+        assert not [c for c in pool._all if c.busy]
+        assert len(pool._all) == len(pool._idle)  # the connections left are idle ones
+
+
+SCRIPTS: dict[str, CallScript] = {"ok": send(ok)}
+
+
+@dataclass
+class Case:
+    """A scripted answer and what the caller must get on both paths: a result text
+    (``kind`` None), or an error of ``kind`` whose message says ``says``, with ``details``.
+    ``lost``: the case is a lost connection (the server is then reconnected)."""
+
+    script: CallScript
+    kind: str | None = None
+    says: str = "ok"
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        return self.details.get("in_flight") is True
+
+
+#: ``details`` of an answer the client could not read as one (the call may have run).
+UNREADABLE = {"invalid_answer": True}
+LOST = {"in_flight": True}
+
+CASES: dict[str, Case] = {
+    # --- whose answer is it
+    "two-answers-in-one-stream": Case(
+        send(lambda rid: events(event(result(rid, "first")), event(result(rid, "second")))),
+        says="first",
+    ),
+    # --- event streams
+    "events-cut-at-every-byte": Case(bytewise(lambda rid: event(result(rid)))),
+    "events-with-a-bom-cut-at-every-byte": Case(
+        bytewise(lambda rid: b"\xef\xbb\xbf" + event(result(rid)))
+    ),
+    "events-with-crlf-line-ends": Case(send(lambda rid: events(event(result(rid), b"\r\n")))),
+    "an-event-without-data": Case(
+        send(lambda rid: events(b"event: message\n\n", event(result(rid))))
+    ),
+    "an-event-of-unknown-type-first": Case(
+        send(lambda rid: events(b"event: surprise\ndata: {}\n\n", event(result(rid))))
+    ),
+    "retry-and-id-fields": Case(
+        send(lambda rid: events(b"id: 7\nretry: 10\n: ping\n" + event(result(rid))))
+    ),
+    "endless-pings-after-the-answer": Case(pings_after(lambda rid: event(result(rid)))),
+    "the-answer-in-an-event-of-unknown-type": Case(
+        send(lambda rid: events(b"event: surprise\ndata: " + json.dumps(result(rid)).encode())),
+        "unavailable",
+        "SSE stream ended without a response",
+        LOST,
+    ),
+    # --- lengths and framing
+    "chunked-with-trailers": Case(
+        send(
+            lambda rid: chunked(
+                json.dumps(result(rid)).encode(),
+                ctype=b"application/json",
+                end=b"0\r\nx-checksum: 1\r\n\r\n",
+            )
+        )
+    ),
+    "chunked-with-a-bad-size": Case(
+        send(lambda rid: chunked(ctype=b"application/json", end=b"zz\r\nabc\r\n0\r\n\r\n")),
+        "unavailable",
+        "the connection was lost during the call",
+        LOST,
+    ),
+    # --- statuses
+    "101": Case(
+        send(
+            lambda rid: (
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
+                b"connection: upgrade\r\n\r\n"
+            ),
+            keep=False,
+        ),
+        "unavailable",
+        "the connection was lost during the call",
+        LOST,
+    ),
+    "500-with-a-huge-body": Case(
+        send(
+            lambda rid: b"HTTP/1.1 500 Oops\r\ncontent-length: 5000000\r\n\r\n" + b"x" * 5_000_000
+        ),
+        "unavailable",
+        "HTTP 500",
+        {"status": 500},
+    ),
+    # --- resets and closes at each stage
+    "reset-before-the-answer": Case(
+        reset_after(lambda rid: b""), "unavailable", "the outcome is unknown", LOST
+    ),
+    "closed-mid-head": Case(
+        send(lambda rid: b"HTTP/1.1 200 OK\r\ncontent-ty", keep=False),
+        "unavailable",
+        "the outcome is unknown",
+        LOST,
+    ),
+    "reset-after-the-head": Case(
+        reset_after(lambda rid: JSON_HEAD), "unavailable", "the outcome is unknown", LOST
+    ),
+    "reset-mid-body": Case(
+        reset_after(lambda rid: JSON_HEAD + b'{"jsonrpc"'),
+        "unavailable",
+        "the outcome is unknown",
+        LOST,
+    ),
+    "reset-mid-stream": Case(
+        reset_after(lambda rid: SSE_HEAD + b": ping\n\n"),
+        "unavailable",
+        "the outcome is unknown",
+        LOST,
+    ),
+    "closed-mid-stream": Case(
+        send(lambda rid: SSE_HEAD + b": ping\n\n", keep=False),
+        "unavailable",
+        "SSE stream ended without a response",
+        LOST,
+    ),
+}
+SCRIPTS.update({name: case.script for name, case in CASES.items()})
+
+
+@PATHS
+@pytest.mark.parametrize("name", list(CASES))
+async def test_each_broken_answer(name: str, direct: bool) -> None:
+    case = CASES[name]
+    async with serving(scripted_upstream(SCRIPTS)) as srv, gateway(srv, direct=direct) as (k, up):
+        session = up._client
+        r = await call(k, name)
+        if case.kind is None:
+            assert r.error is None, r.error
+            assert r.content == {"result": case.says}
+        else:
+            assert r.error is not None, r.content
+            assert (r.error.kind, r.error.source) == (case.kind, "mcp:up"), r.error
+            assert r.error.message.startswith("MCP server 'up'"), r.error.message
+            assert case.says in r.error.message, r.error.message
+            assert r.error.details["server"] == "up" and r.error.details["remote_tool"] == "probe"
+            assert case.details.items() <= r.error.details.items(), r.error.details
+            if case.details.get("invalid_answer"):
+                assert "The call may have taken effect upstream" in r.error.message
+        if not case.lost:  # an answer, however wrong, is no reason to reconnect
+            assert up._client is session and up.status == "up"
+        await still_serving(k, up)
+        assert (up.direct_calls > 0) == direct  # the path under test was taken
+
+
+SILENT: dict[str, CallScript] = {
+    "silent": stall_after(lambda rid: b""),
+    "silent-after-the-head": stall_after(lambda rid: JSON_HEAD),
+    "silent-mid-body": stall_after(lambda rid: JSON_HEAD + b'{"jsonrpc"'),
+    "silent-mid-stream": stall_after(lambda rid: SSE_HEAD + b": ping\n\n"),
+}
+
+
+@PATHS
+async def test_silence_at_each_stage_ends_at_the_entry_timeout(direct: bool) -> None:
+    """A server that takes the call and then says nothing (more): the entry's ``timeout``
+    ends the call, naming the setting; the connection is dropped, the server stays up."""
+    async with (
+        serving(scripted_upstream({**SCRIPTS, **SILENT})) as srv,
+        gateway(srv, direct=direct, timeout=300) as (k, up),
+    ):
+        for name in SILENT:
+            r = await call(k, name)
+            assert r.error is not None and r.error.kind == "timeout", (name, r.error)
+            assert "`timeout` = 300 ms of [plugins.mcp.servers.up]" in r.error.message, name
+            assert up.status == "up"
+            await still_serving(k, up)
+
+
+@PATHS
+async def test_redirect_loops_end_at_once(direct: bool) -> None:
+    """A POST answered with a redirect to itself: not followed (the direct path hands the
+    call to the FastMCP client, which does not follow it either), nothing loops."""
+    loops = {
+        "301": send(
+            lambda rid: b"HTTP/1.1 301 Moved\r\nlocation: /mcp\r\ncontent-length: 0\r\n\r\n"
+        ),
+        "307": send(
+            lambda rid: b"HTTP/1.1 307 Moved\r\nlocation: /mcp\r\ncontent-length: 0\r\n\r\n"
+        ),
+    }
+    async with (
+        serving(scripted_upstream({**SCRIPTS, **loops})) as srv,
+        gateway(srv, direct=direct) as (k, up),
+    ):
+        for name in loops:
+            r = await call(k, name)
+            assert r.error is not None and r.error.kind == "tool_error", r.error
+            assert "not followed" in r.error.message, r.error
+            await still_serving(k, up)
