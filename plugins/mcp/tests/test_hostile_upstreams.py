@@ -230,6 +230,21 @@ LOST = {"in_flight": True}
 
 CASES: dict[str, Case] = {
     # --- whose answer is it
+    "two-answers-in-one-read": Case(
+        send(lambda rid: json_answer(result(rid, "first")) + json_answer(result(rid, "second"))),
+        says="first",
+    ),
+    "a-500-then-a-200-in-one-read": Case(
+        send(
+            lambda rid: (
+                b"HTTP/1.1 500 Oops\r\ncontent-length: 4\r\n\r\noops"
+                + json_answer(result(rid, "second"))
+            )
+        ),
+        "unavailable",
+        "HTTP 500",
+        {"status": 500},
+    ),
     "two-answers-in-one-stream": Case(
         send(lambda rid: events(event(result(rid, "first")), event(result(rid, "second")))),
         says="first",

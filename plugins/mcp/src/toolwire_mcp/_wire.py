@@ -360,6 +360,15 @@ class _Conn(asyncio.Protocol):
         self._stop_timer()
 
     # -- httptools callbacks
+    def on_message_begin(self) -> None:
+        resp = self._resp
+        if resp is not None and resp._done:
+            # A second answer to one request (in the same read as the first, or before the
+            # first was released): it must not be merged into the first (its status and
+            # headers over the first's, its body appended). The first stands; the connection
+            # is dropped, as for any bytes nobody asked for.
+            raise ProtocolError("a second answer to one request")
+
     def on_status(self, status: bytes) -> None:
         self._head_size += len(status)
 
