@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import re
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -83,6 +84,10 @@ _DRAIN_BYTES: Final = 64 * 1024
 
 #: The SDK's text for a refused POST without a JSON-RPC error in its body.
 SDK_REFUSED_TEXT: Final = "Server returned an error response"
+
+#: SSE line ends: CRLF, LF or CR.
+_EOL: Final = re.compile(rb"\r\n|\r|\n")
+_BOM: Final = b"\xef\xbb\xbf"
 
 
 class HTTPRefusal(Exception):
@@ -388,15 +393,22 @@ class DirectCaller:
         size = 0
         event = b""
         async for chunk in resp.chunks():
-            if first:  # a UTF-8 byte order mark may open the stream
-                chunk, first = chunk.removeprefix(b"\xef\xbb\xbf"), False
             buf += chunk
+            if first:  # a UTF-8 byte order mark may open the stream (and come split)
+                if len(buf) < 3 and _BOM.startswith(buf):
+                    continue
+                if buf.startswith(_BOM):
+                    del buf[:3]
+                first = False
             start = 0
-            while (nl := buf.find(b"\n", start)) >= 0:
+            # Lines end with CRLF, LF or a lone CR (the SSE spec, as the SDK reads them);
+            # a CR ending the buffer waits for the next read, which may bring its LF.
+            while (m := _EOL.search(buf, start)) is not None:
+                nl = m.start()
+                if m.end() == len(buf) and m.end() - nl == 1 and buf[nl] == 0x0D:
+                    break
                 line = bytes(buf[start:nl])
-                start = nl + 1
-                if line.endswith(b"\r"):
-                    line = line[:-1]
+                start = m.end()
                 if line:
                     if line.startswith(b":"):
                         continue  # a comment (keep-alive ping)
@@ -420,6 +432,10 @@ class DirectCaller:
             del buf[:start]
             if size + len(buf) > self._max_answer:
                 raise AnswerTooLarge(self._max_answer)
+        if buf == b"\r" and data and event in (b"", b"message"):  # a blank line, then the end
+            outcome = await self._frame(b"\n".join(data), name, rid, progress)
+            if outcome is not None:
+                return outcome
         raise MCPError(
             code=mcp_types.CONNECTION_CLOSED, message="SSE stream ended without a response"
         )
