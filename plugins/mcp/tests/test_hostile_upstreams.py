@@ -386,6 +386,30 @@ async def test_a_byte_order_mark_split_across_reads_opens_the_stream() -> None:
         await still_serving(k, up)
 
 
+@PATHS
+async def test_endless_empty_data_lines_are_capped(direct: bool) -> None:
+    """An event of nothing but ``data:`` lines: each adds a line break to the event (and
+    an entry the reader keeps), so they count toward max_answer_bytes. Before, the direct
+    path counted them as 0 bytes: a server could grow the gateway's memory without end."""
+    lines = b"data:\n" * 200_000  # 1.2 MB on the wire, a 200,000-line event
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        w.write(chunked(lines, lines, end=b""))
+        await w.drain()
+        await s.until_client_closes(r)
+        return False
+
+    scripts = {**SCRIPTS, "empty-lines": script}
+    async with (
+        serving(scripted_upstream(scripts)) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=65536) as (k, up),
+    ):
+        r = await call(k, "empty-lines")
+        assert r.error is not None and r.error.kind == "tool_error", r.error
+        assert r.error.details["answer_too_large"] is True, r.error
+        await still_serving(k, up)
+
+
 SILENT: dict[str, CallScript] = {
     "silent": stall_after(lambda rid: b""),
     "silent-after-the-head": stall_after(lambda rid: JSON_HEAD),

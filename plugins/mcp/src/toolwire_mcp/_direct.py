@@ -417,7 +417,7 @@ class DirectCaller:
                         value = value[1:]
                     if field == b"data":
                         data.append(value)
-                        size += len(value)
+                        size += len(value) + 1  # and its line break: "data:" lines add up
                     elif field == b"event":
                         event = value
                     continue
