@@ -230,6 +230,7 @@ LOST = {"in_flight": True}
 
 CASES: dict[str, Case] = {
     # --- whose answer is it
+    "id-echoed-as-a-string": Case(send(lambda rid: json_answer(result(str(rid))))),
     "two-answers-in-one-read": Case(
         send(lambda rid: json_answer(result(rid, "first")) + json_answer(result(rid, "second"))),
         says="first",
@@ -244,6 +245,14 @@ CASES: dict[str, Case] = {
         "unavailable",
         "HTTP 500",
         {"status": 500},
+    ),
+    "result-and-error": Case(
+        send(
+            lambda rid: json_answer({**result(rid), "error": {"code": -32603, "message": "boom"}})
+        ),
+        "tool_error",
+        "boom (MCP error -32603)",
+        {"mcp_code": -32603},
     ),
     "two-answers-in-one-stream": Case(
         send(lambda rid: events(event(result(rid, "first")), event(result(rid, "second")))),

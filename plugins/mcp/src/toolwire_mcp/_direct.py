@@ -40,6 +40,7 @@ import httpx2
 import mcp_types
 import pydantic_core
 from mcp.shared.dispatcher import ProgressFnT as ProgressFn
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import (
     MCP_METHOD_HEADER,
@@ -339,9 +340,15 @@ class DirectCaller:
                 ) from None
             outcome = self._response(msg, rid)
             if outcome is None:
+                theirs = msg.get("id") if isinstance(msg, dict) else None
                 raise MCPError(
                     code=mcp_types.PARSE_ERROR,
-                    message="Failed to parse JSON response: not a JSON-RPC response",
+                    message="Failed to parse JSON response: "
+                    + (
+                        f"an answer to request id {theirs!r}, not to this request ({rid})"
+                        if theirs is not None
+                        else "not a JSON-RPC response"
+                    ),
                 )
             return outcome
         if ctype.startswith("text/event-stream"):
@@ -363,16 +370,21 @@ class DirectCaller:
         error); None for anything else (a notification, a response to another id)."""
         if not isinstance(msg, dict) or "id" not in msg:
             return None
-        if msg["id"] != rid and not (msg["id"] is None and "error" in msg):
+        theirs = msg["id"]
+        if isinstance(theirs, str):  # "7" is 7, as the SDK correlates (and the TS SDK)
+            theirs = coerce_request_id(theirs)
+        if theirs != rid and not (theirs is None and "error" in msg):
             log.warning("MCP server answered request %r to our request %r: ignored", msg["id"], rid)
             return None
+        # Both (JSON-RPC forbids it): the error wins, as in the SDK, never a success
+        # the server also called a failure.
+        if "error" in msg:
+            raise MCPError.from_error_data(mcp_types.ErrorData.model_validate(msg["error"]))
         if "result" in msg:
             raw = msg["result"]
             if isinstance(raw, dict) and raw.get("resultType") == "input_required":
                 return mcp_types.InputRequiredResult.model_validate(raw)
             return mcp_types.CallToolResult.model_validate(raw)
-        if "error" in msg:
-            raise MCPError.from_error_data(mcp_types.ErrorData.model_validate(msg["error"]))
         return None
 
     async def _events(
