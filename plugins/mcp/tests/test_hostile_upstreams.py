@@ -254,6 +254,12 @@ CASES: dict[str, Case] = {
         "boom (MCP error -32603)",
         {"mcp_code": -32603},
     ),
+    "a-server-error-coded-32000": Case(  # JSON-RPC's first "server error" code: an answer
+        send(lambda rid: json_answer(error(rid, -32000, "database down"))),
+        "tool_error",
+        "database down (MCP error -32000)",
+        {"mcp_code": -32000},
+    ),
     "two-answers-in-one-stream": Case(
         send(lambda rid: events(event(result(rid, "first")), event(result(rid, "second")))),
         says="first",

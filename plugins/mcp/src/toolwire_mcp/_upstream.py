@@ -233,6 +233,17 @@ def _too_large(exc: MCPError, limit: int) -> bool:
     )
 
 
+def _client_closed(exc: MCPError) -> bool:
+    """Whether a -32000 error is the client's word for a connection or stream that ended
+    (the SDK's "Connection closed" and "SSE stream ...", which the direct path uses too).
+
+    Not a server's own JSON-RPC error with that code: -32000 is the first of JSON-RPC's
+    "server error" codes, which many servers use for any failure. Such an error is an
+    answer (``tool_error``), not a lost connection to reconnect.
+    """
+    return exc.message == "Connection closed" or exc.message.startswith("SSE stream ")
+
+
 def _session_dead(client: Client[Any]) -> bool:
     """True once the connection under ``client``'s session has closed.
 
@@ -1275,7 +1286,7 @@ class Upstream:
         prefix = f"MCP server {self.name!r}, tool {remote_tool!r}"
         if isinstance(exc, MCPError):
             code = exc.code
-            if code == mcp_types.CONNECTION_CLOSED:
+            if code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 return await self._lost(client, remote_tool, exc)
             kind: str = {
                 mcp_types.REQUEST_TIMEOUT: ErrorKind.TIMEOUT,
