@@ -280,6 +280,12 @@ CASES: dict[str, Case] = {
     "retry-and-id-fields": Case(
         send(lambda rid: events(b"id: 7\nretry: 10\n: ping\n" + event(result(rid))))
     ),
+    "garbage-in-an-event": Case(
+        send(lambda rid: events(b"data: {not json\n\n")),
+        "tool_error",
+        "Failed to parse SSE message",
+        UNREADABLE,
+    ),
     "endless-pings-after-the-answer": Case(pings_after(lambda rid: event(result(rid)))),
     "the-answer-in-an-event-of-unknown-type": Case(
         send(lambda rid: events(b"event: surprise\ndata: " + json.dumps(result(rid)).encode())),
@@ -288,6 +294,12 @@ CASES: dict[str, Case] = {
         LOST,
     ),
     # --- lengths and framing
+    "content-length-too-short": Case(
+        send(short_length),
+        "tool_error",
+        "Failed to parse JSON response",
+        UNREADABLE,
+    ),
     "chunked-with-trailers": Case(
         send(
             lambda rid: chunked(
@@ -304,6 +316,28 @@ CASES: dict[str, Case] = {
         LOST,
     ),
     # --- statuses
+    "200-with-html": Case(
+        send(
+            lambda rid: (
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 4\r\n\r\n<p/>"
+            )
+        ),
+        "tool_error",
+        "Unexpected content type: text/html",
+        UNREADABLE,
+    ),
+    "202": Case(
+        send(lambda rid: b"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"),
+        "tool_error",
+        "server answered a request with 202 Accepted",
+        UNREADABLE,
+    ),
+    "204": Case(
+        send(lambda rid: b"HTTP/1.1 204 No Content\r\n\r\n"),
+        "tool_error",
+        "Unexpected content type",
+        UNREADABLE,
+    ),
     "101": Case(
         send(
             lambda rid: (

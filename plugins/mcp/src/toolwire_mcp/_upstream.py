@@ -244,6 +244,16 @@ def _client_closed(exc: MCPError) -> bool:
     return exc.message == "Connection closed" or exc.message.startswith("SSE stream ")
 
 
+def _no_answer(exc: MCPError) -> bool:
+    """Whether the error is the client's for a 2xx answer it could not read as the
+    answer: not JSON-RPC, an answer to another request, no MCP content type, a 202."""
+    if exc.code == mcp_types.PARSE_ERROR:
+        return exc.message.startswith(("Failed to parse JSON response", "Failed to parse SSE"))
+    return exc.code == mcp_types.INVALID_REQUEST and exc.message.startswith(
+        ("Unexpected content type", "server answered a request with 202 Accepted")
+    )
+
+
 def _session_dead(client: Client[Any]) -> bool:
     """True once the connection under ``client``'s session has closed.
 
@@ -1288,6 +1298,18 @@ class Upstream:
             code = exc.code
             if code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 return await self._lost(client, remote_tool, exc)
+            if _no_answer(exc):
+                # A 2xx the client could not read as the answer: the server took the request.
+                # (The SDK's text of a pydantic error runs over many lines: the first says it.)
+                said = exc.message.strip().partition("\n")[0]
+                return ToolError(
+                    f"{prefix}: {said} (MCP error {code}); the server's answer is no "
+                    "MCP answer. The call may have taken effect upstream: check before "
+                    "calling it again; the server (or what is in front of it) must answer "
+                    "tools/call with JSON-RPC",
+                    kind=ErrorKind.TOOL_ERROR,
+                    details={**where, "mcp_code": code, "invalid_answer": True},
+                )
             kind: str = {
                 mcp_types.REQUEST_TIMEOUT: ErrorKind.TIMEOUT,
                 mcp_types.INVALID_PARAMS: ErrorKind.INVALID_ARGS,
