@@ -230,7 +230,22 @@ LOST = {"in_flight": True}
 
 CASES: dict[str, Case] = {
     # --- whose answer is it
+    "answer-to-another-request": Case(
+        send(lambda rid: json_answer(result(rid + 1000))),
+        "tool_error",
+        "an answer to request id",
+        UNREADABLE,
+    ),
     "id-echoed-as-a-string": Case(send(lambda rid: json_answer(result(str(rid))))),
+    "error-for-no-request": Case(  # id null: JSON-RPC's answer when the id could not be read
+        send(lambda rid: json_answer(error(None, -32602, "bad arguments"))),
+        "invalid_args",
+        "bad arguments",
+        {"mcp_code": -32602},
+    ),
+    "a-notification-instead": Case(
+        send(lambda rid: json_answer(LOG)), "tool_error", "not a JSON-RPC response", UNREADABLE
+    ),
     "two-answers-in-one-read": Case(
         send(lambda rid: json_answer(result(rid, "first")) + json_answer(result(rid, "second"))),
         says="first",

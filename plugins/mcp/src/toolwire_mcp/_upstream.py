@@ -45,10 +45,11 @@ from fastmcp.client.transports import (
     StreamableHttpTransport,
 )
 from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
 from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from toolwire import (
     CallContext,
@@ -80,7 +81,7 @@ from ._direct import (
     ProgressFn,
     refused,
 )
-from ._lenient import install_stdio_reader
+from ._lenient import from_json, install_stdio_reader
 from ._wire import ConnectError, WireError
 
 __all__ = ["Upstream"]
@@ -141,6 +142,63 @@ _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
 _DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
 
 
+class _NotOurAnswer(httpx2.StreamError):
+    """Raised reading a FastMCP-client JSON answer that is no answer to the request it came
+    for (the SDK then answers the request with a parse error quoting this text; it would
+    drop such an answer and wait for the request's own, for ever without a ``timeout``)."""
+
+
+class _Envelope(BaseModel):
+    """What of a JSON-RPC message tells whose answer it is; the rest is skipped, not built."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Any = None
+    error: Any = None
+    method: Any = None
+
+
+def _request_id(request: httpx2.Request) -> Any:
+    """The id of the JSON-RPC request a POST carries; None for a notification (or no JSON)."""
+    try:
+        msg = from_json(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    return msg.get("id") if isinstance(msg, dict) and "method" in msg else None
+
+
+def _same_id(theirs: Any, ours: Any) -> bool:
+    """Whether two request ids are one, as the SDK correlates them ("7" is 7)."""
+    if isinstance(theirs, str):
+        theirs = coerce_request_id(theirs)
+    if isinstance(ours, str):
+        ours = coerce_request_id(ours)
+    return bool(theirs == ours)
+
+
+def _our_answer(body: bytes, rid: Any) -> bytes:
+    """``body``, a JSON answer to the request of id ``rid``, as the SDK can use it.
+
+    An answer to another request, or a message that is no answer, raises
+    ``_NotOurAnswer`` (the direct path fails such a call alike). An error for no
+    request (id null) gets ``rid``, as the SDK does with one in a 4xx answer and
+    the direct path always. Anything that is no single JSON-RPC message passes
+    as it is: the SDK says what is wrong with it.
+    """
+    try:
+        env = _Envelope.model_validate_json(body)
+    except ValueError:
+        return body
+    if "method" in env.model_fields_set or "id" not in env.model_fields_set:
+        raise _NotOurAnswer("not a JSON-RPC response")
+    if env.id is None and "error" in env.model_fields_set:
+        msg = from_json(body)
+        msg["id"] = rid
+        return pydantic_core.to_json(msg)
+    if not _same_id(env.id, rid):
+        raise _NotOurAnswer(f"an answer to request id {env.id!r}, not to this request ({rid!r})")
+    return body
+
+
 class _CappedStream(httpx2.AsyncByteStream):
     """A response body capped at ``limit`` bytes, decompressed here (gzip, deflate).
 
@@ -149,6 +207,8 @@ class _CappedStream(httpx2.AsyncByteStream):
     decompresses to (``_EventsOverLimit``). The body is decompressed here, with
     the cap as the most any one call may produce, so that a small compressed
     read cannot expand a thousandfold first; httpx is then told it is plain.
+    With ``rid``, a JSON answer is read whole and checked to answer that
+    request (``_our_answer``).
     """
 
     def __init__(
@@ -160,7 +220,9 @@ class _CappedStream(httpx2.AsyncByteStream):
         whole: bool,
         declared: int | None,
         encoding: str | None,
+        rid: Any = None,
     ) -> None:
+        self._rid = rid
         self._inner = inner
         self._limit = limit
         self._server = server
@@ -182,6 +244,7 @@ class _CappedStream(httpx2.AsyncByteStream):
             decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
         maybe_raw = self._encoding == "deflate"  # "deflate" is meant zlib-wrapped; some send raw
         size = 0
+        held: list[bytes] | None = [] if self._rid is not None else None
         async for chunk in self._inner:
             if decoder is not None and chunk:
                 if maybe_raw:
@@ -200,14 +263,20 @@ class _CappedStream(httpx2.AsyncByteStream):
             size += len(chunk)
             if whole and size > limit:
                 raise self._over()
-            if chunk:
+            if held is not None:
+                held.append(chunk)
+            elif chunk:
                 yield chunk
         if decoder is not None:
             tail = decoder.flush()
             if len(tail) > limit - (size if whole else 0):
                 raise self._over()
-            if tail:
+            if held is not None:
+                held.append(tail)
+            elif tail:
                 yield tail
+        if held is not None:
+            yield _our_answer(b"".join(held), self._rid)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -570,7 +639,8 @@ class Upstream:
         **_: Any,
     ) -> httpx2.AsyncClient:
         """The HTTP client of the MCP transport, noting refused responses (401, 403, 5xx),
-        and capping every answer at ``max_answer_bytes`` (``_CappedStream``).
+        capping every answer at ``max_answer_bytes`` (``_CappedStream``) and, on
+        Streamable HTTP, failing a JSON answer to another request (``_our_answer``).
 
         It asks for answers uncompressed (``Accept-Encoding: identity``) unless
         the entry's ``headers`` ask otherwise; a gzip or deflate body (sent
@@ -578,6 +648,7 @@ class Upstream:
         fails the request.
         """
         limit, server = self.cfg.max_answer_bytes, self.name
+        checks_ids = self.cfg.kind == "http"
 
         async def note(response: httpx2.Response) -> None:
             coding = response.headers.get("content-encoding", "identity").strip().lower()
@@ -589,15 +660,22 @@ class Upstream:
             if coding in _DECODED:
                 del response.headers["content-encoding"]  # decoded by _CappedStream, not httpx
             declared = response.headers.get("content-length", "")
+            ctype = response.headers.get("content-type", "").lower()
             response.stream = _CappedStream(
                 cast(httpx2.AsyncByteStream, response.stream),
                 limit,
                 server,
-                whole=not response.headers.get("content-type", "")
-                .lower()
-                .startswith("text/event-stream"),
+                whole=not ctype.startswith("text/event-stream"),
                 declared=int(declared) if declared.isdigit() else None,
                 encoding=coding if coding in _DECODED else None,
+                # Streamable HTTP: a JSON answer to a request POST is its response (a
+                # 4xx one the SDK matches itself; a legacy SSE server answers elsewhere)
+                rid=_request_id(response.request)
+                if checks_ids
+                and ctype.startswith("application/json")
+                and response.request.method == "POST"
+                and 200 <= response.status_code < 300
+                else None,
             )
             if response.status_code >= 400:
                 self._http_status = response.status_code
