@@ -474,6 +474,23 @@ async def test_endless_empty_data_lines_are_capped(direct: bool) -> None:
         await still_serving(k, up)
 
 
+@PATHS
+async def test_an_error_page_over_max_answer_bytes_is_told_by_its_status(direct: bool) -> None:
+    """A 500 with a JSON body over max_answer_bytes: the FastMCP client drops the body and
+    maps the status; the direct path now does the same (before: answer_too_large, with its
+    "the call may have taken effect upstream", for what is a plain server error)."""
+    page = json.dumps({"error": "x" * 5000}).encode()
+    scripts = {**SCRIPTS, "500": send(lambda rid: json_answer(page, status="500 Oops"))}
+    async with (
+        serving(scripted_upstream(scripts)) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=1024) as (k, up),
+    ):
+        r = await call(k, "500")
+        assert r.error is not None and r.error.kind == "unavailable", r.error
+        assert r.error.details["status"] == 500 and "answer_too_large" not in r.error.details
+        await still_serving(k, up)
+
+
 SILENT: dict[str, CallScript] = {
     "silent": stall_after(lambda rid: b""),
     "silent-after-the-head": stall_after(lambda rid: JSON_HEAD),
