@@ -536,3 +536,48 @@ async def test_redirect_loops_end_at_once(direct: bool) -> None:
             assert r.error is not None and r.error.kind == "tool_error", r.error
             assert "not followed" in r.error.message, r.error
             await still_serving(k, up)
+
+
+async def test_a_server_silent_past_the_read_limit_is_a_timeout_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Direct path, no ``timeout``: an answer that stops coming ends after the read limit
+    (300 s without a byte). Before, the caller got a bare "timed out". (The FastMCP client
+    reports it as a lost connection: its HTTP stack's read timeout ends the session.)"""
+    monkeypatch.setattr("toolwire_mcp._direct._READ_S", 0.3)
+    async with (
+        serving(scripted_upstream({**SCRIPTS, **SILENT})) as srv,
+        gateway(srv, direct=True) as (k, up),
+    ):
+        r = await call(k, "silent-mid-stream")
+        assert r.error is not None and r.error.kind == "timeout", r.error
+        assert "no answer from the server for 0.3 s; the outcome is unknown" in r.error.message
+        assert "longer `timeout` of [plugins.mcp.servers.up]" in r.error.message
+        await still_serving(k, up)
+
+
+async def test_calls_waiting_for_a_connection_end_unsent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that takes 100 calls and answers none: the pool's 100 connections stay
+    busy; the next call waits for one (60 s, 0.3 here), then fails saying it was not sent.
+    Once the hung calls end, every slot and connection is free again."""
+    monkeypatch.setattr("toolwire_mcp._direct._POOL_WAIT_S", 0.3)
+    async with (
+        serving(scripted_upstream({**SCRIPTS, **SILENT})) as srv,
+        gateway(srv, direct=True) as (k, up),
+    ):
+        caller = up._http
+        assert caller is not None
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(k.call, "up_probe", {"case": "silent"})
+            await eventually(lambda: caller._pool._limit._value == 0)
+            r = await call(k, "silent")
+            tg.cancel_scope.cancel()  # the hung calls' callers give up
+        assert r.error is not None and r.error.kind == "timeout", r.error
+        assert r.error.details["in_flight"] is False
+        assert "all 100 connections to the server stayed busy for 0.3 s" in r.error.message
+        assert "the request was not sent" in r.error.message
+        assert "set `timeout` of [plugins.mcp.servers.up]" in r.error.message
+        assert sum(b"tools/call" in q for q in srv.requests) == 100
+        await eventually(lambda: caller._pool._limit._value == 100 and not caller._pool._all)
+        await still_serving(k, up)

@@ -82,7 +82,7 @@ from ._direct import (
     refused,
 )
 from ._lenient import from_json, install_stdio_reader
-from ._wire import ConnectError, WireError
+from ._wire import ConnectError, PoolTimeout, WireError
 
 __all__ = ["Upstream"]
 
@@ -1429,7 +1429,24 @@ class Upstream:
                 details=where,
             )
         if isinstance(exc, TimeoutError):
-            return ToolError(f"{prefix}: timed out", kind=ErrorKind.TIMEOUT, details=where)
+            # Before: a bare "timed out", naming neither the limit nor whether the call went.
+            if isinstance(exc, PoolTimeout):
+                return ToolError(
+                    f"{prefix}: timed out: {exc}: the server is not answering the calls "
+                    "already sent to it; set `timeout` of "
+                    f"[plugins.mcp.servers.{self.name}] to end calls it does not answer",
+                    kind=ErrorKind.TIMEOUT,
+                    details={**where, "in_flight": False},
+                )
+            said = f": {exc}" if str(exc) else ""
+            return ToolError(
+                f"{prefix}: timed out{said}; the outcome is unknown. The limit between two "
+                "reads of an answer is 300 s, or the entry's `timeout` when longer: a tool "
+                "silent for longer needs a longer `timeout` of "
+                f"[plugins.mcp.servers.{self.name}]",
+                kind=ErrorKind.TIMEOUT,
+                details=where,
+            )
         if isinstance(exc, AnswerTooLarge):
             return ToolError(
                 f"{prefix}: the server's answer is over max_answer_bytes = {exc.limit} bytes "
