@@ -581,3 +581,65 @@ async def test_calls_waiting_for_a_connection_end_unsent(monkeypatch: pytest.Mon
         assert sum(b"tools/call" in q for q in srv.requests) == 100
         await eventually(lambda: caller._pool._limit._value == 100 and not caller._pool._all)
         await still_serving(k, up)
+
+
+def client_tasks() -> set[asyncio.Task[Any]]:
+    """The loop's tasks but the scripted servers' own (one per connection they hold)."""
+    return {t for t in asyncio.all_tasks() if "Server._serve" not in repr(t.get_coro())}
+
+
+#: The cases mixed in the storm below, and the successes each may bring.
+STORM = {
+    "ok": "ok",
+    "answer-to-another-request": None,
+    "two-answers-in-one-read": "first",
+    "a-500-then-a-200-in-one-read": None,
+    "reset-mid-body": None,
+    "closed-mid-stream": None,
+    "silent": None,
+    "endless-pings-after-the-answer": "ok",
+    "200-with-html": None,
+    "events-cut-at-every-byte": "ok",
+    "content-length-too-short": None,
+    "a-server-error-coded-32000": None,
+}
+
+
+@PATHS
+async def test_many_calls_while_the_server_misbehaves(direct: bool) -> None:
+    """60 concurrent calls, each answered by one of the cases above, some abandoned by their
+    callers: every call ends (at the entry's timeout at the latest) with its own success
+    or a typed error, never another call's answer; afterwards no pool slot is taken, no
+    connection busy, no task left behind, and the server is served as before."""
+    async with (
+        serving(scripted_upstream({**SCRIPTS, **SILENT})) as srv,
+        gateway(srv, direct=direct, timeout=500) as (k, up),
+    ):
+        await still_serving(k, up)
+        before = len(client_tasks())
+        names = [name for _ in range(5) for name in STORM]
+        got: dict[int, ToolResult | None] = {}
+
+        async def one(i: int, name: str) -> None:
+            got[i] = None
+            with anyio.move_on_after(0.1 if i % 7 == 0 else 10):  # some callers give up
+                got[i] = await k.call("up_probe", {"case": name})
+
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for i, name in enumerate(names):
+                    tg.start_soon(one, i, name)
+        for i, name in enumerate(names):
+            r = got[i]
+            if r is None:
+                assert i % 7 == 0, name  # only an abandoned call has no result
+            elif r.error is None:
+                assert r.content == {"result": STORM[name]}, (name, r.content)
+            else:
+                assert r.error.source == "mcp:up" and r.error.details["server"] == "up", r.error
+                assert STORM[name] is None or r.error.kind == "unavailable", (name, r.error)
+        await still_serving(k, up)
+        # the calls' tasks (the FastMCP client's one per POST, the drains) are gone
+        await eventually(lambda: len(client_tasks()) <= before)
+        if direct:
+            assert up.direct_calls >= len(names)
