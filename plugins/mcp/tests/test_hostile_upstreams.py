@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gzip
 import json
 import socket
 import struct
@@ -532,10 +533,100 @@ async def test_redirect_loops_end_at_once(direct: bool) -> None:
         gateway(srv, direct=direct) as (k, up),
     ):
         for name in loops:
+            before = sum(b"tools/call" in q for q in srv.requests)
             r = await call(k, name)
             assert r.error is not None and r.error.kind == "tool_error", r.error
             assert "not followed" in r.error.message, r.error
+            if name == "301":  # sent once: not handed on (a 307 is: it asks to be sent again)
+                assert sum(b"tools/call" in q for q in srv.requests) - before == 1
             await still_serving(k, up)
+
+
+@PATHS
+async def test_a_303_is_not_sent_again(direct: bool) -> None:
+    """A 303 See Other answers a POST that was processed: the call must not go to the
+    server twice. Before, the direct path sent it again through the FastMCP client (as it
+    does for a 307/308, which asks for that)."""
+    see_other = send(
+        lambda rid: b"HTTP/1.1 303 See Other\r\nlocation: /mcp/done\r\ncontent-length: 0\r\n\r\n"
+    )
+    async with (
+        serving(scripted_upstream({**SCRIPTS, "303": see_other})) as srv,
+        gateway(srv, direct=direct) as (k, up),
+    ):
+        before = sum(b"tools/call" in q for q in srv.requests)
+        r = await call(k, "303")
+        assert sum(b"tools/call" in q for q in srv.requests) - before == 1
+        assert r.error is not None and r.error.kind == "tool_error", r.error
+        assert f"Redirect to http://127.0.0.1:{srv.port}/mcp/done not followed" in r.error.message
+        await still_serving(k, up)
+
+
+def gzip_then(junk: int) -> CallScript:
+    """A gzip JSON answer, then ``junk`` bytes more in the same body."""
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        packed = gzip.compress(json.dumps(result(rid)).encode())
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+        w.write(head + b"transfer-encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(packed), packed))
+        part = b"\0" * 65536
+        try:
+            for _ in range(junk // len(part)):
+                w.write(b"%x\r\n%s\r\n" % (len(part), part))
+                await w.drain()
+            w.write(b"0\r\n\r\n")
+            await w.drain()
+        except ConnectionError:
+            return False
+        return True
+
+    return script
+
+
+@PATHS
+async def test_bytes_after_a_compressed_answer_fail_it(direct: bool) -> None:
+    """zlib keeps what follows the end of a compressed stream in ``unused_data``, which
+    nothing counted: 4 MiB of junk after a small gzip answer passed a 64 KiB cap, held in
+    memory, and the call succeeded. Such a body is now no valid answer."""
+    async with (
+        serving(scripted_upstream({**SCRIPTS, "junk": gzip_then(4 * 1024 * 1024)})) as srv,
+        gateway(
+            srv, direct=direct, max_answer_bytes=65536, headers={"Accept-Encoding": "gzip"}
+        ) as (k, up),
+    ):
+        r = await call(k, "junk")
+        assert r.error is not None, r.content
+        assert "goes on after its compressed stream ends" in r.error.message, r.error
+        await still_serving(k, up)
+
+
+async def test_a_call_never_sent_within_timeout_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry's ``timeout`` also runs while a call waits for a connection. One that
+    never got one was reported as a slow tool ("raise it if the tool needs longer");
+    it now says it was not sent (``in_flight: false``). Here the 100 connections are
+    held by answered event streams being read to their end (for 3 s)."""
+    monkeypatch.setattr("toolwire_mcp._direct._DRAIN_S", 3.0)
+    async with (
+        serving(scripted_upstream({**SCRIPTS})) as srv,
+        gateway(srv, direct=True, timeout=300) as (k, up),
+    ):
+        caller = up._http
+        assert caller is not None
+        async with anyio.create_task_group() as tg:
+            for _ in range(100):
+                tg.start_soon(call, k, "endless-pings-after-the-answer")
+        await eventually(lambda: caller._pool._limit._value == 0)  # 100 drains hold them
+        sent = sum(b"tools/call" in q for q in srv.requests)
+        r = await call(k, "ok")
+        assert sum(b"tools/call" in q for q in srv.requests) == sent  # not sent
+        assert r.error is not None and r.error.kind == "timeout", r.error
+        assert r.error.details["in_flight"] is False
+        assert "within the entry's `timeout` (300 ms); the request was not sent" in (
+            r.error.message
+        )
+        assert "set `timeout`" not in r.error.message  # it is set
+        await eventually(lambda: caller._pool._limit._value == 100)  # the drains give up
+        await still_serving(k, up)
 
 
 async def test_a_server_silent_past_the_read_limit_is_a_timeout_naming_it(

@@ -31,6 +31,7 @@ import contextlib
 import itertools
 import logging
 import re
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -51,7 +52,7 @@ from mcp.shared.inbound import (
 from pydantic import ValidationError
 
 from ._lenient import from_json
-from ._wire import Pool, Response, TooLarge, WireError
+from ._wire import Pool, PoolTimeout, Response, Sending, TooLarge, WireError
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
 
@@ -233,13 +234,19 @@ class DirectCaller:
         body = pydantic_core.to_json(  # compact UTF-8 JSON, as json.dumps with separators
             {"jsonrpc": "2.0", "id": rid, "method": "tools/call", "params": params}
         )
+        sending = Sending()
         if self._timeout_s is None:
-            return await self._exchange(name, body, rid, progress)
+            return await self._exchange(name, body, rid, progress, sending)
         deadline = asyncio.timeout(self._timeout_s)
         try:
             async with deadline:
-                return await self._exchange(name, body, rid, progress)
+                return await self._exchange(name, body, rid, progress, sending)
         except TimeoutError:
+            if deadline.expired() and not sending.sent:
+                raise PoolTimeout(
+                    f"no connection to the server came free or could be opened within the "
+                    f"entry's `timeout` ({self._timeout_s * 1000:g} ms); the request was not sent"
+                ) from None
             if deadline.expired():  # what the SDK raises when the request times out
                 raise MCPError(
                     code=mcp_types.REQUEST_TIMEOUT, message="Request 'tools/call' timed out"
@@ -255,9 +262,9 @@ class DirectCaller:
         return h
 
     async def _exchange(
-        self, name: str, body: bytes, rid: int, progress: ProgressFn | None
+        self, name: str, body: bytes, rid: int, progress: ProgressFn | None, sending: Sending
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
-        resp = await self._pool.post(body, self._headers(name))
+        resp = await self._pool.post(body, self._headers(name), sending)
         try:
             result = await self._answer(resp, name, rid, progress)
         except (MCPError, HTTPRefusal, NotMirrored):
@@ -303,8 +310,17 @@ class DirectCaller:
     ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         status = resp.status
         ctype = resp.headers.get("content-type", "").lower()
-        if 300 <= status < 400:
+        if status in (307, 308):  # the request is to be sent again, elsewhere: it did not run
             raise NotMirrored(f"HTTP {status} (redirect to {resp.headers.get('location')})")
+        if 300 <= status < 400 and "location" in resp.headers:
+            # Another redirect of a POST (a 303 See Other answers one that was processed):
+            # not followed, as the SDK does not follow it; sending it again could run it twice.
+            where = urllib.parse.urljoin(self._url, resp.headers["location"])
+            raise MCPError(
+                code=mcp_types.INVALID_REQUEST,
+                message=f"Redirect to {where} not followed; use that URL as the endpoint if it "
+                "is the intended server",
+            )
         if status == 202:
             raise MCPError(
                 code=mcp_types.INVALID_REQUEST,
@@ -404,6 +420,7 @@ class DirectCaller:
         data: list[bytes] = []
         size = 0
         event = b""
+        scanned = 0  # the start of buf holds no line end this far (a long line comes in parts)
         async for chunk in resp.chunks():
             buf += chunk
             if first:  # a UTF-8 byte order mark may open the stream (and come split)
@@ -415,7 +432,7 @@ class DirectCaller:
             start = 0
             # Lines end with CRLF, LF or a lone CR (the SSE spec, as the SDK reads them);
             # a CR ending the buffer waits for the next read, which may bring its LF.
-            while (m := _EOL.search(buf, start)) is not None:
+            while (m := _EOL.search(buf, max(start, scanned))) is not None:
                 nl = m.start()
                 if m.end() == len(buf) and m.end() - nl == 1 and buf[nl] == 0x0D:
                     break
@@ -442,6 +459,7 @@ class DirectCaller:
                     log.warning("MCP server %r: unknown SSE event %r", self.server, event)
                 data, size, event = [], 0, b""
             del buf[:start]
+            scanned = max(0, len(buf) - 1)  # a CR ending it is looked at again, with what follows
             if size + len(buf) > self._max_answer:
                 raise AnswerTooLarge(self._max_answer)
         if buf == b"\r" and data and event in (b"", b"message"):  # a blank line, then the end

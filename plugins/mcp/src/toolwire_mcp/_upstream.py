@@ -138,6 +138,15 @@ class _EventsOverLimit(httpx2.SSEError):
         super().__init__(f"Server-sent event exceeded the {limit} byte limit.")
 
 
+class _Unreadable(httpx2.StreamError):
+    """A JSON answer that cannot be decompressed (the SDK answers the request with a parse
+    error quoting this text: an answer came, unreadable)."""
+
+
+class _UnreadableEvents(httpx2.SSEError):
+    """An event stream that cannot be decompressed (the SDK ends the stream's request)."""
+
+
 _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
 _DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
 
@@ -235,11 +244,21 @@ class _CappedStream(httpx2.AsyncByteStream):
             return _OverLimit(self._limit, self._server)
         return _EventsOverLimit(self._limit)
 
+    def _unreadable(self, why: str) -> Exception:
+        # raised while the SDK reads the body, so that it answers the request with it
+        # (an exception in the response hook would end its whole writer task instead)
+        return _Unreadable(why) if self._whole else _UnreadableEvents(why)
+
     async def __aiter__(self) -> AsyncIterator[bytes]:
         limit, whole = self._limit, self._whole
         if whole and self._encoding is None and (self._declared or 0) > limit:
             raise self._over()
         decoder: zlib._Decompress | None = None
+        if self._encoding is not None and self._encoding not in _DECODED:
+            raise self._unreadable(
+                f"MCP server {self._server!r} answered with Content-Encoding "
+                f"{self._encoding!r}; toolwire reads identity, gzip and deflate"
+            )
         if self._encoding is not None:
             decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
         maybe_raw = self._encoding == "deflate"  # "deflate" is meant zlib-wrapped; some send raw
@@ -247,6 +266,10 @@ class _CappedStream(httpx2.AsyncByteStream):
         held: list[bytes] | None = [] if self._rid is not None else None
         async for chunk in self._inner:
             if decoder is not None and chunk:
+                if decoder.eof:  # zlib would keep every such byte, uncounted
+                    raise self._unreadable(
+                        f"the {self._encoding} body goes on after its compressed stream ends"
+                    )
                 if maybe_raw:
                     maybe_raw = False
                     if len(chunk) >= 2 and (
@@ -257,9 +280,13 @@ class _CappedStream(httpx2.AsyncByteStream):
                 try:
                     chunk = decoder.decompress(chunk, room)
                 except zlib.error as exc:
-                    raise httpx2.DecodingError(f"bad {self._encoding} body: {exc}") from None
+                    raise self._unreadable(f"bad {self._encoding} body: {exc}") from None
                 if len(chunk) >= room:  # more would come of it: past the cap
                     raise self._over()
+                if decoder.unused_data:
+                    raise self._unreadable(
+                        f"the {self._encoding} body goes on after its compressed stream ends"
+                    )
             size += len(chunk)
             if whole and size > limit:
                 raise self._over()
@@ -652,12 +679,7 @@ class Upstream:
 
         async def note(response: httpx2.Response) -> None:
             coding = response.headers.get("content-encoding", "identity").strip().lower()
-            if coding not in _DECODED and coding != "identity":
-                raise httpx2.DecodingError(
-                    f"MCP server {server!r} answered with Content-Encoding {coding!r}; "
-                    "toolwire reads identity, gzip and deflate"
-                )
-            if coding in _DECODED:
+            if coding != "identity":
                 del response.headers["content-encoding"]  # decoded by _CappedStream, not httpx
             declared = response.headers.get("content-length", "")
             ctype = response.headers.get("content-type", "").lower()
@@ -667,7 +689,7 @@ class Upstream:
                 server,
                 whole=not ctype.startswith("text/event-stream"),
                 declared=int(declared) if declared.isdigit() else None,
-                encoding=coding if coding in _DECODED else None,
+                encoding=None if coding == "identity" else coding,
                 # Streamable HTTP: a JSON answer to a request POST is its response (a
                 # 4xx one the SDK matches itself; a legacy SSE server answers elsewhere)
                 rid=_request_id(response.request)
@@ -1431,10 +1453,15 @@ class Upstream:
         if isinstance(exc, TimeoutError):
             # Before: a bare "timed out", naming neither the limit nor whether the call went.
             if isinstance(exc, PoolTimeout):
+                advice = (
+                    ""  # the entry's timeout ends the calls the server does not answer
+                    if self.cfg.timeout
+                    else f"; set `timeout` of [plugins.mcp.servers.{self.name}] to end calls "
+                    "it does not answer"
+                )
                 return ToolError(
                     f"{prefix}: timed out: {exc}: the server is not answering the calls "
-                    "already sent to it; set `timeout` of "
-                    f"[plugins.mcp.servers.{self.name}] to end calls it does not answer",
+                    f"already sent to it{advice}",
                     kind=ErrorKind.TIMEOUT,
                     details={**where, "in_flight": False},
                 )

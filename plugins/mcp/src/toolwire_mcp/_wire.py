@@ -43,6 +43,7 @@ __all__ = [
     "PoolTimeout",
     "ProtocolError",
     "Response",
+    "Sending",
     "TooLarge",
     "WireError",
 ]
@@ -71,6 +72,16 @@ class ProtocolError(WireError):
 
 class PoolTimeout(TimeoutError):
     """No connection of the pool came free within ``pool_wait_s``: nothing was sent."""
+
+
+class Sending:
+    """Set by ``Pool.post`` once the request is written (``sent``): a failure before that
+    (a timeout waiting for a connection, say) means the server never saw the request."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self) -> None:
+        self.sent = False
 
 
 class TooLarge(WireError):
@@ -143,6 +154,9 @@ class Response:
             return  # a failed answer (too large, say): the rest is dropped as it comes
         limit = self._limit
         if self._decoder is not None:
+            if data and self._decoder.eof:  # bytes after the compressed stream: no valid body
+                self._trailing_garbage()
+                return
             if self._raw_deflate_ok:  # "deflate" is meant zlib-wrapped; some send it raw
                 self._raw_deflate_ok = False
                 if len(data) >= 2 and not _zlib_header(data):
@@ -159,6 +173,9 @@ class Response:
             if limit is not None and self._unread + len(data) > limit:
                 self._too_large(limit)
                 return
+            if self._decoder.unused_data:
+                self._trailing_garbage()
+                return
         if data:
             self._size += len(data)
             if limit is not None and self._whole and self._size > limit:
@@ -167,6 +184,14 @@ class Response:
             self._chunks.append(data)
             self._unread += len(data)
             self._wake()
+
+    def _trailing_garbage(self) -> None:
+        # (zlib would keep every such byte in unused_data, uncounted)
+        coding = self.headers.get("content-encoding")
+        self._chunks.clear()
+        self._unread = 0
+        self._decoder = None
+        self._fail(ProtocolError(f"the {coding} body goes on after its compressed stream ends"))
 
     def _too_large(self, limit: int) -> None:
         self._chunks.clear()  # nothing of it is kept, even when it all came
@@ -548,8 +573,12 @@ class Pool:
             f"{_check(k, 'header name')}: {_check(v, 'header')}\r\n" for k, v in headers.items()
         ).encode("latin-1")
 
-    async def post(self, body: bytes, extra: bytes = b"") -> Response:
-        """Send ``body`` (``extra``: a ``header_block``); the response once its head is in."""
+    async def post(
+        self, body: bytes, extra: bytes = b"", sending: Sending | None = None
+    ) -> Response:
+        """Send ``body`` (``extra``: a ``header_block``); the response once its head is in.
+
+        ``sending.sent`` turns true when the request is written."""
         if self.closed:
             raise WireError("the HTTP client is closed")
         data = b"%s%scontent-length: %d\r\n\r\n%s" % (self._prefix, extra, len(body), body)
@@ -574,6 +603,8 @@ class Pool:
         if self.closed:  # closed while connecting
             conn.finished(reuse=False)
             raise WireError("the HTTP client is closed")
+        if sending is not None:
+            sending.sent = True  # conn.request writes it before it first waits
         try:
             return await conn.request(data, self._read_s)
         except BaseException:
