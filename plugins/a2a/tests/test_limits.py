@@ -9,8 +9,10 @@ and nothing of it is kept; the next answer under the cap is taken as usual.
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
+import random
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from a2a.client.transports.http_helpers import parse_sse_stream
 from google.protobuf.json_format import MessageToDict
 from toolwire_a2a_testkit import (
     FIXTURES,
@@ -32,7 +35,7 @@ from toolwire_a2a_testkit import (
 
 from toolwire import ErrorKind, Kernel
 from toolwire_a2a import A2AConfig, A2APlugin
-from toolwire_a2a._limits import AnswerTooLarge, AnswerUndecodable, capped_client
+from toolwire_a2a._limits import AnswerTooLarge, AnswerUndecodable, RedirectRefused, capped_client
 
 pytestmark = pytest.mark.anyio
 
@@ -155,6 +158,83 @@ def _big_message(rid: Any) -> bytes:
     return _big({"jsonrpc": "2.0", "id": rid, "result": {"message": message}})
 
 
+def _sse(rid: Any, results: list[dict[str, Any]]) -> bytes:
+    """An SSE answer: one event per JSON-RPC result."""
+    events = (json.dumps({"jsonrpc": "2.0", "id": rid, "result": r}) for r in results)
+    return "".join(f"data: {e}\n\n" for e in events).encode()
+
+
+_IDS = {"taskId": TASK_ID, "contextId": "c7cd63b8-1eff-45a2-87a8-0fe541dd0226"}
+
+
+def _stream_of(updates: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A task's events: taken, ``updates`` (each under the cap), completed."""
+    task = {
+        "id": TASK_ID,
+        "contextId": _IDS["contextId"],
+        "status": {"state": "TASK_STATE_WORKING"},
+    }
+    done = {"statusUpdate": {**_IDS, "status": {"state": "TASK_STATE_COMPLETED"}}}
+    return [{"task": task}, *updates, done]
+
+
+def _appends(n: int, size: int) -> list[dict[str, Any]]:
+    """``n`` events adding ``size`` characters each to one artifact, the i-th of letter i."""
+    return _stream_of(
+        [
+            {
+                "artifactUpdate": {
+                    **_IDS,
+                    "append": i > 0,
+                    "artifact": {"artifactId": "a", "parts": [{"text": chr(97 + i % 26) * size}]},
+                }
+            }
+            for i in range(n)
+        ]
+    )
+
+
+def _artifacts(n: int, size: int) -> list[dict[str, Any]]:
+    """``n`` events each bringing an artifact of its own of ``size`` characters."""
+    return _stream_of(
+        [
+            {
+                "artifactUpdate": {
+                    **_IDS,
+                    "artifact": {"artifactId": f"a{i}", "parts": [{"text": "y" * size}]},
+                }
+            }
+            for i in range(n)
+        ]
+    )
+
+
+def _statuses(n: int, size: int) -> list[dict[str, Any]]:
+    """``n`` progress events, each a status message of ``size`` characters (each replaces
+    the one before), then a small artifact."""
+    said = {"messageId": "m", "role": "ROLE_AGENT", "parts": [{"text": "z" * size}]}
+    working = {"state": "TASK_STATE_WORKING", "message": said}
+    art = {"artifactId": "r", "name": "report", "parts": [{"text": "done"}]}
+    return _stream_of(
+        [{"statusUpdate": {**_IDS, "status": working}} for _ in range(n)]
+        + [{"artifactUpdate": {**_IDS, "artifact": art}}]
+    )
+
+
+#: Streams of events each under the cap: the first two keep 32 times the cap in all.
+_STREAMS: dict[str, Callable[[], list[dict[str, Any]]]] = {
+    "appends": lambda: _appends(64, LIMIT // 2),
+    "artifacts": lambda: _artifacts(64, LIMIT // 2),
+    "small-appends": lambda: _appends(200, 100),
+    "statuses": lambda: _statuses(64, LIMIT // 2),
+}
+#: How the "drip" modes send: each piece well within request_timeout_s (DRIP_TIMEOUT),
+#: the whole five times past it.
+DRIP_TIMEOUT = 1.0
+DRIP_PIECES = 25
+DRIP_EVERY = 0.2
+
+
 class HostileAgent:
     """An A2A agent on a loopback port that answers what the test says.
 
@@ -169,6 +249,7 @@ class HostileAgent:
         self.cut = 0
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.url = ""
+        self.redirect_to = ""  # where the "redirect" modes send the client
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -219,10 +300,23 @@ class HostileAgent:
             if mode is None:
                 writer.write(_whole(json.dumps(card).encode(), "application/json"))
                 return True
+            if mode in ("drip", "redirect"):
+                return await self._slow_or_sent_on(mode, json.dumps(card).encode(), writer)
             return await self._hostile(mode, _big({**card, "description": "@@"}), reader, writer)
         rid = json.loads(body).get("id")
         streaming = "text/event-stream" in headers.get("accept", "")
         mode, self.rpc = self.rpc, None
+        if mode in ("drip", "redirect"):
+            if json.loads(body).get("method") in ("GetTask", "CancelTask"):
+                task = {**fixture("gettask_response_v1.json"), "id": rid}
+                return await self._slow_or_sent_on(mode, json.dumps(task).encode(), writer)
+            return await self._slow_or_sent_on(mode, _task_answer(rid), writer)
+        if mode == "charset":  # a proper UTF-8 stream, declared UTF-16
+            writer.write(_whole(_events(), "text/event-stream; charset=utf-16-le"))
+            return True
+        if mode in _STREAMS:
+            writer.write(_whole(_sse(rid, _STREAMS[mode]()), "text/event-stream"))
+            return True
         if mode is None:
             if streaming:
                 writer.write(_whole(_events(), "text/event-stream"))
@@ -230,6 +324,27 @@ class HostileAgent:
                 writer.write(_whole(_task_answer(rid), "application/json"))
             return True
         return await self._hostile(mode, _big_message(rid), reader, writer)
+
+    async def _slow_or_sent_on(self, mode: str, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        """``drip``: ``body`` in DRIP_PIECES pieces, one each DRIP_EVERY seconds (each read
+        well within request_timeout_s, the whole far past it); ``redirect``: a 307 to
+        ``redirect_to``."""
+        if mode == "redirect":
+            writer.write(_head(307, {"location": self.redirect_to, "content-length": "0"}))
+            return True
+        writer.write(
+            _head(200, {"content-type": "application/json", "content-length": str(len(body))})
+        )
+        step = -(-len(body) // DRIP_PIECES)
+        try:
+            for i in range(0, len(body), step):
+                writer.write(body[i : i + step])
+                await writer.drain()
+                await asyncio.sleep(DRIP_EVERY)
+        except ConnectionError:
+            self.cut += 1
+            return False
+        return True
 
     async def _hostile(
         self, mode: str, big: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -278,9 +393,11 @@ async def hostile() -> AsyncIterator[HostileAgent]:
         yield agent
 
 
-def hostile_kernel(agent: HostileAgent, **config: Any) -> tuple[Kernel, A2APlugin]:
+def hostile_kernel(
+    agent: HostileAgent, headers: dict[str, str] | None = None, **config: Any
+) -> tuple[Kernel, A2APlugin]:
     cfg = {
-        "agents": [{"url": agent.url, "nickname": "hostile"}],
+        "agents": [{"url": agent.url, "nickname": "hostile", "headers": headers or {}}],
         "refresh_interval_s": 0,
         "max_answer_bytes": LIMIT,
         **config,
@@ -362,6 +479,141 @@ async def test_a_registry_listing_over_the_cap_is_not_read(hostile: HostileAgent
         assert f"over max_answer_bytes = {LIMIT} bytes ({GLOBAL})" in plugin._registry_error
 
 
+@pytest.mark.parametrize("mode", ["appends", "artifacts"])
+async def test_a_stream_keeps_no_more_than_the_cap_in_all(hostile: HostileAgent, mode: str) -> None:
+    """Before: each event was capped, but the call kept every one: 64 events of half the
+    cap (appended to one artifact, or each an artifact) kept 32 times the cap."""
+    kernel, _ = hostile_kernel(hostile, streaming=True)
+    async with kernel:
+        hostile.rpc = mode
+        res = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+        err = res.error
+        assert err is not None and err.kind == ErrorKind.TOOL_ERROR, res
+        assert err.details["answer_too_large"] is True, err
+        assert err.details["max_answer_bytes"] == LIMIT
+        assert err.details["task_id"] == TASK_ID
+        assert err.message.startswith(
+            "agent 'hostile': sending the message: what the agent's stream sent adds up to "
+            f"more than max_answer_bytes = {LIMIT} bytes ({GLOBAL}); it was dropped."
+        )
+        assert f"the agent had taken the task {TASK_ID!r}" in err.message
+        ok = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+        assert ok.error is None, ok.error
+
+
+async def test_a_stream_within_the_cap_in_all_is_kept_whole(hostile: HostileAgent) -> None:
+    """Many small appends arrive whole, in order; progress messages replace each other, so
+    a long task's progress (64 x half the cap here) does not add up."""
+    kernel, _ = hostile_kernel(hostile, streaming=True)
+    async with kernel:
+        hostile.rpc = "small-appends"
+        res = await kernel.call("agent_hostile", {"query": "q"})
+        assert res.error is None, res.error
+        assert res.content["text"] == "\n".join(chr(97 + i % 26) * 100 for i in range(200))
+        hostile.rpc = "statuses"
+        res = await kernel.call("agent_hostile", {"query": "q"})
+        assert res.error is None, res.error
+        assert res.content["state"] == "completed" and res.content["text"] == "done"
+
+
+async def test_an_event_stream_declaring_another_charset_is_read_as_utf8(
+    hostile: HostileAgent,
+) -> None:
+    """SSE is UTF-8 by definition. Before: a UTF-8 stream declared UTF-16 was decoded as
+    UTF-16 (nonsense to the parser); a UTF-16 one got past the cap (below)."""
+    kernel, _ = hostile_kernel(hostile, streaming=True)
+    async with kernel:
+        hostile.rpc = "charset"
+        res = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+        assert res.error is None, res.error
+        assert res.content["text"] == "Findings on: solid-state batteries"
+
+
+async def test_a_card_sent_slowly_fails_within_request_timeout_s(hostile: HostileAgent) -> None:
+    """Before: request_timeout_s bounded each read only; a card sent a piece at a time
+    held the kernel's startup for as long as the agent liked (5 s here, past 1 s)."""
+    kernel, plugin = hostile_kernel(hostile, request_timeout_s=DRIP_TIMEOUT)
+    card_url = hostile.url + "/.well-known/agent-card.json"
+    hostile.card = "drip"
+    with anyio.fail_after(30):  # bounds a hang, not a speed
+        async with kernel:
+            assert kernel.get_tool("agent_hostile") is None
+            assert plugin.agents()[card_url]["last_error"] == (
+                f"GET {card_url} timed out: no complete answer within 1s (request_timeout_s)"
+            )
+            await eventually(lambda: hostile.cut == 1)  # the client hung up
+            assert await plugin.refresh()
+            assert kernel.get_tool("agent_hostile") is not None
+
+
+@pytest.mark.parametrize("call", ["get_task", "cancel", "hands_off"])
+async def test_answers_due_at_once_come_whole_within_request_timeout_s(
+    hostile: HostileAgent, call: str
+) -> None:
+    """GetTask, CancelTask and a hands-off SendMessage: before, an answer sent a piece at a
+    time (each within request_timeout_s) held the call for as long as the agent liked."""
+    kernel, _ = hostile_kernel(hostile, request_timeout_s=DRIP_TIMEOUT)
+    args: dict[str, Any] = {"task_id": TASK_ID}
+    tool, action = "agent_hostile_task", f"reading task {TASK_ID!r}"
+    if call == "cancel":
+        args["cancel"] = True
+        action = f"canceling task {TASK_ID!r}"
+    elif call == "hands_off":
+        tool, args = "agent_hostile", {"query": "q", "hands_off": True}
+        action = "sending the message (hands-off)"
+    async with kernel:
+        hostile.rpc = "drip"
+        with anyio.fail_after(30):  # bounds a hang, not a speed
+            res = await kernel.call(tool, args)
+        err = res.error
+        assert err is not None and err.kind == ErrorKind.TIMEOUT, res
+        assert err.message.startswith(
+            f"agent 'hostile': {action}: no complete answer within request_timeout_s = 1s "
+            "(the agent is slow, or sends its answer slowly); try again later, or raise "
+            "plugins.a2a.request_timeout_s."
+        )
+        assert ("may have taken effect" in err.message) == (call != "get_task")
+        assert err.details["request_timeout_s"] == DRIP_TIMEOUT
+        await eventually(lambda: hostile.cut == 1)  # the client hung up
+        if call != "cancel":  # (the raw agent answers GetTask with a task: not for SendMessage)
+            ok = await kernel.call(tool, args)
+            assert ok.error is None, ok.error
+
+
+async def test_a_redirect_to_another_origin_is_not_followed(hostile: HostileAgent) -> None:
+    """Before: a redirect to another host was followed with the agent's headers (httpx
+    drops Authorization only): an API key went to whatever host the agent named."""
+    card_url = hostile.url + "/.well-known/agent-card.json"
+    async with HostileAgent() as other:
+        kernel, plugin = hostile_kernel(hostile, headers={"X-Api-Key": "s3cret"})
+        hostile.redirect_to = other.url + "/.well-known/agent-card.json"
+        hostile.card = "redirect"
+        async with kernel:
+            assert kernel.get_tool("agent_hostile") is None
+            assert plugin.agents()[card_url]["last_error"] == (
+                f"GET {card_url} was redirected (HTTP 307) to another origin, "
+                f"{hostile.redirect_to}; toolwire follows redirects within the origin only, "
+                "so that the agent's headers (its credentials) do not go elsewhere: configure "
+                "the URL it redirects to if you trust that host"
+            )
+            assert await plugin.refresh()
+            hostile.redirect_to, hostile.rpc = other.url + "/", "redirect"
+            res = await kernel.call("agent_hostile", {"query": "q"})
+            err = res.error
+            assert err is not None and err.kind == ErrorKind.TOOL_ERROR, res
+            assert err.details["reason"] == "redirect_refused"
+            assert err.details["location"] == other.url + "/"
+            assert err.message.startswith(
+                f"agent 'hostile': sending the message: POST {hostile.url}/a2a/jsonrpc was redirected "
+                f"(HTTP 307) to another origin, {other.url}/;"
+            )
+            ok = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+            assert ok.error is None, ok.error
+        assert other.requests == []
+    assert len(hostile.requests) == 4  # two cards, two calls
+    assert all(h["x-api-key"] == "s3cret" for _, _, h in hostile.requests)
+
+
 # ------------------------------------------------------------- the client alone
 def _client(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.AsyncClient:
     return capped_client(
@@ -372,9 +624,11 @@ def _client(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.AsyncCl
 class Chunks(httpx.AsyncByteStream):
     def __init__(self, chunks: list[bytes]) -> None:
         self.chunks = chunks
+        self.sent = 0  # bytes the client took
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for c in self.chunks:
+            self.sent += len(c)
             yield c
 
 
@@ -466,3 +720,117 @@ async def test_other_codings_are_refused_and_bodiless_answers_pass() -> None:
         with pytest.raises(AnswerUndecodable, match="'gzip, gzip'"):
             await client.get("http://a/twice")
         assert (await client.get("http://a/card")).status_code == 304
+
+
+async def test_nothing_after_the_end_of_compressed_data_is_read() -> None:
+    """Before: bytes after the end of a gzip body were read (and dropped) for as long as
+    the server sent them."""
+    body = b'{"jsonrpc": "2.0", "id": 1, "result": {}}'
+    packed = gzip.compress(body)
+    stream = Chunks([packed] + [b"\0" * 65536] * 64)
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=stream)
+
+    async with _client(answer) as client:
+        r = await client.get("http://a/rpc")
+        assert r.content == body
+    assert stream.sent == len(packed)
+
+
+@pytest.mark.parametrize("per_event", [False, True])
+async def test_compressed_bytes_count_as_sent_too(per_event: bool) -> None:
+    """Deflate blocks that expand to nothing (empty stored blocks, endlessly): before, the
+    body was read for as long as it came; now past the cap as sent, it stops."""
+    stream = Chunks(_split(b"\x78\x9c" + b"\x00\x00\x00\xff\xff" * (1024 * 1024), 4096))
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-encoding": "deflate", "content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=stream)
+
+    async with _client(answer) as client:
+        with pytest.raises(AnswerTooLarge):
+            await _read(client, {"accept": "text/event-stream"} if per_event else {}, [])
+    assert LIMIT < stream.sent <= LIMIT + 4096
+
+
+async def test_a_compressed_stream_past_the_cap_as_sent_passes_event_by_event() -> None:
+    """The bytes as sent are counted per event too: a long stream may add up past the cap."""
+    rnd = random.Random(0)  # data that compresses little, so that the stream is long as sent
+    stream = b"".join(
+        b"data: " + base64.b64encode(rnd.randbytes(LIMIT // 4)) + b"\n\n" for _ in range(12)
+    )
+    packed = gzip.compress(stream)
+    assert len(packed) > 2 * LIMIT
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        chunks = Chunks(_split(packed, 4096))
+        headers = {"content-encoding": "gzip", "content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=chunks)
+
+    got: list[bytes] = []
+    async with _client(answer) as client:
+        await _read(client, {"accept": "text/event-stream"}, got)
+    assert b"".join(got) == stream
+
+
+async def test_an_event_stream_is_read_as_utf8_whatever_charset_it_declares() -> None:
+    """Before: the SDK's parser decoded the declared charset. In UTF-16, U+0A0A is the bytes
+    0A 0A: event ends to the cap, no line break to the parser, which read one event four
+    times the cap."""
+    bodies = {
+        "/utf-16": ("utf-16-le", ("data: " + "\u0a0a" * 4 * LIMIT + "\n\n").encode("utf-16-le")),
+        "/latin-1": ("iso-8859-1", "data: é\n\n".encode()),
+    }
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        charset, body = bodies[request.url.path]
+        headers = {"content-type": f"text/event-stream; charset={charset}"}
+        return httpx.Response(200, headers=headers, content=body)
+
+    sse = {"accept": "text/event-stream"}
+    async with _client(answer) as client:
+        async with client.stream("POST", "http://a/utf-16", headers=sse) as r:
+            events = [data async for _, data in parse_sse_stream(r)]
+        assert all(len(data.encode()) <= LIMIT for data in events)
+        async with client.stream("POST", "http://a/latin-1", headers=sse) as r:
+            assert [data async for _, data in parse_sse_stream(r)] == ["é"]
+
+
+async def test_redirects_are_followed_within_the_origin_only() -> None:
+    """Before: followed anywhere, with the agent's headers (an API key here)."""
+    seen: list[httpx.Request] = []
+    moves = {
+        "http://a/moved": "/card",
+        "http://a/up": "https://a/card",  # http to https on the same host, as httpx allows
+        "http://a/away": "http://b/card",
+        "http://a/port": "http://a:8080/card",
+        "https://a/down": "http://a/card",
+    }
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        to = moves.get(str(request.url))
+        return httpx.Response(302, headers={"location": to}) if to else httpx.Response(200)
+
+    client = capped_client(
+        limit=LIMIT,
+        setting="here",
+        transport=httpx.MockTransport(answer),
+        headers={"X-Api-Key": "s3cret"},
+        timeout=5,
+    )
+    async with client:
+        for start, end in [("http://a/moved", "http://a/card"), ("http://a/up", "https://a/card")]:
+            r = await client.get(start)
+            assert r.status_code == 200 and str(r.url) == end
+            assert seen[-1].headers["x-api-key"] == "s3cret"
+        for start in ["http://a/away", "http://a/port", "https://a/down"]:
+            seen.clear()
+            with pytest.raises(RedirectRefused) as info:
+                await client.get(start)
+            assert str(info.value.target) == moves[start] and info.value.status == 302
+            assert str(info.value).startswith(
+                f"GET {start} was redirected (HTTP 302) to another origin, {moves[start]};"
+            )
+            assert [str(q.url) for q in seen] == [start]  # the other origin was not asked

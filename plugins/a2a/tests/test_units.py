@@ -18,6 +18,7 @@ from toolwire_a2a import A2AConfig, A2APlugin, card_url_for
 from toolwire_a2a._cards import describe_card, make_entry, selector_matches
 from toolwire_a2a._config import Selector
 from toolwire_a2a._errors import map_error
+from toolwire_a2a._limits import AnswerTooLarge
 from toolwire_a2a._results import StreamAggregator, message_result, restore_ints, task_result
 
 pytestmark = pytest.mark.anyio
@@ -215,6 +216,39 @@ def test_stream_aggregator_on_the_captured_sse_body() -> None:
     assert notes == ["task submitted", "working", "artifact report", "completed"]
     out = agg.result("research")
     assert out["state"] == "completed" and out["text"] == "Findings on: solid-state batteries"
+
+
+def test_stream_aggregator_extends_in_place_and_counts_what_it_keeps() -> None:
+    """Before: each append copied the artifact's parts (quadratic), and what the events
+    added up to was not bounded."""
+    agg = StreamAggregator(4096, "here")
+    agg.apply({"task": {"id": "t", "contextId": "c", "status": {"state": "TASK_STATE_WORKING"}}})
+    first = agg.kept
+
+    def append(text: str, artifact: str = "a") -> dict[str, Any]:
+        art = {"artifactId": artifact, "parts": [{"text": text}]}
+        return {"artifactUpdate": {"taskId": "t", "append": True, "artifact": art}}
+
+    agg.apply(append("x" * 100))
+    assert agg.task is not None
+    parts = agg.task["artifacts"][0]["parts"]
+    for _ in range(9):
+        agg.apply(append("x" * 100))
+    assert agg.task["artifacts"][0]["parts"] is parts and len(parts) == 10  # not copied
+    assert 10 * 100 < agg.kept - first < 10 * 130
+    # replaced, not added: the status and a replaced artifact
+    for _ in range(20):
+        status = {"state": "TASK_STATE_WORKING", "message": {"parts": [{"text": "y" * 500}]}}
+        agg.apply({"statusUpdate": {"taskId": "t", "status": status}})
+    whole = {"artifactId": "a", "parts": [{"text": "z" * 200}]}
+    agg.apply({"artifactUpdate": {"taskId": "t", "artifact": whole}})
+    assert agg.kept < first + 200 + 600
+    for i in range(20):  # artifacts of their own add up
+        agg.apply(append("w" * 100, artifact=f"b{i}"))
+    assert 4096 - 1000 < agg.kept <= 4096
+    with pytest.raises(AnswerTooLarge) as info:
+        agg.apply(append("w" * 1000, artifact="c"))
+    assert info.value.limit == 4096 and info.value.setting == "here" and info.value.kept
 
 
 def test_v0_3_states_and_data_and_file_parts() -> None:

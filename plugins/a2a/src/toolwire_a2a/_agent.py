@@ -189,6 +189,7 @@ class AgentHandle:
         else:
             limit = spec.max_answer_bytes
             setting = f"max_answer_bytes of the agent {spec.card_url} in [plugins.a2a] agents"
+        self.limit, self.setting = limit, setting
         # every answer, card and event of this agent is capped at ``limit`` (see _limits)
         self.http = capped_client(
             limit=limit,
@@ -443,23 +444,29 @@ class AgentHandle:
         call_ctx = (
             ClientCallContext(timeout=self.config.request_timeout_s) if hands_off or poll else None
         )
-        agg = StreamAggregator()
+        # an answer that comes at once comes whole within request_timeout_s (the SDK's
+        # timeout bounds each read only)
+        bound = self.config.request_timeout_s if hands_off or poll else None
+        agg = StreamAggregator(self.limit, self.setting)
         action = "sending the message" + (" (hands-off)" if hands_off else "")
         try:
             # closed on every way out (a cancelled call too), not when it is collected: an
             # open stream holds its connection
-            async with _closing(client.send_message(request, context=call_ctx)) as events:
-                async for event in events:
-                    note = agg.apply(_to_dict(event))
-                    if agg.task_id:
-                        info["task_id"] = agg.task_id
-                    if agg.context_id:
-                        info["context_id"] = agg.context_id
-                    if streaming and note:
-                        await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
+            with anyio.fail_after(bound):
+                async with _closing(client.send_message(request, context=call_ctx)) as events:
+                    async for event in events:
+                        note = agg.apply(_to_dict(event))
+                        if agg.task_id:
+                            info["task_id"] = agg.task_id
+                        if agg.context_id:
+                            info["context_id"] = agg.context_id
+                        if streaming and note:
+                            await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
+            if bound is not None and isinstance(exc, TimeoutError):
+                raise self._too_slow(action, sent=True) from exc
             err = self._fail(exc, action)
             if err.details.get("answer_too_large") and agg.task_id:
                 # the agent took the task before an event grew too large: say which
@@ -583,12 +590,15 @@ class AgentHandle:
     async def _get(self, task_id: str, action: str) -> Task:
         client = self._require(False)
         try:
-            task = await client.get_task(
-                GetTaskRequest(id=task_id),
-                context=ClientCallContext(timeout=self.config.request_timeout_s),
-            )
+            with anyio.fail_after(self.config.request_timeout_s):  # the whole answer
+                task = await client.get_task(
+                    GetTaskRequest(id=task_id),
+                    context=ClientCallContext(timeout=self.config.request_timeout_s),
+                )
         except anyio.get_cancelled_exc_class():
             raise
+        except TimeoutError as exc:
+            raise self._too_slow(f"{action} {task_id!r}") from exc
         except Exception as exc:
             raise self._fail(exc, f"{action} {task_id!r}") from exc
         self.status, self.last_error = "up", None
@@ -602,12 +612,15 @@ class AgentHandle:
         if args.get("cancel"):
             client = self._require(False)
             try:
-                task = await client.cancel_task(
-                    CancelTaskRequest(id=task_id),
-                    context=ClientCallContext(timeout=self.config.request_timeout_s),
-                )
+                with anyio.fail_after(self.config.request_timeout_s):  # the whole answer
+                    task = await client.cancel_task(
+                        CancelTaskRequest(id=task_id),
+                        context=ClientCallContext(timeout=self.config.request_timeout_s),
+                    )
             except anyio.get_cancelled_exc_class():
                 raise
+            except TimeoutError as exc:
+                raise self._too_slow(f"canceling task {task_id!r}", sent=True) from exc
             except Exception as exc:
                 raise self._fail(exc, f"canceling task {task_id!r}") from exc
             return await self._task_outcome(task, cancel_ok=True)
@@ -650,6 +663,25 @@ class AgentHandle:
             )
             if result["done"] or result["interrupted"]:
                 return self._check_outcome(result)
+
+    def _too_slow(self, action: str, *, sent: bool = False) -> ToolError:
+        """The ``timeout`` error of a request that answers at once, not answered whole
+        within ``request_timeout_s``; ``sent``: the request may have taken effect."""
+        nick = str(self.nickname)
+        acted = (
+            " It may have taken effect on the agent's side: check before sending it again."
+            if sent
+            else ""
+        )
+        err = ToolError(
+            f"agent {nick!r}: {action}: no complete answer within request_timeout_s = "
+            f"{self.config.request_timeout_s:g}s (the agent is slow, or sends its answer "
+            f"slowly); try again later, or raise plugins.a2a.request_timeout_s.{acted}",
+            kind=ErrorKind.TIMEOUT,
+            details={"agent": nick, "request_timeout_s": self.config.request_timeout_s},
+        )
+        self.last_error = str(err)
+        return err
 
     def _fail(self, exc: BaseException, action: str) -> ToolError:
         """The ToolError for ``exc``; remembers whether the agent looked down."""

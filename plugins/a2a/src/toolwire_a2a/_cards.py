@@ -10,12 +10,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import httpx
 from a2a.client.card_resolver import parse_agent_card
 from a2a.types import AgentCard
 
 from ._config import Selector
-from ._limits import AnswerTooLarge, AnswerUndecodable
+from ._limits import AnswerTooLarge, AnswerUndecodable, RedirectRefused
 
 __all__ = [
     "CardEntry",
@@ -86,6 +87,8 @@ async def fetch_json(
 ) -> tuple[Any, str | None] | None:
     """``GET url`` as JSON, revalidating with ``If-None-Match: etag``.
 
+    The whole answer must come within ``timeout_s`` (httpx times each read alone: a
+    server sending a byte now and then would hold the read for as long as it liked).
     Returns ``(body, etag)``, or None when the server answered 304 Not Modified.
     Raises ``CardFetchError`` saying what went wrong.
     """
@@ -93,9 +96,14 @@ async def fetch_json(
     if etag:
         hdrs["If-None-Match"] = etag
     try:
-        r = await http.get(url, headers=hdrs, params=params, timeout=timeout_s)
-    except httpx.TimeoutException:
-        raise CardFetchError(f"GET {url} timed out after {timeout_s:g}s") from None
+        with anyio.fail_after(timeout_s):
+            r = await http.get(url, headers=hdrs, params=params, timeout=timeout_s)
+    except (httpx.TimeoutException, TimeoutError):
+        raise CardFetchError(
+            f"GET {url} timed out: no complete answer within {timeout_s:g}s (request_timeout_s)"
+        ) from None
+    except RedirectRefused as exc:
+        raise CardFetchError(str(exc)) from None
     except AnswerTooLarge as exc:
         raise CardFetchError(
             f"GET {url}: the answer is over max_answer_bytes = {exc.limit} bytes "

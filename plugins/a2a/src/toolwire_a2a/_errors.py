@@ -20,7 +20,7 @@ from a2a.utils.errors import (
 
 from toolwire import ErrorKind, ToolError, parse_retry_after
 
-from ._limits import AnswerTooLarge
+from ._limits import AnswerTooLarge, RedirectRefused
 
 __all__ = ["map_error", "retry_after"]
 
@@ -87,6 +87,7 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     """The ``ToolError`` for ``exc``, raised while doing ``action`` with ``agent``.
 
     an answer over ``max_answer_bytes`` -> ``tool_error`` with ``details.answer_too_large``;
+    a redirect to another origin -> ``tool_error`` with ``details.reason = "redirect_refused"``;
     unreachable (connection refused, DNS, HTTP 404/5xx) -> ``unavailable``;
     timeouts -> ``timeout``; HTTP 401/403 -> ``auth``; HTTP 429 ->
     ``rate_limit``; JSON-RPC -32001 TaskNotFound -> ``not_found``; -32002
@@ -102,13 +103,25 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     if isinstance(too_large, AnswerTooLarge):
         # Not a lost connection (the plugin closed it) and not worth repeating: the same
         # request brings the same answer, and it may have taken effect already.
+        what = (
+            "what the agent's stream sent adds up to more than"
+            if too_large.kept
+            else "the agent's answer is over"
+        )
         return ToolError(
-            f"{where}: the agent's answer is over max_answer_bytes = {too_large.limit} bytes "
+            f"{where}: {what} max_answer_bytes = {too_large.limit} bytes "
             f"({too_large.setting}); it was dropped. What was asked may have taken effect on "
             f"the agent's side: check before asking again; raise max_answer_bytes if answers "
             f"this large are expected",
             kind=ErrorKind.TOOL_ERROR,
             details={**details, "answer_too_large": True, "max_answer_bytes": too_large.limit},
+        )
+    redirect = _cause(exc, RedirectRefused)
+    if isinstance(redirect, RedirectRefused):
+        return ToolError(
+            f"{where}: {redirect}",
+            kind=ErrorKind.TOOL_ERROR,
+            details={**details, "reason": "redirect_refused", "location": str(redirect.target)},
         )
     if isinstance(exc, A2AClientTimeoutError) or isinstance(
         _cause(exc, httpx.TimeoutException), httpx.TimeoutException

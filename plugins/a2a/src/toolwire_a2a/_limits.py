@@ -13,9 +13,20 @@ closed (not put back in the pool); the client's other requests go on.
 
 The client asks for ``Accept-Encoding: identity``, so the bytes counted are the
 bytes kept. A server that compresses anyway (gzip, deflate) is decompressed
-here, never more than ``_STEP`` bytes at a time, and counted as it expands;
-any other coding is refused (``AnswerUndecodable``) rather than expanded
+here, never more than ``_STEP`` bytes at a time, and counted as it expands and
+as it was sent (a body, or the bytes since the last event end, over the cap as
+sent is too large too); nothing after the end of the compressed data is read.
+Any other coding is refused (``AnswerUndecodable``) rather than expanded
 unbounded.
+
+An event stream is read as UTF-8 whatever charset it declares (SSE is UTF-8 by
+definition): the bytes the cap splits into events are the text the SDK's parser
+splits into lines.
+
+Redirects are followed within the origin only (and from http to https on the
+same host, as httpx keeps credentials there): the client carries the agent's
+configured headers, which must not go to another host. A redirect elsewhere
+fails with ``RedirectRefused``.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from typing import Final, cast
 
 import httpx
 
-__all__ = ["AnswerTooLarge", "AnswerUndecodable", "capped_client"]
+__all__ = ["AnswerTooLarge", "AnswerUndecodable", "RedirectRefused", "capped_client"]
 
 #: The most bytes one step of decompression may produce.
 _STEP: Final = 64 * 1024
@@ -41,22 +52,56 @@ _EVENT_END: Final = re.compile(rb"\n[\r\n]|\r\r")
 
 
 class AnswerTooLarge(Exception):
-    """An answer (a body, or one event of a stream) over ``limit`` bytes, decompressed.
+    """An answer (a body, or one event of a stream) over ``limit`` bytes, decompressed;
+    or (``kept``) the events of one stream adding up to more than ``limit`` bytes kept.
 
     ``setting`` says where the limit was set (for the error message). Nothing of
     the answer was kept; its connection was closed. The request may have taken
     effect on the other side.
     """
 
-    def __init__(self, limit: int, setting: str) -> None:
-        super().__init__(f"the answer is over max_answer_bytes = {limit} bytes")
+    def __init__(self, limit: int, setting: str, *, kept: bool = False) -> None:
+        what = "the stream's events add up to more than" if kept else "the answer is over"
+        super().__init__(f"{what} max_answer_bytes = {limit} bytes")
         self.limit = limit
         self.setting = setting
+        self.kept = kept
 
 
 class AnswerUndecodable(ValueError):
     """A compressed answer that could not be decompressed (a coding not supported, or
     corrupt data): the answer is unreadable, the agent was reached."""
+
+
+class RedirectRefused(Exception):
+    """An answer redirecting to another origin (``target``), not followed: the request
+    carried the agent's configured headers, which must not go there."""
+
+    def __init__(self, method: str, url: httpx.URL, status: int, target: httpx.URL) -> None:
+        super().__init__(
+            f"{method} {url} was redirected (HTTP {status}) to another origin, {target}; "
+            "toolwire follows redirects within the origin only, so that the agent's "
+            "headers (its credentials) do not go elsewhere: configure the URL it redirects "
+            "to if you trust that host"
+        )
+        self.status = status
+        self.target = target
+
+
+def _port(url: httpx.URL) -> int | None:
+    return url.port or {"http": 80, "https": 443}.get(url.scheme)
+
+
+def _may_follow(url: httpx.URL, target: httpx.URL) -> bool:
+    """Whether a redirect from ``url`` to ``target`` stays within the origin, or moves to
+    https on the same host (the only move httpx keeps ``Authorization`` on)."""
+    if (url.scheme, url.host, _port(url)) == (target.scheme, target.host, _port(target)):
+        return True
+    return (
+        url.host == target.host
+        and (url.scheme, _port(url)) == ("http", 80)
+        and (target.scheme, _port(target)) == ("https", 443)
+    )
 
 
 def _zlib_header(data: bytes) -> bool:
@@ -96,6 +141,11 @@ class _Inflater:
         except zlib.error as exc:
             raise AnswerUndecodable(f"bad {self._coding} body: {exc}") from None
 
+    @property
+    def eof(self) -> bool:
+        """Whether the end of the compressed data was reached (nothing more will come out)."""
+        return self._obj is not None and self._obj.eof
+
     def flush(self) -> Iterator[bytes]:
         if self._head:
             raise AnswerUndecodable(f"bad {self._coding} body: one byte long")
@@ -125,6 +175,8 @@ class _CappedStream(httpx.AsyncByteStream):
         self._per_event = per_event
         self._size = 0  # bytes of the body, or of the event under way
         self._last = b""  # the body's last byte so far (an event end may straddle reads)
+        #: compressed bytes as sent, of the body or (about) since the last event end
+        self._sent = 0
 
     def _take(self, data: bytes) -> tuple[bytes, bool]:
         """Count ``data``: what of it to pass on, and whether the cap was passed.
@@ -144,6 +196,7 @@ class _CappedStream(httpx.AsyncByteStream):
             if size + end.start() - begin > self._limit:
                 break
             size, begin = 0, end.end()
+            self._sent = 0  # an event came out whole: what it was sent as is done with
         else:
             size += len(seen) - begin
             if size <= self._limit:
@@ -167,10 +220,17 @@ class _CappedStream(httpx.AsyncByteStream):
             async for chunk in self._inner:
                 yield chunk
             return
+        # Bytes as sent count too: deflate blocks that expand to nothing (or little) would
+        # otherwise hold the connection, read on without end, under any cap.
         inflater = _Inflater(self._coding)
         async for chunk in self._inner:
+            self._sent += len(chunk)
             for piece in inflater.feed(chunk):
                 yield piece
+            if self._sent > self._limit:
+                raise AnswerTooLarge(self._limit, self._setting)
+            if inflater.eof:
+                return  # what follows the end of the compressed data is not read
         for piece in inflater.flush():
             yield piece
 
@@ -206,12 +266,24 @@ def capped_client(
     """An ``httpx.AsyncClient`` whose every response body is capped at ``limit`` bytes
     (``AnswerTooLarge`` naming ``setting``), per event for an event stream it asked for.
 
-    It follows redirects (their bodies are capped too) and asks for uncompressed answers.
+    It follows redirects within the origin (their bodies are capped too; a redirect to
+    another origin raises ``RedirectRefused``) and asks for uncompressed answers.
     """
 
     async def cap(response: httpx.Response) -> None:
         request = response.request
+        if response.has_redirect_location:
+            try:
+                target = request.url.join(response.headers["location"])
+            except httpx.InvalidURL:
+                target = None  # httpx refuses it when it follows
+            if target is not None and not _may_follow(request.url, target):
+                raise RedirectRefused(request.method, request.url, response.status_code, target)
         ctype = response.headers.get("content-type", "").lower()
+        if ctype.startswith("text/event-stream"):
+            # SSE is UTF-8 whatever charset is declared: read so by the SDK, the text it
+            # splits into lines is the bytes counted here (UTF-16 would hide line ends)
+            response.encoding = "utf-8"
         per_event = ctype.startswith("text/event-stream") and "text/event-stream" in (
             request.headers.get("accept", "").lower()
         )

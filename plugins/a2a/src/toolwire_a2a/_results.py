@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
+
+from ._limits import AnswerTooLarge
 
 __all__ = [
     "EXACT_INT",
@@ -196,17 +199,37 @@ def message_result(agent: str, message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _size(value: Any) -> int:
+    """Bytes of ``value`` as compact JSON in UTF-8: what keeping it costs, near enough."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 class StreamAggregator:
     """Folds ``SendStreamingMessage`` events into the final task (or message).
 
     Events are ProtoJSON dicts of ``StreamResponse``: ``{"task": ...}``,
     ``{"message": ...}``, ``{"statusUpdate": ...}`` or ``{"artifactUpdate": ...}``.
+
+    What it keeps (the task, its status and artifacts, the message; ``kept``, in bytes
+    as compact JSON) is bounded by ``limit`` (the agent's ``max_answer_bytes``, named
+    by ``setting``): each event is capped as it arrives, but a stream of many events
+    would otherwise add up without bound. Past it, ``apply`` raises ``AnswerTooLarge``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None, setting: str = "max_answer_bytes") -> None:
         self.task: dict[str, Any] | None = None
         self.message: dict[str, Any] | None = None
         self.events = 0
+        self.limit = limit
+        self.setting = setting
+        #: bytes kept: the task without artifacts and status, its status, the message,
+        #: and each artifact (``_art_sizes``, by position in the task's artifact list)
+        self.kept = 0
+        self._base = self._status = self._message = 0
+        self._art_sizes: list[int] = []
+        self._arts = 0  # sum(_art_sizes), kept up to date
+        self._art_at: dict[str, int] = {}  # artifactId -> position in the task's list
 
     @property
     def task_id(self) -> str | None:
@@ -228,41 +251,81 @@ class StreamAggregator:
 
     def _ensure_task(self, ev: dict[str, Any]) -> dict[str, Any]:
         if self.task is None:
-            self.task = {"id": ev.get("taskId", ""), "contextId": ev.get("contextId", "")}
+            self._set_task({"id": ev.get("taskId", ""), "contextId": ev.get("contextId", "")})
+        assert self.task is not None
         return self.task
 
+    def _set_task(self, task: dict[str, Any]) -> None:
+        """Keep ``task`` (a new dict): its artifacts copied, so that appends extend them."""
+        arts = [self._own(a) for a in task.get("artifacts") or [] if isinstance(a, dict)]
+        if arts or "artifacts" in task:
+            task["artifacts"] = arts
+        self.task = task
+        self._base = _size({k: v for k, v in task.items() if k not in ("artifacts", "status")})
+        self._status = _size(task.get("status") or {})
+        self._art_sizes = [_size(a) for a in arts]
+        self._arts = sum(self._art_sizes)
+        self._art_at = {}
+        for i, art in enumerate(arts):
+            if art.get("artifactId"):
+                self._art_at.setdefault(art["artifactId"], i)  # the first one, as before
+
+    @staticmethod
+    def _own(art: dict[str, Any]) -> dict[str, Any]:
+        return {**art, "parts": list(art.get("parts") or [])}
+
+    def _count(self) -> None:
+        self.kept = self._base + self._status + self._message + self._arts
+        if self.limit is not None and self.kept > self.limit:
+            raise AnswerTooLarge(self.limit, self.setting, kept=True)
+
     def apply(self, event: dict[str, Any]) -> str | None:
-        """Fold one event in; returns a short progress note, or None."""
+        """Fold one event in; returns a short progress note, or None.
+
+        Raises ``AnswerTooLarge`` when what is kept grows past ``limit``.
+        """
         self.events += 1
         if "task" in event:
-            self.task = dict(event["task"])
+            self._set_task(dict(event["task"]))
+            self._count()
             return f"task {self.state}"
         if "message" in event:
             self.message = event["message"]
+            self._message = _size(self.message)
+            self._count()
             return "reply received"
         if "statusUpdate" in event:
             su = event["statusUpdate"]
             task = self._ensure_task(su)
             task["status"] = su.get("status") or {}
+            self._status = _size(task["status"])
+            self._count()
             note = _message_text(task["status"].get("message"))
             return self.state + (f": {note}" if note else "")
         if "artifactUpdate" in event:
             au = event["artifactUpdate"]
             task = self._ensure_task(au)
-            art = dict(au.get("artifact") or {})
-            arts: list[dict[str, Any]] = list(task.get("artifacts") or [])
-            for i, old in enumerate(arts):
-                if old.get("artifactId") and old.get("artifactId") == art.get("artifactId"):
-                    if au.get("append"):
-                        merged = dict(old)
-                        merged["parts"] = [*(old.get("parts") or []), *(art.get("parts") or [])]
-                        arts[i] = merged
-                    else:
-                        arts[i] = art
-                    break
-            else:
+            art = self._own(au.get("artifact") or {})
+            arts: list[dict[str, Any]] = task.setdefault("artifacts", [])
+            key = art.get("artifactId")
+            at = self._art_at.get(key) if key else None
+            if at is None:
                 arts.append(art)
-            task["artifacts"] = arts
+                self._art_sizes.append(0)
+                at = len(arts) - 1
+                if key:
+                    self._art_at[key] = at
+                size = _size(art)
+            elif au.get("append"):  # extended in place: no copy of what came before
+                added = art["parts"]
+                arts[at].setdefault("parts", []).extend(added)
+                size = self._art_sizes[at] + _size(added)
+            else:
+                arts[at] = art
+                size = _size(art)
+            self._arts += size - self._art_sizes[at]
+            self._art_sizes[at] = size
+            self._count()
             return f"artifact {art.get('name') or art.get('artifactId') or ''}".rstrip()
         return None
 
