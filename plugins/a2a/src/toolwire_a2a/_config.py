@@ -259,8 +259,9 @@ class A2AConfig(BaseModel):
         gt=0,
         le=MAX_TTL_S,
         allow_inf_nan=False,
-        description="timeout of requests that answer at once: cards, the registry, GetTask, "
-        "CancelTask, hands-off SendMessage; also the connect timeout of blocking calls",
+        description="timeout of requests that answer at once (the whole answer must come "
+        "within it): cards, the registry, GetTask, CancelTask, hands-off SendMessage; also the "
+        "connect timeout of blocking calls",
     )
     timeout_s: float | None = Field(
         None,
@@ -306,8 +307,9 @@ class A2AConfig(BaseModel):
         DEFAULT_MAX_ANSWER_BYTES,
         ge=1024,
         description="the largest answer taken from an agent or the registry, in bytes, "
-        "decompressed: a JSON-RPC answer, a card, the listing, or one event of a stream; a "
-        "larger one fails (`tool_error`, `details.answer_too_large`) and is not kept in memory",
+        "decompressed: a JSON-RPC answer, a card, the listing, or one event of a stream, and "
+        "what one call keeps of a stream's events together; a larger one fails (`tool_error`, "
+        "`details.answer_too_large`) and is not kept in memory",
     )
 
     @field_validator("agents", mode="before")
