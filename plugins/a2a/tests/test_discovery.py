@@ -212,7 +212,7 @@ async def test_card_cached_in_state_serves_while_the_agent_is_down(
     # said at startup (so `toolwire config check --strict` sees it); before, nothing was
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(
-        CARD_URL in m and "not reachable at startup" in m and "cached by an earlier run" in m
+        CARD_URL in m and "could not be read at startup" in m and "cached by an earlier run" in m
         for m in warned
     ), warned
     assert second.get_tool("agent_research") is not None

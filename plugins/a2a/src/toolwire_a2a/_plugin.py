@@ -114,14 +114,14 @@ class A2APlugin:
         for h in self._handles.values():
             if h.entry is None and h.last_error:
                 log.warning(
-                    "plugin 'a2a': agent at %s is not reachable at startup (%s); its tools "
+                    "plugin 'a2a': agent at %s could not be read at startup (%s); its tools "
                     "appear once a refresh reads its card",
                     h.card_url,
                     h.last_error,
                 )
             elif h.last_error:  # its card is known from an earlier run (the state store)
                 log.warning(
-                    "plugin 'a2a': agent at %s is not reachable at startup (%s); its tools "
+                    "plugin 'a2a': agent at %s could not be read at startup (%s); its tools "
                     "stay offered from the card cached by an earlier run and answer "
                     "unavailable until the agent is back",
                     h.card_url,
