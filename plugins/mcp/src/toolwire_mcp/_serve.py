@@ -258,7 +258,12 @@ class KernelTool(MCPTool):
     def wrap(cls, tool: Tool | None, name: str, kernel: Kernel, gate: ServeGate) -> KernelTool:
         """The MCP view of ``tool`` (None: an unknown name, answered by the kernel)."""
         if tool is None:
-            out = cls(name=name, description="(not in the catalog)", parameters=dict(_PERMISSIVE))
+            # Built without FastMCP's validation: its SEP-986 name check logs five warnings
+            # quoting the name whole, and this name is the client's (up to the 4 MiB body),
+            # sent anew on every call: no tool is registered under it.
+            out = cls.model_construct(
+                name=name, description="(not in the catalog)", parameters=dict(_PERMISSIVE)
+            )
         else:
             ann = tool.annotations.to_dict()
             listed = export_tool(tool, "mcp")  # object schemas, as every MCP client wants
