@@ -24,6 +24,7 @@ from toolwire_mcp_testkit import eventually
 from toolwire import Kernel
 from toolwire_mcp import ServeConfig, create_http_app
 from toolwire_mcp._calls import ServeGate
+from toolwire_mcp._serve import route_foreign_logs
 
 pytestmark = pytest.mark.anyio
 
@@ -181,9 +182,61 @@ async def test_a_clients_unknown_tool_name_is_not_written_to_the_log() -> None:
     assert logged == []
 
 
+@contextmanager
+def _foreign_logs_routed() -> Iterator[None]:
+    """``route_foreign_logs()`` as ``toolwire serve`` runs it; the loggers restored after."""
+    names = ("fastmcp", "mcp", "uvicorn", "uvicorn.error", "uvicorn.access", "httpx2")
+    names += ("mcp.client.stdio", "mcp.server.stdio", "mcp.server.streamable_http")
+    saved = {}
+    for n in names:
+        lg = logging.getLogger(n)
+        saved[n] = (list(lg.filters), list(lg.handlers), lg.propagate, lg.level)
+    try:
+        route_foreign_logs()
+        yield
+    finally:
+        for n, (filters, handlers, propagate, level) in saved.items():
+            lg = logging.getLogger(n)
+            lg.filters[:], lg.handlers[:] = filters, handlers
+            lg.propagate, lg.level = propagate, level
+
+
+def _cut_off(port: int, head: bytes, part: bytes) -> None:
+    """Send a request's head and part of its body, then leave."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(head + part)
+
+
 def _head(port: int, extra: str) -> bytes:
     lines = "".join(f"{k}: {v}\r\n" for k, v in _H.items())
     return f"POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n{lines}{extra}\r\n".encode()
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+async def test_a_body_cut_off_midway_leaves_no_traceback_in_the_log(fast_path: bool) -> None:
+    """Before: FastMCP's 2026-07-28 handler let ``ClientDisconnect`` rise to uvicorn, which
+    logged "Exception in ASGI application" with a traceback; five a minute filled the
+    throttle that message shares with the server's real errors, hiding them."""
+    raw = _dumps(_CALL)
+    with _foreign_logs_routed(), _records("uvicorn.error", logging.WARNING) as logged:
+        seen: list[logging.LogRecord] = []  # the tracebacks, filtered out or not
+        spy = logging.Filter()
+        spy.filter = lambda r: not r.exc_info or seen.append(r) is None  # type: ignore[method-assign]
+        logging.getLogger("uvicorn.error").filters.insert(0, spy)  # sees what the others drop
+        async with Kernel(tools=TOOLS) as k, serving(k, fast_path=fast_path) as served:
+            port = int(served.url.split(":")[2].split("/")[0])
+            # chunked: not taken by the lean path (it needs a Content-Length), so FastMCP reads
+            chunked = _head(port, "transfer-encoding: chunked\r\n")
+            part = b"%x\r\n" % len(raw) + raw[:10]
+            await anyio.to_thread.run_sync(_cut_off, port, chunked, part)
+            sized = _head(port, f"content-length: {len(raw)}\r\n")
+            await anyio.to_thread.run_sync(_cut_off, port, sized, raw[:10])
+            await eventually(lambda: len(seen) >= (2 if not fast_path else 1))
+            # still serving
+            _, _, answer = await post(served.url, _CALL)
+            assert answer["result"]["structuredContent"] == {"result": "hello x"}
+    assert all("ClientDisconnect" in repr(r.exc_info) for r in seen), seen
+    assert logged == []
 
 
 async def test_over_the_body_limit_is_413_on_both_paths() -> None:

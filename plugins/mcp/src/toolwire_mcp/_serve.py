@@ -558,10 +558,13 @@ _PER_LINE_LOGGERS = (
 
 
 class _ClientGone(logging.Filter):
-    """Drops the SDK's traceback for a client that left in the middle of its request body.
+    """Drops the traceback for a client that left in the middle of its request body.
 
     Nobody is left to answer, and it is no fault of the server's: a client cut
     off, or one ``[server] request_read_timeout_s`` closed, is not an error.
+    On the SDK's logger (its handshake-era handler logs it) and on uvicorn's:
+    the 2026-07-28 handler lets it rise to uvicorn's "Exception in ASGI
+    application", whose throttle it would fill, hiding the server's real errors.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
@@ -618,9 +621,10 @@ def route_foreign_logs() -> None:
         lg = logging.getLogger(name)
         if not any(isinstance(f, RepeatThrottle) for f in lg.filters):
             lg.addFilter(RepeatThrottle())
-    sdk_http = logging.getLogger("mcp.server.streamable_http")
-    if not any(isinstance(f, _ClientGone) for f in sdk_http.filters):
-        sdk_http.filters.insert(0, _ClientGone())  # before the throttle counts it
+    for name in ("mcp.server.streamable_http", "uvicorn.error"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, _ClientGone) for f in lg.filters):
+            lg.filters.insert(0, _ClientGone())  # before the throttle counts it
     ours = logging.getLogger("toolwire")
     if not ours.handlers:
         return
