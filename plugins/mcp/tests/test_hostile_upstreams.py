@@ -728,7 +728,13 @@ async def test_many_calls_while_the_server_misbehaves(direct: bool) -> None:
                 assert r.content == {"result": STORM[name]}, (name, r.content)
             else:
                 assert r.error.source == "mcp:up" and r.error.details["server"] == "up", r.error
-                assert STORM[name] is None or r.error.kind == "unavailable", (name, r.error)
+                # a case that succeeds alone may end at the entry's timeout when the machine
+                # is busy (an answer sent a byte per millisecond), or lose its connection
+                # when another case resets one it shares; nothing else
+                assert STORM[name] is None or r.error.kind in ("unavailable", "timeout"), (
+                    name,
+                    r.error,
+                )
         await still_serving(k, up)
         # the calls' tasks (the FastMCP client's one per POST, the drains) are gone
         await eventually(lambda: len(client_tasks()) <= before)
