@@ -604,11 +604,12 @@ async def test_a_call_never_sent_within_timeout_says_so(monkeypatch: pytest.Monk
     """The entry's ``timeout`` also runs while a call waits for a connection. One that
     never got one was reported as a slow tool ("raise it if the tool needs longer");
     it now says it was not sent (``in_flight: false``). Here the 100 connections are
-    held by answered event streams being read to their end (for 3 s)."""
-    monkeypatch.setattr("toolwire_mcp._direct._DRAIN_S", 3.0)
+    held by answered event streams being read to their end (for 5 s; the 100 calls have
+    the 1 s `timeout` to be answered, ample on a busy machine)."""
+    monkeypatch.setattr("toolwire_mcp._direct._DRAIN_S", 5.0)
     async with (
         serving(scripted_upstream({**SCRIPTS})) as srv,
-        gateway(srv, direct=True, timeout=300) as (k, up),
+        gateway(srv, direct=True, timeout=1000) as (k, up),
     ):
         caller = up._http
         assert caller is not None
@@ -621,7 +622,7 @@ async def test_a_call_never_sent_within_timeout_says_so(monkeypatch: pytest.Monk
         assert sum(b"tools/call" in q for q in srv.requests) == sent  # not sent
         assert r.error is not None and r.error.kind == "timeout", r.error
         assert r.error.details["in_flight"] is False
-        assert "within the entry's `timeout` (300 ms); the request was not sent" in (
+        assert "within the entry's `timeout` (1000 ms); the request was not sent" in (
             r.error.message
         )
         assert "set `timeout`" not in r.error.message  # it is set
