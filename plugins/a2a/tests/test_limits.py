@@ -314,6 +314,13 @@ class HostileAgent:
         if mode == "charset":  # a proper UTF-8 stream, declared UTF-16
             writer.write(_whole(_events(), "text/event-stream; charset=utf-16-le"))
             return True
+        if mode == "utf-16":  # a stream really in UTF-16, as declared
+            text = _events().decode()
+            writer.write(_whole(text.encode("utf-16"), "text/event-stream; charset=utf-16"))
+            return True
+        if mode == "br":  # compressed with a coding toolwire does not read
+            writer.write(_whole(b"\x1b\x00\x00", "application/json", **{"content-encoding": "br"}))
+            return True
         if mode in _STREAMS:
             writer.write(_whole(_sse(rid, _STREAMS[mode]()), "text/event-stream"))
             return True
@@ -834,3 +841,31 @@ async def test_redirects_are_followed_within_the_origin_only() -> None:
                 f"GET {start} was redirected (HTTP 302) to another origin, {moves[start]};"
             )
             assert [str(q.url) for q in seen] == [start]  # the other origin was not asked
+
+
+@pytest.mark.parametrize(
+    ("mode", "streaming", "says"),
+    [
+        ("utf-16", True, "event stream is not UTF-8 (declared charset=utf-16; it holds NUL bytes"),
+        ("br", False, "Content-Encoding 'br'"),
+        ("br", True, "Content-Encoding 'br'"),
+    ],
+)
+async def test_an_answer_toolwire_cannot_read_says_why_and_the_next_call_works(
+    hostile: HostileAgent, mode: str, streaming: bool, says: str
+) -> None:
+    """Before: a stream really in UTF-16 came out as "the agent's answer contained neither
+    a task nor a message", and a coding not read here as "not A2A 1.0 JSON-RPC: check the
+    card's URL": neither said what was wrong."""
+    kernel, _ = hostile_kernel(hostile, streaming=streaming)
+    async with kernel:
+        hostile.rpc = mode
+        res = await kernel.call("agent_hostile", {"query": "q"})
+        err = res.error
+        assert err is not None and err.kind == ErrorKind.TOOL_ERROR, res
+        assert err.details["reason"] == "undecodable_answer", err
+        assert says in err.message, err.message
+        assert "may have taken effect" in err.message
+        ok = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+        assert ok.error is None, ok.error
+        assert ok.content["text"] == "Findings on: solid-state batteries"

@@ -20,7 +20,7 @@ from a2a.utils.errors import (
 
 from toolwire import ErrorKind, ToolError, parse_retry_after
 
-from ._limits import AnswerTooLarge, RedirectRefused
+from ._limits import AnswerTooLarge, AnswerUndecodable, RedirectRefused
 
 __all__ = ["map_error", "retry_after"]
 
@@ -87,6 +87,8 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     """The ``ToolError`` for ``exc``, raised while doing ``action`` with ``agent``.
 
     an answer over ``max_answer_bytes`` -> ``tool_error`` with ``details.answer_too_large``;
+    an answer that cannot be read (a coding not supported, a stream not in UTF-8) ->
+    ``tool_error`` with ``details.reason = "undecodable_answer"``;
     a redirect to another origin -> ``tool_error`` with ``details.reason = "redirect_refused"``;
     unreachable (connection refused, DNS, HTTP 404/5xx) -> ``unavailable``;
     timeouts -> ``timeout``; HTTP 401/403 -> ``auth``; HTTP 429 ->
@@ -115,6 +117,16 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             f"this large are expected",
             kind=ErrorKind.TOOL_ERROR,
             details={**details, "answer_too_large": True, "max_answer_bytes": too_large.limit},
+        )
+    undecodable = _cause(exc, AnswerUndecodable)
+    if isinstance(undecodable, AnswerUndecodable):
+        # The agent answered, in a form toolwire cannot read: not a lost connection, and
+        # the same request brings the same answer.
+        return ToolError(
+            f"{where}: the answer could not be read: {undecodable}. What was asked may "
+            f"have taken effect on the agent's side: check before asking again",
+            kind=ErrorKind.TOOL_ERROR,
+            details={**details, "reason": "undecodable_answer"},
         )
     redirect = _cause(exc, RedirectRefused)
     if isinstance(redirect, RedirectRefused):

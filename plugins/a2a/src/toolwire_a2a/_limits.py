@@ -21,7 +21,9 @@ unbounded.
 
 An event stream is read as UTF-8 whatever charset it declares (SSE is UTF-8 by
 definition): the bytes the cap splits into events are the text the SDK's parser
-splits into lines.
+splits into lines. A stream holding a NUL byte is refused (``AnswerUndecodable``):
+A2A events are JSON, which has no raw NUL, so it is text in UTF-16 or UTF-32
+(where every ASCII character carries one), not a stream the parser could read.
 
 Redirects are followed within the origin only (and from http to https on the
 same host, as httpx keeps credentials there): the client carries the agent's
@@ -69,8 +71,8 @@ class AnswerTooLarge(Exception):
 
 
 class AnswerUndecodable(ValueError):
-    """A compressed answer that could not be decompressed (a coding not supported, or
-    corrupt data): the answer is unreadable, the agent was reached."""
+    """An answer that could not be read: compressed with a coding not supported, corrupt
+    compressed data, or an event stream not in UTF-8. The agent was reached."""
 
 
 class RedirectRefused(Exception):
@@ -166,8 +168,11 @@ class _CappedStream(httpx.AsyncByteStream):
         declared: int | None,
         coding: str | None,
         per_event: bool,
+        charset: str | None = None,
     ) -> None:
         self._inner = inner
+        #: an event stream's declared charset ("" if none); None: not an event stream
+        self._charset = charset
         self._limit = limit
         self._setting = setting
         self._declared = declared
@@ -208,6 +213,13 @@ class _CappedStream(httpx.AsyncByteStream):
         if self._coding is None and self._declared is not None and self._declared > self._limit:
             raise AnswerTooLarge(self._limit, self._setting)  # before any of it is read
         async for piece in self._pieces():
+            if self._charset is not None and b"\x00" in piece:
+                declared = f"declared charset={self._charset}" if self._charset else "no charset"
+                raise AnswerUndecodable(
+                    f"the agent's event stream is not UTF-8 ({declared}; it holds NUL bytes, "
+                    "as UTF-16 or UTF-32 text does): A2A event streams are UTF-8 by "
+                    "definition; ask the agent's owner to send UTF-8"
+                )
             passed, over = self._take(piece)
             if passed:
                 yield passed
@@ -280,9 +292,11 @@ def capped_client(
             if target is not None and not _may_follow(request.url, target):
                 raise RedirectRefused(request.method, request.url, response.status_code, target)
         ctype = response.headers.get("content-type", "").lower()
+        charset = None
         if ctype.startswith("text/event-stream"):
             # SSE is UTF-8 whatever charset is declared: read so by the SDK, the text it
             # splits into lines is the bytes counted here (UTF-16 would hide line ends)
+            charset = response.charset_encoding or ""
             response.encoding = "utf-8"
         per_event = ctype.startswith("text/event-stream") and "text/event-stream" in (
             request.headers.get("accept", "").lower()
@@ -300,6 +314,7 @@ def capped_client(
             declared=int(declared) if declared.isdigit() and not (no_body or per_event) else None,
             coding=coding,
             per_event=per_event,
+            charset=charset,
         )
 
     mine = {k: v for k, v in (headers or {}).items() if k.lower() != "accept-encoding"}
