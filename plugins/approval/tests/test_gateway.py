@@ -321,6 +321,46 @@ async def test_the_http_api_bounds_what_it_reads_of_a_body() -> None:
         assert anon.status_code == 401 and len(sent) <= 2
 
 
+async def test_edited_args_json_cannot_carry_get_422_not_a_store_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """json.loads takes `Infinity` and nesting a few hundred deep; before, such edited args
+    got 503 "the state store failed" and 500 with a traceback, on a real server."""
+    from approval_testkit import running_call
+
+    from toolwire import tool
+
+    monkeypatch.delenv("TOOLS_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("TOOLS_AUTH_ENABLED", raising=False)
+    kernel, p, _ = gateway(default="REQUIRED", http_token=APPROVER)
+
+    @tool
+    def put(x: float, doc: dict[str, Any] | None = None) -> float:
+        """Store x."""
+        return x
+
+    kernel.add_tool(put)
+    pending = Pending(kernel)
+    auth = {"authorization": f"Bearer {APPROVER}"}
+    deep = '{"a":' * 300 + "1" + "}" * 300
+    async with (
+        kernel,
+        serving(kernel, "s3cret") as base,
+        httpx.AsyncClient(base_url=base, headers=auth) as http,
+        running_call(kernel, "put", {"x": 1.0}) as result,
+    ):
+        rid = (await pending.next())["id"]
+        for body in ('{"args": {"x": Infinity}}', '{"args": {"x": 2, "doc": ' + deep + "}}"):
+            r = await http.post(f"/approvals/{rid}/approve", content=body)
+            assert r.status_code == 422, r.text
+            assert r.json()["error"]["kind"] == "invalid_args"
+            assert r.json()["error"]["request_id"] == rid
+        assert (await p.get(rid)).status == "pending"
+        ok = await http.post(f"/approvals/{rid}/approve", json={"args": {"x": 2}})
+        assert ok.status_code == 200
+    assert result().content == {"result": 2.0}
+
+
 def test_a_plugin_route_clashing_with_the_mcp_endpoint_is_refused() -> None:
     from toolwire import ConfigError
     from toolwire_mcp._serve import plugin_http_routes

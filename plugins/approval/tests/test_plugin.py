@@ -9,7 +9,7 @@ import anyio
 import pytest
 from approval_testkit import ManualClock, Pending, Recorder, plugin, running_call
 
-from toolwire import Kernel, ToolwireConfig
+from toolwire import Kernel, ToolwireConfig, tool
 from toolwire.state import StateStoreError, open_store
 from toolwire.testing import FakeClock
 from toolwire_approval import (
@@ -177,6 +177,45 @@ async def test_invalid_edited_args_are_refused_and_the_request_stays_pending() -
     async with kernel:
         events = [a["event"] for a in await p.audit_log(req["id"])]
     assert events == ["requested", "refused", "refused", "refused", "approved", "executed"]
+
+
+@pytest.mark.parametrize("state", ["memory", "sqlite"])
+async def test_args_json_cannot_carry_are_refused_as_args_not_as_a_store_failure(
+    state: str, tmp_path: Any
+) -> None:
+    """Before: NaN in a call's args (the kernel's float validation takes it) ended the call
+    `unavailable`, "retry when the store is back"; Infinity in edited args raised
+    StateStoreError (HTTP 503), and edits nested 300 deep a bare ValueError (HTTP 500)."""
+    url = "memory://" if state == "memory" else f"sqlite:///{tmp_path}/state.db"
+    p = plugin(default="REQUIRED")
+    kernel = Kernel(plugins=[p], state=url)
+
+    @tool
+    def put(x: float, doc: dict[str, Any] | None = None) -> float:
+        """Store x."""
+        return x
+
+    kernel.add_tool(put)
+    pending = Pending(kernel)
+    async with kernel:
+        nan = await kernel.call("put", {"x": float("nan")})
+        assert nan.error is not None and nan.error.kind == "invalid_args", nan.error
+        assert "NaN or Infinity" in nan.error.message and await p.requests(status="all") == []
+        async with running_call(kernel, "put", {"x": 1.0}) as result:
+            req = await pending.next()
+            with pytest.raises(InvalidEditError, match="NaN or Infinity") as inf:
+                await p.approve(req["id"], args={"x": float("inf")})
+            assert inf.value.status == 422 and inf.value.request_id == req["id"]
+            deep: dict[str, Any] = {}
+            for _ in range(300):
+                deep = {"a": deep}
+            with pytest.raises(InvalidEditError, match="cannot be recorded"):
+                await p.approve(req["id"], args={"x": 2.0, "doc": deep})
+            assert (await p.get(req["id"])).status == "pending"
+            await p.approve(req["id"], args={"x": 2.0})
+        audit = [a["event"] for a in await p.audit_log(req["id"])]
+    assert result().content == {"result": 2.0}
+    assert audit == ["requested", "refused", "refused", "approved", "executed"]
 
 
 async def test_a_decision_for_other_args_is_refused() -> None:

@@ -384,7 +384,7 @@ class ApprovalPlugin:
                     d["comment"] = decision.comment
                 if decision.args is not None:
                     try:
-                        edited = jsonable_args(self._validate_edit(rec, decision.args))
+                        edited = self._validate_edit(rec, decision.args)
                     except InvalidEditError as exc:
                         exc.request_id = request_id
                         await self._audit(
@@ -463,7 +463,7 @@ class ApprovalPlugin:
             raise CallRejected(
                 ErrorKind.INVALID_ARGS,
                 f"plugin 'approval': the arguments of tool {call.name!r} cannot be shown to an "
-                f"approver ({exc}); the tool was not run",
+                f"approver ({exc}); the tool was not run. Pass JSON values (no NaN or Infinity)",
                 details={"reason": "unserializable_args"},
             ) from None
         fp = _fingerprint(call.name, args_json)
@@ -899,9 +899,10 @@ class ApprovalPlugin:
         tool = self._kernel.get_tool(name) if self._kernel is not None else None
         try:
             if tool is not None:
-                return _validate(tool, args)
-            schema = (rec.get("tool_info") or {}).get("input_schema") or {}
-            return validate_json_schema(args, schema)
+                valid = _validate(tool, args)
+            else:
+                schema = (rec.get("tool_info") or {}).get("input_schema") or {}
+                valid = validate_json_schema(args, schema)
         except (pydantic.ValidationError, ArgsError) as exc:
             text, problems = describe_validation_error(exc)
             raise InvalidEditError(
@@ -909,6 +910,17 @@ class ApprovalPlugin:
                 "pending (approve with valid arguments, or without edits)",
                 request_id=rec["id"],
                 problems=problems,
+            ) from None
+        try:
+            return jsonable_args(valid)
+        except (pydantic_core.PydanticSerializationError, TypeError, ValueError) as exc:
+            # Before: NaN/Infinity (which json.loads and the HTTP API take) failed in the
+            # store (HTTP 503, "the state store failed"), too deep a nesting with a 500.
+            raise InvalidEditError(
+                f"edited arguments for tool {name!r} cannot be recorded: {exc}; the request "
+                "stays pending (approve with other arguments, or without edits)",
+                request_id=rec["id"],
+                problems=[{"field": "", "message": str(exc)}],
             ) from None
 
     def _validate_for_run(self, tool: Tool, args: dict[str, Any], rec: dict[str, Any]) -> Any:

@@ -216,10 +216,18 @@ class InvalidEditError(ApprovalError):
 
 # ---------------------------------------------------------------- fingerprint
 def jsonable_args(args: dict[str, Any]) -> dict[str, Any]:
-    """Validated args as JSON-native values (datetimes, models... are dumped)."""
+    """Validated args as JSON-native values (datetimes, models... are dumped).
+
+    Raises ``ValueError`` for what the state store cannot keep: NaN or Infinity
+    (the kernel's float validation lets them through), nesting past pydantic's limit.
+    """
     out = pydantic_core.to_jsonable_python(args)
     if not isinstance(out, dict):  # pragma: no cover - args are always a dict
         raise TypeError("arguments must be a JSON object")
+    try:
+        json.dumps(out, allow_nan=False)
+    except ValueError:
+        raise ValueError("they contain NaN or Infinity, which JSON cannot carry") from None
     return out
 
 
