@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import pytest
 from approval_testkit import ManualClock, Pending, Recorder, plugin, running_call
+from pydantic import AfterValidator
 
 from toolwire import Kernel, ToolwireConfig, tool
 from toolwire.state import StateStoreError, open_store
@@ -216,6 +217,46 @@ async def test_args_json_cannot_carry_are_refused_as_args_not_as_a_store_failure
         audit = [a["event"] for a in await p.audit_log(req["id"])]
     assert result().content == {"result": 2.0}
     assert audit == ["requested", "refused", "refused", "approved", "executed"]
+
+
+def email(v: str) -> str:
+    """An e-mail address check a JSON Schema does not carry."""
+    if "@" not in v:
+        raise ValueError("not an e-mail address")
+    return v
+
+
+async def test_an_edit_the_tools_own_validator_refuses_spends_the_approval(
+    tmp_path: Any,
+) -> None:
+    """The CLI (no tool there) checks edits against the stored JSON Schema only. Before, an
+    edit the tool's own validator refused left the approval approved and unused: every
+    retry of the call_id failed `invalid_args` on it until retention ended, and it could
+    not be rejected (already decided)."""
+
+    @tool
+    def send(to: Annotated[str, AfterValidator(email)]) -> str:
+        """Send."""
+        return to
+
+    url = f"sqlite:///{tmp_path}/state.db"
+    p = plugin(default="REQUIRED")
+    kernel = Kernel(tools=[send], plugins=[p], state=url)
+    pending = Pending(kernel)
+    async with kernel, open_store(url) as store:
+        cli = ApprovalPlugin(p.config, store=store)
+        async with running_call(kernel, "send", {"to": "a@x"}, call_id="c") as first:
+            req = await pending.next()
+            await cli.approve(req["id"], args={"to": "nobody"}, by="bob", via="cli")
+        error = first().error
+        assert error is not None and error.kind == "invalid_args" and "asks again" in error.message
+        async with running_call(kernel, "send", {"to": "a@x"}, call_id="c") as again:
+            retry = await pending.next()
+            assert retry["id"] != req["id"]
+            await p.approve(retry["id"])
+        events = [(a["event"], a.get("reason")) for a in await p.audit_log(req["id"])]
+    assert again().content == {"result": "a@x"}
+    assert events == [("requested", None), ("approved", None), ("refused", "invalid_edit")]
 
 
 async def test_a_decision_for_other_args_is_refused() -> None:

@@ -516,7 +516,7 @@ class ApprovalPlugin:
             ctx.meta.approval = _meta(rec, "timeout" if timed_out else "rejected", waited_ms)
             await self._emit_decided(kernel, call, rec)
             raise CallRejected(ErrorKind.DENIED, self._denied_message(rec), details=_denial(rec))
-        run_args = self._validate_for_run(tool, d["args"], rec) if d.get("edited") else None
+        run_args = await self._validate_for_run(store, tool, entry) if d.get("edited") else None
         used = await self._use(store, entry)
         if used is None:
             ctx.meta.approval = _meta(rec, "already_used", waited_ms)
@@ -923,18 +923,31 @@ class ApprovalPlugin:
                 problems=[{"field": "", "message": str(exc)}],
             ) from None
 
-    def _validate_for_run(self, tool: Tool, args: dict[str, Any], rec: dict[str, Any]) -> Any:
+    async def _validate_for_run(self, store: StateStore, tool: Tool, entry: Entry) -> Any:
+        """The edited args of an approval, validated by the tool's own validator.
+
+        Invalid here (the approver's process checked them against the JSON Schema only):
+        the approval is spent, so a retry of the call asks again instead of failing on
+        the same edit until the request's retention ends (nobody could undo it).
+        """
+        rec = entry.value
+        d = rec.get("decision") or {}
         try:
-            return _validate(tool, args)
+            return _validate(tool, d["args"])
         except (pydantic.ValidationError, ArgsError) as exc:
             text, problems = describe_validation_error(exc)
-            raise CallRejected(
-                ErrorKind.INVALID_ARGS,
-                f"plugin 'approval': the arguments edited by "
-                f"{(rec.get('decision') or {}).get('by')!r} for tool {tool.name!r} are invalid "
-                f"here: {text}; the tool was not run",
-                details={"problems": problems, "request_id": rec["id"]},
-            ) from None
+        await self._use(store, entry)
+        await self._audit(
+            store, "refused", rec, by=d.get("by"), via=d.get("via"),
+            reason="invalid_edit", problems=problems,
+        )  # fmt: skip
+        raise CallRejected(
+            ErrorKind.INVALID_ARGS,
+            f"plugin 'approval': the arguments edited by {d.get('by')!r} for tool "
+            f"{tool.name!r} are invalid here: {text}; the tool was not run. The approval is "
+            "spent: calling again asks again",
+            details={"problems": problems, "request_id": rec["id"]},
+        )
 
     async def _audit(
         self,
