@@ -127,6 +127,9 @@ def test_describe_names_the_config_line() -> None:
         ({"retention_s": 1e300}, "less than or equal to 1000000000"),
         ({"http_prefix": "approvals"}, "must start with '/'"),
         ({"colour": "red"}, "Extra inputs"),
+        # a UTF-8 client sending "pässwörd" got 401: the header is read as Latin-1
+        ({"http_token": "pässwörd"}, "outside printable ASCII"),
+        ({"http_token": "tab\tinside"}, "outside printable ASCII"),
     ],
 )
 def test_bad_config_is_refused(cfg: dict[str, Any], problem: str) -> None:

@@ -154,6 +154,14 @@ class ApprovalConfig(BaseModel):
                 "can send in an Authorization header (a secret read with its trailing "
                 "newline?); remove it"
             )
+        if not (raw.isascii() and raw.isprintable()):
+            # The server reads the header as Latin-1 and compares UTF-8: a UTF-8 client
+            # (curl on a UTF-8 terminal) sending the very token got 401 for ever.
+            raise ValueError(
+                "has characters outside printable ASCII, which HTTP clients send in "
+                "different encodings (the token would be refused as wrong); use ASCII "
+                "letters, digits and punctuation"
+            )
         return value
 
     @field_validator("http_prefix")
