@@ -328,3 +328,16 @@ def test_bad_audit_limits_and_request_statuses_are_refused(
                 await approval.audit_log(limit=0)
 
     anyio.run(statuses)
+
+
+def test_an_id_undecodable_in_the_locale_is_an_unknown_request(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `toolwire approvals show $'\\xff'` (argv decodes it to a lone surrogate) ended
+    in a traceback from the state store ("not valid Unicode text")."""
+    path = config(tmp_path, add="REQUIRED")
+    bad = b"\xff".decode(sys.getfilesystemencoding(), "surrogateescape")
+    for argv in (("show", bad), ("approve", bad), ("reject", bad)):
+        code, out = cli(capsys, path, *argv)
+        assert code == 1 and out["error"]["kind"] == "not_found", argv
+    assert cli(capsys, path, "audit", bad) == (0, [])

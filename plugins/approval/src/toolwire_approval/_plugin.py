@@ -278,6 +278,8 @@ class ApprovalPlugin:
 
     async def get(self, request_id: str) -> ApprovalRequest:
         """One request; ``UnknownApprovalError`` when there is none with this id."""
+        if not _possible_id(request_id):
+            raise self._unknown(request_id)
         entry = await self._state().get_entry(self._req_key(request_id))
         if entry is None:
             raise self._unknown(request_id)
@@ -340,6 +342,8 @@ class ApprovalPlugin:
         """
         if not isinstance(decision, (Approve, Reject)):
             raise TypeError(f"decision must be Approve or Reject, not {type(decision).__name__}")
+        if not _possible_id(request_id):
+            raise self._unknown(request_id)
         store = self._state()
         key = self._req_key(request_id)
         by = decision.by or via
@@ -439,6 +443,8 @@ class ApprovalPlugin:
             isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
         ):
             raise ValueError(f"limit {limit!r}: give a whole number >= 1, or None for every entry")
+        if request_id and not _possible_id(request_id):
+            return []
         prefix = f"{self._prefix}:audit:" + (f"{request_id}:" if request_id else "")
         entries = [e.value for e in await self._state().scan(prefix)]
         entries.sort(key=lambda v: (v["at"], v.get("seq", "")))
@@ -1203,6 +1209,21 @@ def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None)  # noqa: B004
     )
+
+
+def _possible_id(request_id: object) -> bool:
+    """Whether ``request_id`` can name a stored request: a str that is valid Unicode text.
+
+    (A command-line argument with bytes undecodable in the locale, ``'\udcff'``, made the
+    state store raise a bare ValueError: a traceback instead of "no approval request".)
+    """
+    if not isinstance(request_id, str):
+        return False
+    try:
+        request_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short_fp(fingerprint: str) -> str:

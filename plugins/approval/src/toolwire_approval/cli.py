@@ -203,5 +203,10 @@ async def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _print(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
+    text = json.dumps(obj, indent=2, ensure_ascii=False, default=str)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # an id given with undecodable bytes: escaped, still JSON
+        text = json.dumps(obj, indent=2, default=str)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
