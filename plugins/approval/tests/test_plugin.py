@@ -303,10 +303,16 @@ async def test_the_first_decision_stands() -> None:
         await p.reject(req["id"], "no", by="dan")
         with pytest.raises(AlreadyDecidedError, match="already rejected by 'dan'"):
             await p.approve(req["id"], by="eve")
+        # whatever fingerprint it names: before, fingerprint_mismatch and a `refused` entry
+        # per attempt, though a decision on a decided request is not recorded
+        for _ in range(3):
+            with pytest.raises(AlreadyDecidedError):
+                await p.approve(req["id"], by="eve", fingerprint="0" * 64)
     assert result().is_error
     async with kernel:
         with pytest.raises(UnknownApprovalError):
             await p.get("nope")
+        assert [a["event"] for a in await p.audit_log(req["id"])] == ["requested", "rejected"]
 
 
 async def test_one_approval_runs_the_call_once_and_a_rejection_stands() -> None:

@@ -353,19 +353,9 @@ class ApprovalPlugin:
                 raise self._unknown(request_id)
             rec = entry.value
             now = self._now()
-            if fingerprint is not None and fingerprint != rec["fingerprint"]:
-                await self._audit(
-                    store, "refused", rec, by=by, via=via, client=client,
-                    reason="fingerprint_mismatch", given_fingerprint=fingerprint,
-                )  # fmt: skip
-                raise FingerprintMismatchError(
-                    f"approval request {request_id!r} is for tool {rec['tool']!r} with arguments "
-                    f"of fingerprint {_short_fp(rec['fingerprint'])}, not {_short_fp(fingerprint)}: a "
-                    "decision only applies to the arguments it was made for. Look at the "
-                    "request again (`toolwire approvals show ID`, or GET it over HTTP) and decide "
-                    "on what it shows.",
-                    request_id=request_id,
-                )
+            # Decided or expired first: such a decision changes nothing and is not
+            # recorded, whatever fingerprint it names (before, each one added a
+            # `refused` audit entry and answered fingerprint_mismatch).
             if rec["status"] != PENDING:
                 d = rec.get("decision") or {}
                 raise AlreadyDecidedError(
@@ -380,6 +370,19 @@ class ApprovalPlugin:
                     f"({now - rec['expires_at']:.0f}s ago; {rec['policy']}, timeout "
                     f"{rec['timeout_s']:g}s) and can no longer be decided; calling the tool "
                     "again asks again",
+                    request_id=request_id,
+                )
+            if fingerprint is not None and fingerprint != rec["fingerprint"]:
+                await self._audit(
+                    store, "refused", rec, by=by, via=via, client=client,
+                    reason="fingerprint_mismatch", given_fingerprint=fingerprint,
+                )  # fmt: skip
+                raise FingerprintMismatchError(
+                    f"approval request {request_id!r} is for tool {rec['tool']!r} with arguments "
+                    f"of fingerprint {_short_fp(rec['fingerprint'])}, not {_short_fp(fingerprint)}: a "
+                    "decision only applies to the arguments it was made for. Look at the "
+                    "request again (`toolwire approvals show ID`, or GET it over HTTP) and decide "
+                    "on what it shows.",
                     request_id=request_id,
                 )
             if isinstance(decision, Approve):
