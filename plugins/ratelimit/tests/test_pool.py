@@ -314,6 +314,23 @@ async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_
         assert "a" in {(await pool.acquire()).alias for _ in range(4)}
 
 
+async def test_a_replica_without_a_key_keeps_its_quarantine(tmp_path: Path) -> None:
+    """A rolling configuration change: replica 1 has keys a and b, replica 2 already only b.
+    Replica 2's reports on b kept dropping a's record, quarantine included, and replica 1
+    sent the rejected key again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    only_b = config(keys=[{"alias": "b", "secret": SECRET_B}])
+    async with kernel_with(config(), state=url) as one, kernel_with(only_b, state=url) as two:
+        pool1, pool2 = key_pool(one, "acme"), key_pool(two, "acme")
+        await pool1.report("a", "auth", pattern="default.status.401")
+        await pool2.report("b", "rate_limit", retry_after_s=5)  # writes the shared record
+        assert not (await pool2.availability()).available  # b cools
+        assert (await pool1.status())["keys"]["a"]["state"] == "quarantined"
+        await pool2.clear("b")
+        await (await pool2.acquire()).success()
+        assert {(await pool1.acquire()).alias for _ in range(4)} == {"b"}
+
+
 async def test_quota_suspends_the_whole_pool() -> None:
     clock = FakeClock()
     async with kernel_with(config(suspend_seconds=600), clock=clock) as kernel:

@@ -519,9 +519,9 @@ class KeyPool:
                     keys[a] = ks
                 else:
                     keys.pop(a, None)
-            for k in list(keys):
-                if k not in self._keys:
-                    del keys[k]
+            # Records of aliases this process does not know stay: another replica (a
+            # rolling configuration change) may still use them, and a quarantine is sticky
+            # until the key's secret changes or an operator clears it.
             return None, rec
 
         await self._update(fn)
