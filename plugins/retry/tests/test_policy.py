@@ -95,6 +95,41 @@ async def test_retry_after_is_honoured_and_bounded_by_cap_and_elapsed_budget() -
     assert res.error is not None and "time left" in res.error.details["gave_up"]
 
 
+class MarkRetryable:
+    """An on_error hook of a user's own, in place of the classifier (see docs/retry.md)."""
+
+    name = "mark"
+    order = 450
+
+    @hookimpl
+    def on_error(self, error: Any) -> None:
+        error.retryable = True
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), -5.0])
+@pytest.mark.parametrize("classifier", ["ratelimit", "own hook"])
+async def test_a_tools_garbage_retry_after_is_ignored(garbage: float, classifier: str) -> None:
+    """Before: a tool's ``retry_after_s`` of nan became ``Retry(after_s=nan)``, which the
+    kernel refused (the call ended after one attempt, the caller told to wait nan
+    seconds); -5 retried at once with no backoff."""
+    clock = FakeClock()
+    err = ToolError("busy", status=503, retry_after_s=garbage)
+    ft, t = fake("busy", [err, err, err], read_only=True)
+    plugins: list[Any] = [
+        RetryPlugin(RetryConfig(seed=3, base_s=1.0, max_attempts=3, max_provider_attempts=3))
+    ]
+    plugins.insert(0, RateLimitPlugin() if classifier == "ratelimit" else MarkRetryable())
+    async with Kernel(clock=clock, tools=[t], plugins=plugins, max_attempts=3) as k:
+        res = await k.call("busy", {})
+    assert res.meta.plugin_errors == [] and len(ft.calls) == 3
+    # the usual full-jitter backoff: uniform(0, base_s * 2**(n-1))
+    rng = random.Random(3)
+    assert clock.sleeps == pytest.approx([rng.uniform(0, 2.0 ** (n - 1)) for n in (1, 2)])
+    assert res.error is not None
+    if classifier == "ratelimit":  # nor is the caller told to wait that long
+        assert res.error.retry_after_s is None
+
+
 async def test_a_spent_max_elapsed_budget_is_named_as_the_reason() -> None:
     clock = FakeClock()
 

@@ -41,6 +41,7 @@ from ._config import (
     with_config_file,
 )
 from ._evidence import BODY_KEYS, Evidence, gather, json_excerpt
+from ._hints import bound
 from ._pool import ApiKey, KeyLease, KeyPool, PoolSettings
 from ._redact import MIN_SECRET_LEN, Redactor
 from ._store import LoopLock, Throttle, Throttled
@@ -542,6 +543,10 @@ class RateLimitPlugin:
             if "headers" in error.details and ev is not None:
                 extra["headers"] = dict(ev.headers)  # plain and bounded, whatever the tool gave
             error.details.update(extra)
+        if error.retry_after_s is not None:
+            # a tool's own retry_after_s of nan, inf or -5 is garbage, as in a header: the
+            # retry plugin backs off as usual, and the caller is not told to wait nan seconds
+            error.retry_after_s = bound(error.retry_after_s, self.settings.max_retry_after_seconds)
         self._scrub(error)
         d = attempt_detail(ctx, len(ctx.attempts))
         d["kind"] = str(error.kind)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Mapping, Sequence
@@ -82,6 +83,13 @@ def _without_filled_defaults(
     if not drop:
         return None
     return {k: v for k, v in args.items() if k not in drop}
+
+
+def _delay(seconds: float | None) -> float | None:
+    """``seconds`` when it is a finite number >= 0, else None."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return None
+    return float(seconds) if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def _iso(t: float) -> str:
@@ -550,7 +558,7 @@ class RetryPlugin:
             "provider": provider,
             "kind": str(error.kind),
             "pattern": error.details.get("pattern"),
-            "retry_after_s": error.retry_after_s,
+            "retry_after_s": _delay(error.retry_after_s),
             "at": kernel.clock.time(),
         }
         detail = attempt_detail(ctx, len(ctx.attempts))
@@ -638,6 +646,8 @@ class RetryPlugin:
         if n >= int(pol["max_provider_attempts"]):
             return None, f"max_provider_attempts ({pol['max_provider_attempts']}) reached"
         kind = str(error.kind)
+        # what the failure asks for, when it is a usable number (nan, inf, -5: back off as usual)
+        ra = _delay(error.retry_after_s)
         pool = rl.pool(provider) if rl is not None and provider is not None else None
         av: Availability | None = await pool.availability() if pool is not None else None
         if av is not None and not av.available and av.retry_at is None:
@@ -646,20 +656,18 @@ class RetryPlugin:
         if av is not None and av.state == "suspended":
             wait = av.retry_after_s or 0.0
         elif pattern.startswith("outbound."):  # our own outbound rate: wait for the slot
-            wait = error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
+            wait = ra if ra is not None else self._jitter(pol, n)
         elif kind in _KEY_KINDS or pattern.startswith("pool."):
             if av is not None and av.available and pool is not None and pool.has_keys:
                 wait = 0.0  # rotate to another key now
             elif av is not None and not av.available and av.retry_after_s is not None:
                 wait = av.retry_after_s
             elif kind == "rate_limit" and error.retryable:
-                wait = (
-                    error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
-                )
+                wait = ra if ra is not None else self._jitter(pol, n)
             else:
                 return None, f"{kind}: no other key to rotate to"
         elif error.retryable:
-            wait = error.retry_after_s if error.retry_after_s is not None else self._jitter(pol, n)
+            wait = ra if ra is not None else self._jitter(pol, n)
         else:
             return None, f"{kind} is not retryable on the same provider"
         if wait > float(pol["cap_s"]):
