@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from toolwire import ErrorInfo, Kernel, ToolError
+from toolwire import ErrorInfo, Kernel, Tool, ToolError, build_tool
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
     PatternSpec,
@@ -211,6 +211,44 @@ def test_exception_classes() -> None:
     assert classify(httpx.ConnectError("refused", request=req))[0] == "unavailable"
     assert classify(ConnectionResetError())[0] == "unavailable"
     assert classify(KeyError("x"))[0] == "tool_error"
+
+
+def _failing(exc: BaseException, cause: BaseException | None = None) -> Tool:
+    def fail() -> None:
+        """Fails."""
+        raise exc from cause
+
+    return build_tool(fail)
+
+
+@pytest.mark.anyio
+async def test_a_connection_broken_after_the_request_went_out_is_in_flight() -> None:
+    """``details.in_flight = true`` (the outcome is unknown: the retry plugin does not
+    repeat a tool with side effects) when the chain says the request went out, and only
+    then."""
+    req = httpx.Request("POST", "http://x")
+    cases: list[tuple[BaseException, bool | None]] = [
+        (httpx.RemoteProtocolError("Server disconnected", request=req), True),
+        (httpx.ReadError("reset", request=req), True),
+        (ConnectionResetError(104, "Connection reset by peer"), True),
+        (httpx.ConnectError("refused", request=req), None),
+        (ConnectionRefusedError(111, "refused"), None),
+        (ToolError("gone", kind="unavailable", details={"in_flight": False}), False),
+    ]
+    for exc, expected in cases:
+        async with Kernel(
+            tools=[_failing(exc)], plugins=[RateLimitPlugin()], clock=FakeClock()
+        ) as kernel:
+            res = await kernel.call("fail")
+        assert res.error is not None and res.error.kind == "unavailable", exc
+        assert res.error.details.get("in_flight") is expected, exc
+    # a connect error caused by a reset (a TLS handshake cut short): nothing was sent
+    wrapped = httpx.ConnectError("handshake", request=req)
+    async with Kernel(
+        tools=[_failing(wrapped, ConnectionResetError())], plugins=[RateLimitPlugin()]
+    ) as kernel:
+        res = await kernel.call("fail")
+    assert res.error is not None and "in_flight" not in res.error.details
 
 
 def test_a_kernel_timeout_and_declared_kinds() -> None:

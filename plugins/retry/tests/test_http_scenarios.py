@@ -8,12 +8,14 @@ import uuid
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
-from toolwire import SystemClock
+from toolwire import Kernel, SystemClock, tool
 from toolwire.testing import FakeClock
-from toolwire_ratelimit import key_pool
+from toolwire_ratelimit import RateLimitPlugin, key_pool
 from toolwire_ratelimit.testing import FakeProvider, Reply
+from toolwire_retry import RetryConfig, RetryPlugin
 
 pytestmark = pytest.mark.anyio
 
@@ -115,6 +117,57 @@ async def test_an_unmatched_500_is_one_attempt_and_terminal(
         None,
     )
     assert len(res.meta.attempts) == 1 and alpha.count() == 1 and beta.count() == 0
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_a_dropped_connection_after_the_request_went_out(
+    read_only: bool, alpha: FakeProvider, client: httpx.AsyncClient
+) -> None:
+    """The upstream reads the request, then closes the connection without an answer
+    (httpx: RemoteProtocolError). Before, that was an outage like a refused connection,
+    and a tool with side effects ran twice: the upstream got the request twice."""
+    alpha.script(Reply(drop=True), Reply(200, json={"sent": True}))
+
+    @tool(name="send", read_only=read_only, provider="alpha")
+    async def send(to: str) -> dict[str, Any]:
+        """Send a message."""
+        r = await client.post(f"{alpha.url}/send", json={"to": to})
+        r.raise_for_status()
+        return dict(r.json())
+
+    plugins = [RateLimitPlugin(), RetryPlugin(RetryConfig(seed=1, base_s=0.01))]
+    async with Kernel(tools=[send], plugins=plugins) as kernel:
+        res = await kernel.call("send", {"to": "x"})
+    if read_only:  # safe to repeat: retried
+        assert res.content == {"sent": True} and alpha.count() == 2
+        return
+    assert alpha.count() == 1
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert res.error.details["in_flight"] is True
+    assert "lost its connection during the call" in res.error.details["gave_up"]
+    assert not res.error.retryable
+
+
+async def test_a_refused_connection_of_a_side_effecting_tool_is_retried(
+    client: httpx.AsyncClient,
+) -> None:
+    """Nothing was sent (httpx: ConnectError): an outage like any other."""
+    with FakeProvider("gone") as gone:
+        url = gone.url  # a port nothing listens on once it stops
+    runs: list[int] = []
+
+    @tool(name="send", provider="gone")
+    async def send(to: str) -> dict[str, Any]:
+        """Send a message."""
+        runs.append(1)
+        r = await client.post(f"{url}/send", json={"to": to})
+        return dict(r.json())
+
+    plugins = [RateLimitPlugin(), RetryPlugin(RetryConfig(seed=1, base_s=0.01))]
+    async with Kernel(tools=[send], plugins=plugins) as kernel:
+        res = await kernel.call("send", {"to": "x"})
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert "in_flight" not in res.error.details and len(runs) == 2
 
 
 async def test_a_provider_that_never_answers_times_out_and_falls_over_within_the_deadline(

@@ -34,6 +34,7 @@ __all__ = [
     "Pattern",
     "PatternSet",
     "default_patterns",
+    "request_went_out",
 ]
 
 #: Kinds in precedence order (first wins within a tier).
@@ -247,6 +248,43 @@ def default_patterns() -> PatternSet:
         )
     )
     return ps
+
+
+#: Exception classes raised once the request was (or may have been) sent: the connection
+#: broke while it was written or before the whole answer came (httpx, httpcore, aiohttp,
+#: http.client, the socket itself). The upstream may have done the work.
+_SENT = frozenset(
+    {
+        "ReadError",
+        "WriteError",
+        "RemoteProtocolError",
+        "ServerDisconnectedError",
+        "ClientPayloadError",
+        "RemoteDisconnected",
+        "IncompleteRead",
+        "ConnectionResetError",
+        "ConnectionAbortedError",
+        "BrokenPipeError",
+    }
+)
+#: ... and classes that say it was not: no connection was made.
+_NOT_SENT = frozenset(
+    {
+        "ConnectError",
+        "ConnectTimeout",
+        "ConnectionRefusedError",
+        "ClientConnectorError",
+        "PoolTimeout",
+        "gaierror",
+    }
+)
+
+
+def request_went_out(ev: Evidence) -> bool:
+    """Whether the exception chain says the connection broke after the request went out
+    (so its outcome is unknown), and nothing in it says no connection was made."""
+    names = ev.exc_names
+    return not names.isdisjoint(_SENT) and names.isdisjoint(_NOT_SENT)
 
 
 @dataclass(slots=True)

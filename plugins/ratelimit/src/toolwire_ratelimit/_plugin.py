@@ -30,6 +30,7 @@ from ._classify import (
     Pattern,
     PatternSet,
     default_patterns,
+    request_went_out,
 )
 from ._config import (
     KeySpec,
@@ -398,6 +399,10 @@ class RateLimitPlugin:
         if alias:
             d["key"] = alias
         if ev is not None:
+            if c.kind == "unavailable" and request_went_out(ev):
+                # the connection broke after the request went out: the outcome is unknown
+                # (the retry plugin does not repeat a tool with side effects then)
+                d["in_flight"] = True
             if ev.status is not None:
                 d["status"] = ev.status
             hdrs = {k: v for k, v in ev.headers.items() if _RELEVANT_HEADER.match(k)}
@@ -540,6 +545,8 @@ class RateLimitPlugin:
             if any(k in error.details for k in BODY_KEYS):
                 extra.pop("body", None)  # keep the tool's own body (bounded by _scrub)
                 extra.pop("body_truncated", None)
+            if "in_flight" in error.details:
+                extra.pop("in_flight", None)  # the tool knows best whether it sent anything
             if "headers" in error.details and ev is not None:
                 extra["headers"] = dict(ev.headers)  # plain and bounded, whatever the tool gave
             error.details.update(extra)

@@ -34,8 +34,9 @@ class Reply:
     """One scripted answer.
 
     ``json`` (a JSON body) or ``body`` (bytes/str, sent as is); ``hang``: read
-    the request and never answer (until the server stops); ``delay``: seconds
-    to wait before answering; ``echo_key``: add ``{"echo": "<the key sent>"}``
+    the request and never answer (until the server stops); ``drop``: read the
+    request and close the connection without an answer (the upstream may have
+    done the work); ``delay``: seconds to wait before answering; ``echo_key``: add ``{"echo": "<the key sent>"}``
     to a JSON body (or append the key to a text body).
     """
 
@@ -44,6 +45,7 @@ class Reply:
     body: bytes | str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     hang: bool = False
+    drop: bool = False
     delay: float = 0.0
     echo_key: bool = False
 
@@ -127,6 +129,9 @@ class FakeProvider:
                 reply = provider._next(req)
                 if reply.hang:
                     provider._stop.wait(300)
+                    self.close_connection = True
+                    return
+                if reply.drop:
                     self.close_connection = True
                     return
                 if reply.delay:
