@@ -33,9 +33,22 @@ def test_an_invalid_regex_is_a_startup_error_naming_it(tmp_path: Path) -> None:
     assert "rate (limit" in msg and "invalid regular expression" in msg
 
 
-def test_catastrophic_patterns_are_rejected(tmp_path: Path) -> None:
+# before, only an unbounded repetition around another was refused: "(.*,){12}x" and
+# "(a|a)*b" were accepted, and one 40-character message held the event loop for minutes
+@pytest.mark.parametrize(
+    "pattern", ["(a+)+$", "(.*,){12}x", "(a|a)*b", "(?:a|ab|b)*c", "(x|)*y", "(\\w+,)+"]
+)
+def test_catastrophic_patterns_are_rejected(tmp_path: Path, pattern: str) -> None:
     with pytest.raises(ConfigError, match="backtrack catastrophically"):
-        kernel_from(tmp_path, '[plugins.ratelimit]\ndeny_patterns = ["(a+)+$"]\n')
+        kernel_from(tmp_path, f"[plugins.ratelimit]\ndeny_patterns = ['{pattern}']\n")
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["(?:foo|bar)+", "(?:\\s|,)+x", "x{2,5}", "(?:ab)+c", "quota[_ -]?(?:exceeded|hit)"],
+)
+def test_linear_patterns_with_repetitions_are_accepted(tmp_path: Path, pattern: str) -> None:
+    kernel_from(tmp_path, f"[plugins.ratelimit]\ndeny_patterns = ['{pattern}']\n")
 
 
 @pytest.mark.parametrize("pattern", ["", ".*", "(too many)?", "^"])

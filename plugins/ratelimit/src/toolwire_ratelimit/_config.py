@@ -68,19 +68,34 @@ NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
 MAX_SECONDS = MAX_TTL_S
 
 
-def nested_repetition(pattern: str) -> str | None:
-    """Why ``pattern`` may backtrack catastrophically (a repeat inside a repeat), or None.
+#: First characters of the ``\\d``, ``\\s`` and ``\\w`` classes (ASCII; wider text only
+#: widens an overlap that is already there).
+_CATEGORY_CHARS = {
+    "CATEGORY_DIGIT": frozenset("0123456789"),
+    "CATEGORY_SPACE": frozenset(" \t\n\r\f\v"),
+    "CATEGORY_WORD": frozenset("abcdefghijklmnopqrstuvwxyz0123456789_"),
+}
 
-    A heuristic on the parsed pattern: an unbounded repetition that contains
-    another unbounded repetition (``(a+)+``, ``(\\w+\\s?)*``). Returns None when
-    the regex engine's parser is not available.
+
+def nested_repetition(pattern: str) -> str | None:
+    """Why ``pattern`` may backtrack catastrophically, or None.
+
+    A heuristic on the parsed pattern, for a repetition that may repeat more than
+    once (``+``, ``*``, ``{2,}``, ``{12}``):
+
+    - one that contains an unbounded repetition: ``(a+)+``, ``(\\w+\\s?)*``,
+      ``(.*,){12}`` (a bounded one too: ``n`` nested steps cost ``len(text) ** n``);
+    - one that contains an alternation whose branches may start with the same
+      character, or may match nothing: ``(a|a)*``, ``(a|ab)+``, ``(x|)*``.
+
+    Returns None when the regex engine's parser is not available.
     """
     try:
         from re import _parser  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - other Python implementations
         return None
     try:
-        tree = _parser.parse(pattern)
+        tree = _parser.parse(pattern, re.IGNORECASE)
     except Exception:
         return None
     maxrepeat = _parser.MAXREPEAT
@@ -108,10 +123,83 @@ def nested_repetition(pattern: str) -> str | None:
                 return True
         return False
 
+    def chars(op: Any, av: Any) -> frozenset[str] | None:
+        """The characters one item matches (lower-case), None for "any, or unknown"."""
+        if op == _parser.LITERAL:
+            return frozenset(chr(av).lower())
+        if op == _parser.IN:
+            out: set[str] = set()
+            for iop, iav in av:
+                if iop == _parser.LITERAL:
+                    out.add(chr(iav).lower())
+                elif iop == _parser.RANGE and iav[1] - iav[0] <= 256:
+                    out.update(chr(c).lower() for c in range(iav[0], iav[1] + 1))
+                elif iop == _parser.CATEGORY and str(iav) in _CATEGORY_CHARS:
+                    out |= _CATEGORY_CHARS[str(iav)]
+                else:
+                    return None  # a negated set, a wide range, \\W...
+            return frozenset(out)
+        return None
+
+    def first(sub: Any) -> tuple[frozenset[str] | None, bool]:
+        """(characters a match of ``sub`` may start with, None: any; whether it may be empty)."""
+        found: set[str] = set()
+        for op, av in sub:
+            if op == _parser.AT:  # an anchor: zero width
+                continue
+            if op in repeats or op == possessive:
+                got, empty = first(av[2])
+                empty = empty or av[0] == 0
+            elif op == _parser.SUBPATTERN:
+                got, empty = first(av[3])
+            elif op == getattr(_parser, "ATOMIC_GROUP", None):
+                got, empty = first(av)
+            elif op == _parser.BRANCH:
+                got, empty = frozenset(), False
+                for b in av[1]:
+                    g, e = first(b)
+                    got = None if got is None or g is None else got | g
+                    empty = empty or e
+            elif op in (_parser.ASSERT, _parser.ASSERT_NOT):
+                continue
+            else:
+                got, empty = chars(op, av), False
+            if got is None:
+                return None, False
+            found |= got
+            if not empty:
+                return frozenset(found), False
+        return frozenset(found), True
+
+    def overlapping(branches: Any) -> bool:
+        seen: set[str] = set()
+        for b in branches:
+            got, empty = first(b)
+            if got is None or empty or not seen.isdisjoint(got):
+                return True
+            seen |= got
+        return False
+
+    def ambiguous_branch(sub: Any) -> bool:
+        for op, av in sub:
+            if op == _parser.BRANCH and overlapping(av[1]):
+                return True
+            if op in repeats or op == possessive:
+                continue  # judged on its own by walk()
+            if any(ambiguous_branch(c) for c in children(op, av)):
+                return True
+        return False
+
     def walk(sub: Any) -> str | None:
         for op, av in sub:
-            if op in repeats and av[1] == maxrepeat and has_unbounded(av[2]):
-                return "nested repetition such as (a+)+"
+            if op in repeats and av[1] > 1:
+                if has_unbounded(av[2]):
+                    return "nested repetition such as (a+)+ or (.*,){12}"
+                if ambiguous_branch(av[2]):
+                    return (
+                        "a repeated alternation whose branches may match the same text, "
+                        "such as (a|ab)+"
+                    )
             for c in children(op, av):
                 found = walk(c)
                 if found:
