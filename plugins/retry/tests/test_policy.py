@@ -236,6 +236,25 @@ async def test_explicit_fallbacks_with_different_args() -> None:
     assert res.meta.extra["attempt_details"][0]["to"] == "b"
 
 
+async def test_a_fallback_that_names_no_tool_is_named_in_the_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: a fallback naming no tool (a typo) was dropped at DEBUG level; the call
+    ended with the first tool's error and nothing said why no fallback was tried."""
+    _a, ta = fake("a", [BUSY], read_only=True)
+    _b, tb = fake("b", [BUSY], read_only=True)
+    for chain, tried in ((["a_backup_typo"], ["a"]), (["a_backup_typo", "b"], ["a", "b"])):
+        retry = {"fallbacks": {"a": chain}, "max_provider_attempts": 1}
+        async with kernel([ta, tb], retry=retry) as k:
+            res = await k.call("a", {})
+        assert [x.tool for x in res.meta.attempts] == tried
+        assert res.error is not None and res.error.kind == "unavailable"
+        typo = res.error.details["providers"]["a_backup_typo"]
+        assert typo["retry_at"] is None and "neither a tool nor a provider" in typo["reason"]
+        assert "a_backup_typo: skipped: neither a tool" in res.error.message
+    assert "fallback 'a_backup_typo' of tool 'a' is neither a tool" in caplog.text
+
+
 async def test_chain_order_by_provider_from_tool_settings() -> None:
     _a, ta = fake("s_alpha", [BUSY], provider="alpha", read_only=True)
     _b, tb = fake("s_beta", [ToolError("nope", status=429)], provider="beta", read_only=True)

@@ -451,10 +451,12 @@ class RetryPlugin:
         tool: str,
         provider: str | None,
         override: list[FallbackSpec] | None = None,
+        unknown: list[str] | None = None,
     ) -> list[tuple[str, dict[str, Any]]]:
         """Fallback candidates of ``tool``: this call's ``override``, else the explicit
         list (operator's, else a plugin's), else the entries after its provider (or
-        itself) in ``chain_order``. Providers resolve to their first tool."""
+        itself) in ``chain_order``. Providers resolve to their first tool; targets that
+        name neither a tool nor a provider with tools are appended to ``unknown``."""
         specs = override if override is not None else self._configured_chain(tool)
         if specs is not None:
             entries = [(e.tool, e.args) for e in specs]
@@ -465,9 +467,15 @@ class RetryPlugin:
         for target, args in entries:
             resolved = self._resolve(kernel, rl, target)
             if resolved is None:
-                log.debug(
-                    "fallback %r of tool %r is neither a tool nor a provider with tools",
+                if unknown is not None and target not in unknown:
+                    unknown.append(target)
+                # an explicit list names it on purpose: a typo, or a tool not loaded
+                log.log(
+                    logging.WARNING if specs is not None else logging.DEBUG,
+                    "fallback %r of tool %r is neither a tool nor a provider with tools; "
+                    "skipped (check the fallbacks of %r, or that the tool is loaded)",
                     target,
+                    tool,
                     tool,
                 )
                 continue
@@ -725,7 +733,12 @@ class RetryPlugin:
                 else _specs(raw, f"ctx.state['retry'][{CALL_FALLBACKS!r}]", strict=False)
             )
             chain = st["chain"] = self._chain(
-                kernel, rl, origin, self._provider(kernel, rl, origin), override
+                kernel,
+                rl,
+                origin,
+                self._provider(kernel, rl, origin),
+                override,
+                st.setdefault("unknown", []),
             )
         tried: list[str] = st["tried"]
         skipped: dict[str, Any] = st.setdefault("skipped", {})
@@ -794,7 +807,7 @@ class RetryPlugin:
         why: str | None,
     ) -> Recover | None:
         res = self._give_up(error, st, detail, why, terminal=False)
-        if res is not None or not st.get("chain"):
+        if res is not None or not (st.get("chain") or st.get("unknown")):
             if why:
                 error.details.setdefault("gave_up", why)
             return res
@@ -861,6 +874,15 @@ class RetryPlugin:
                 when = f"may be tried again at {_iso(retry_at)} (in {retry_at - now:.0f}s)"
             providers[label] = {"tool": tool, "reason": reason, "retry_at": retry_at}
             parts.append(f"{label}: {reason}; {when}")
+        for target in st.get("unknown", []):
+            if target in providers:
+                continue
+            reason = (
+                f"skipped: neither a tool nor a provider with tools (check the fallbacks "
+                f"of {origin!r}, or that the tool is loaded)"
+            )
+            providers[target] = {"tool": None, "reason": reason, "retry_at": None}
+            parts.append(f"{target}: {reason}; only after an operator fixes it")
         last = {
             "kind": str(error.kind),
             "message": error.message,
