@@ -194,6 +194,28 @@ async def test_a_side_effecting_call_whose_connection_broke_off_is_never_retried
     assert len(ft.calls) == 2 and res.content == {"ok": 1}
 
 
+async def test_a_timeout_before_anything_was_sent_is_retried() -> None:
+    """Before: every timeout counted as an unknown outcome, even one saying the request was
+    never sent (the MCP plugin's "timed out waiting for a connection", in_flight false),
+    so a side-effecting tool was not retried, against docs/retry.md."""
+    unsent = ToolError(
+        "timed out waiting for a connection; the request was not sent",
+        kind="timeout",
+        details={"in_flight": False},
+    )
+    ft, t = fake("send", [unsent, {"ok": 1}])
+    async with kernel([t]) as k:
+        res = await k.call("send", {})
+    assert len(ft.calls) == 2 and res.content == {"ok": 1}
+    # a timeout saying nothing of it is still an unknown outcome
+    silent = ToolError("timed out", kind="timeout")
+    ft, t = fake("send", [silent, {"ok": 1}])
+    async with kernel([t]) as k:
+        res = await k.call("send", {})
+    assert len(ft.calls) == 1 and res.error is not None
+    assert "may have side effects" in res.error.details["retry"]
+
+
 async def test_only_classified_errors_are_retried() -> None:
     ft, t = fake("boom", [RuntimeError("division by zero")], read_only=True)
     async with kernel([t]) as k:

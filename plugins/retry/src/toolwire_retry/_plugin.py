@@ -580,12 +580,15 @@ class RetryPlugin:
             return self._give_up(error, st, detail, None, terminal=True)
         # A timeout, or a connection lost after the request went out (``in_flight``:
         # an upstream MCP server that crashed mid-call, an answer that broke off),
-        # leaves the outcome unknown: the first attempt may have done its work.
+        # leaves the outcome unknown: the first attempt may have done its work. A
+        # timeout that says nothing was sent (``in_flight`` false: still waiting for a
+        # connection) is an outage like any other.
+        in_flight = error.details.get("in_flight")
         unknown = (
             "timed out"
-            if str(error.kind) == "timeout"
+            if str(error.kind) == "timeout" and in_flight is not False
             else "lost its connection during the call (details.in_flight: the outcome is unknown)"
-            if error.details.get("in_flight") is True
+            if in_flight is True
             else None
         )
         if unknown is not None and not self._repeatable(tool, pol):
