@@ -148,6 +148,37 @@ async def test_a_dropped_connection_after_the_request_went_out(
     assert not res.error.retryable
 
 
+@pytest.mark.parametrize(
+    ("status", "maybe_done"), [(502, True), (504, True), (524, True), (503, False), (408, False)]
+)
+async def test_a_gateway_that_gave_up_on_its_upstream_leaves_the_outcome_unknown(
+    status: int, maybe_done: bool, alpha: FakeProvider, client: httpx.AsyncClient
+) -> None:
+    """A 502 or 504 comes from a gateway that had the request and got no (good) answer
+    from the upstream behind it, which may have acted. Before, both were retried like a
+    503 and a tool with side effects ran twice."""
+    alpha.script(Reply(status, body="upstream trouble"), Reply(200, json={"sent": True}))
+
+    @tool(name="send", provider="alpha")
+    async def send(to: str) -> dict[str, Any]:
+        """Send a message."""
+        r = await client.post(f"{alpha.url}/send", json={"to": to})
+        r.raise_for_status()
+        return dict(r.json())
+
+    plugins = [RateLimitPlugin(), RetryPlugin(RetryConfig(seed=1, base_s=0.01))]
+    async with Kernel(tools=[send], plugins=plugins) as kernel:
+        res = await kernel.call("send", {"to": "x"})
+    if not maybe_done:  # 503: refused; 408: the server timed out reading it. Retried
+        assert res.content == {"sent": True} and alpha.count() == 2
+        return
+    assert alpha.count() == 1
+    assert res.error is not None and res.error.kind == "unavailable"
+    assert res.error.details["in_flight"] is True and res.error.details["status"] == status
+    assert "may have side effects" in res.error.details["gave_up"]
+    assert not res.error.retryable
+
+
 async def test_a_refused_connection_of_a_side_effecting_tool_is_retried(
     client: httpx.AsyncClient,
 ) -> None:

@@ -56,6 +56,10 @@ MAX_DETAIL_BODY = 2048
 _RELEVANT_HEADER = re.compile(
     r"^(?:retry-after(?:-ms)?|x-ratelimit-.*|ratelimit.*|x-rate-limit-.*|content-type)$"
 )
+#: Statuses of a gateway that had the request and gave up on its upstream: 502 Bad
+#: Gateway, 504 Gateway Timeout, and Cloudflare's 524 (the origin took the request and did
+#: not answer in time). The upstream may have acted.
+_UPSTREAM_MAY_HAVE_ACTED = frozenset({502, 504, 524})
 
 
 def attempt_detail(ctx: CallContext, attempt: int | None = None) -> dict[str, Any]:
@@ -399,10 +403,15 @@ class RateLimitPlugin:
         if alias:
             d["key"] = alias
         if ev is not None:
-            if c.kind == "unavailable" and request_went_out(ev):
-                # the connection broke after the request went out: the outcome is unknown
-                # (the retry plugin does not repeat a tool with side effects then)
+            if c.kind == "unavailable" and (
+                request_went_out(ev) or ev.status in _UPSTREAM_MAY_HAVE_ACTED
+            ):
+                # the connection broke after the request went out, or a gateway gave up
+                # on an upstream that had the request: the outcome is unknown (the retry
+                # plugin does not repeat a tool with side effects then)
                 d["in_flight"] = True
+            elif c.kind == "timeout" and ev.status == 408:
+                d["in_flight"] = False  # the server timed out reading the request
             if ev.status is not None:
                 d["status"] = ev.status
             hdrs = {k: v for k, v in ev.headers.items() if _RELEVANT_HEADER.match(k)}
