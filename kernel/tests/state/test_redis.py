@@ -359,6 +359,96 @@ async def test_redis_dying_mid_use(fresh_redis_url: str) -> None:
             assert f"redis state store at {redact_url(url)} is unreachable" in str(info.value)
 
 
+class ReplyCutter(Proxy):
+    """A proxy that, once armed, lets the next script (EVALSHA) reach Redis and run, then
+    swallows its reply and cuts the client's connection: a reply lost in the network."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(host, port)
+        self.armed = False
+        self.cut = 0
+
+    async def handle(self, client: anyio.abc.SocketStream) -> None:
+        swallow = anyio.Event()
+        async with (
+            client,
+            await anyio.connect_tcp(self.host, self.port) as upstream,
+            anyio.create_task_group() as tg,
+        ):
+
+            async def to_redis() -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    async for chunk in client:
+                        if self.armed and b"EVALSHA" in chunk.upper():
+                            self.armed = False
+                            swallow.set()
+                        await upstream.send(chunk)
+                tg.cancel_scope.cancel()
+
+            async def to_client() -> None:
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    async for chunk in upstream:
+                        if swallow.is_set():  # the script ran: its reply is lost
+                            self.cut += 1
+                            break
+                        await client.send(chunk)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(to_redis)
+            tg.start_soon(to_client)
+
+
+@pytest.mark.redis
+async def test_a_script_whose_reply_is_lost_is_not_sent_again(fresh_redis_url: str) -> None:
+    """Before: redis-py sent the script again on the new connection, so one incr(1) added 2
+    and the one caller that created a key was told it had not (set_if_absent: None)."""
+    parts = urlsplit(fresh_redis_url)
+    if parts.scheme != "redis" or parts.hostname is None:
+        pytest.skip("needs a redis://host:port URL")
+    proxy = ReplyCutter(parts.hostname, parts.port or 6379)
+    async with anyio.create_task_group() as tg:
+        port = await tg.start(proxy.run)
+        netloc = f"{parts.netloc.rpartition('@')[0]}@" if "@" in parts.netloc else ""
+        url = urlunsplit(("redis", f"{netloc}127.0.0.1:{port}", parts.path, parts.query, ""))
+        async with RedisStore(url) as store:
+            await store.incr("warm", 1)  # the scripts are loaded: the next ones are EVALSHA
+            await store.set_if_absent("warm-claim", 1)
+            with anyio.fail_after(10):
+                proxy.armed = True
+                with pytest.raises(StateStoreError) as info:
+                    await store.incr("n", 1)
+                assert proxy.cut == 1
+                message = str(info.value)
+                assert "after the command on key 'n' was sent" in message
+                assert "may or may not have been applied" in message
+                assert await store.get("n") == 1  # applied once
+
+                proxy.armed = True
+                with pytest.raises(StateStoreError, match="may or may not have been applied"):
+                    await store.set_if_absent("claim", {"x": 1}, owner="me")
+                assert proxy.cut == 2
+                entry = await store.get_entry("claim")
+                assert entry is not None and entry.owner == "me"
+                assert await store.incr("n", 1) == 2  # a new connection serves on
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.redis
+async def test_pooled_connections_the_server_closed_are_replaced(fresh_redis_url: str) -> None:
+    """A restarted server (here: CLIENT KILL) leaves the pool's connections closed: writes
+    reconnect before sending, since a script is never sent twice."""
+    async with RedisStore(fresh_redis_url) as store, raw_client(fresh_redis_url) as raw:
+        await store.set("k", 0)
+        for _ in range(3):
+            await raw.execute_command("CLIENT", "KILL", "TYPE", "normal")  # not this one
+            await anyio.sleep(0.2)  # the store's event loop reads each connection's EOF
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(5):
+                        tg.start_soon(store.incr, "k", 1)
+        assert await store.get("k") == 15
+
+
 # -- layout and pub/sub ------------------------------------------------------------
 
 

@@ -401,6 +401,63 @@ def _fast_pool(url: str, options: dict[str, Any]) -> Any:
     return pool
 
 
+#: The commands of the write scripts: never sent again once they may have reached the server.
+_SCRIPT_COMMANDS = frozenset({"EVALSHA", "EVAL"})
+
+
+def _reply_lost_error() -> type[Exception]:
+    """The error for a script whose connection broke after it was sent (see ``_client``)."""
+    from redis.exceptions import RedisError
+
+    class ReplyLostError(RedisError):
+        """The connection broke after a script was sent: it may or may not have run."""
+
+    return ReplyLostError
+
+
+def _client(pool: Any) -> Any:
+    """A ``redis.asyncio.Redis`` on ``pool`` that never sends a write script twice.
+
+    redis-py sends a command again when its connection fails (the ``retry`` option),
+    also when the failure comes while the reply is read: the script then ran already,
+    and the second run would apply an ``incr`` twice or tell the one caller that
+    created a key that it did not. Here a failure after a script was sent ends the
+    command with an error saying so; a connection that fails before (refused, found
+    broken when the command is written) is still retried, as are reads, and a pooled
+    connection already closed by the server is replaced before a script is sent.
+    """
+    import redis.asyncio
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    lost = _reply_lost_error()
+
+    class Client(redis.asyncio.Redis):
+        async def _send_command_parse_response(
+            self, conn: Any, command_name: Any, *args: Any, **options: Any
+        ) -> Any:
+            if command_name not in _SCRIPT_COMMANDS:
+                return await super()._send_command_parse_response(  # type: ignore[no-untyped-call]
+                    conn, command_name, *args, **options
+                )
+            if conn.is_connected:
+                # A pooled connection the server closed (a restart) reads as EOF: connect
+                # afresh before sending (redis-py's own check skips this while its
+                # maintenance notifications are on, their default).
+                try:
+                    stale = await conn.can_read()
+                except RedisConnectionError:
+                    stale = True  # can_read disconnected it
+                if stale:
+                    await conn.disconnect()
+            await conn.send_command(*args)
+            try:
+                return await self.parse_response(conn, command_name, **options)
+            except RedisConnectionError as exc:  # (a timeout is never retried anyway)
+                raise lost(str(exc)) from exc
+
+    return Client.from_pool(pool)
+
+
 #: redis-py internals the fast pool relies on (checked, not assumed: redis>=5.2 is allowed).
 _POOL_ATTRS = (
     "_in_maintenance",
@@ -656,7 +713,6 @@ class RedisStore(StateStore):
         async with self._open_lock:
             if self._state == "open":
                 return
-            import redis.asyncio
             from redis import exceptions as rx
             from redis.asyncio.retry import Retry
             from redis.backoff import EqualJitterBackoff
@@ -668,9 +724,10 @@ class RedisStore(StateStore):
                 "encoding_errors": "surrogateescape",
                 "socket_connect_timeout": 5.0,
                 "socket_timeout": 10.0,
-                # Retried: a connection that failed (a restarted server's stale socket).
-                # Not retried: a timeout, after which a script may have run already —
-                # running it again would apply an incr or a claim twice.
+                # Retried: a connection that failed (a restarted server's stale socket),
+                # except once a write script was sent (see _client). Not retried: a
+                # timeout, after which a script may have run already — running it again
+                # would apply an incr or a claim twice.
                 "retry": Retry(
                     EqualJitterBackoff(cap=0.25, base=0.01),
                     3,
@@ -686,7 +743,7 @@ class RedisStore(StateStore):
                 if self.cluster:
                     client = self._cluster_client(options)
                 else:
-                    client = redis.asyncio.Redis.from_pool(_fast_pool(self.url, options))
+                    client = _client(_fast_pool(self.url, options))
             except (ValueError, TypeError) as exc:
                 raise StateStoreError(
                     f"redis state store URL {self.safe_url} is invalid: {exc}; "
@@ -932,6 +989,12 @@ class RedisStore(StateStore):
             ) from exc
         except rx.RedisError as exc:
             what = "" if key is None else f" on key {key!r}"
+            if type(exc).__name__ == "ReplyLostError":
+                raise StateStoreError(
+                    f"redis state store at {self.safe_url}: the connection broke after the "
+                    f"command{what} was sent ({exc}); it may or may not have been applied "
+                    "(it is not sent again): read the key before retrying"
+                ) from exc
             hint = ""
             if "NOAUTH" in str(exc) and self._lacks_password():
                 raise self._missing_password(exc) from exc
