@@ -48,6 +48,8 @@ class CountingStore(StateStore):
         self.backend = inner.backend
         self.ops: list[str] = []
         self.fail: set[str] = set()
+        #: these operations are applied, then raise (an answer lost on its way back)
+        self.fail_after: set[str] = set()
 
     def _op(self, name: str) -> None:
         self.ops.append(name)
@@ -55,6 +57,12 @@ class CountingStore(StateStore):
             from toolwire.state import StateStoreError
 
             raise StateStoreError(f"injected failure of {name}")
+
+    def _lost(self, name: str) -> None:
+        if name in self.fail_after:
+            from toolwire.state import StateStoreError
+
+            raise StateStoreError(f"injected: {name} applied, its answer lost")
 
     async def open(self) -> None:
         await self.inner.open()
@@ -86,7 +94,9 @@ class CountingStore(StateStore):
         self, key: str, value: Any, *, ttl: float | None = None, owner: str | None = None
     ) -> tuple[Entry, bool]:
         self._op("set_if_absent_or_get")
-        return await self.inner.set_if_absent_or_get(key, value, ttl=ttl, owner=owner)
+        got = await self.inner.set_if_absent_or_get(key, value, ttl=ttl, owner=owner)
+        self._lost("set_if_absent_or_get")
+        return got
 
     async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Entry | None:  # type: ignore[override]
         self._op("compare_and_set")

@@ -489,6 +489,34 @@ async def test_store_failure_fail_closed_refuses_and_runs_nothing(env: Env) -> N
     assert plugin.counters.store_errors == 1 and plugin.counters.fail_open == 0
 
 
+@pytest.mark.parametrize("on_store_error", ["fail_closed", "fail_open"])
+async def test_a_claim_whose_answer_was_lost_is_taken_back(env: Env, on_store_error: str) -> None:
+    """The store wrote the claim, then failed (Redis: the connection broke before the
+    reply, "may or may not have been applied"). Before, the claim stood, its owner gone:
+    the retry of a call told "not run" (or run unprotected) found it in flight, and once
+    its lease lapsed answered 'outcome unknown' for good."""
+    tool, runs = counting_tool(result={"charged": 5})
+    plugin = env.plugin(on_store_error=on_store_error, wait_secs=0)
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        store.fail_after = {"set_if_absent_or_get"}
+        first = await kernel.call("send", {}, call_id="lost")
+        store.fail_after = set()
+        left = await store.get_entry(plugin.key_for("send", "lost"))
+        again = await kernel.call("send", {}, call_id="lost")
+        replay = await kernel.call("send", {}, call_id="lost")
+    if on_store_error == "fail_closed":
+        assert first.error is not None and first.error.kind == "unavailable"
+        assert first.error.details["reason"] == "store_error"
+    else:
+        assert not first.is_error and first.meta.extra["idempotency"]["reason"] == "fail_open"
+    assert left is None  # taken back
+    assert not again.is_error and not again.meta.replayed
+    assert replay.meta.replayed and replay.content == again.content == {"charged": 5}
+    assert len(runs) == (1 if on_store_error == "fail_closed" else 2)
+
+
 async def test_store_failure_fail_open_runs_unprotected_and_counts(env: Env) -> None:
     tool, runs = counting_tool()
     plugin = env.plugin(on_store_error="fail_open")

@@ -431,6 +431,11 @@ class IdempotencyPlugin:
                 return self._replay(call, value, waited=False)
             return await self._existing(call, ctx, key, req, read_only, pending, owner, entry)
         except StateStoreError as exc:
+            if not isinstance(exc, StateDataError):
+                # A claim whose answer was lost may stand (Redis: "may or may not have been
+                # applied"): take it back, else this call's retry, told the tool did not
+                # run, would find it and answer "outcome unknown" once its lease lapsed.
+                await self._undo(store, key, owner)
             self._store_failed(call, store, exc)  # raises unless fail_open
             ctx.state[UNPROTECTED_KEY] = str(exc)  # after_call tells the caller
             return None
