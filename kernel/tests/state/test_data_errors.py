@@ -81,3 +81,17 @@ async def get_and_scan_name(backend: Backend, corruption: str) -> None:
     assert await store.get("data:a") == {"ok": 1}
     assert [e.key for e in await store.scan("data:a")] == ["data:a"]
     assert [e.value for e in await store.scan("other:")] == [3]
+
+
+@pytest.mark.state_backends("redis", "redis-cluster")
+async def test_claiming_a_foreign_redis_hash_is_a_data_error(backend: Backend) -> None:
+    """A hash without toolwire's fields where set_if_absent_or_get claims: before, a plain
+    StateStoreError (an outage), which the idempotency plugin answered `unavailable`,
+    retryable, or with on_store_error = 'fail_open' ran the tool unprotected every time."""
+    client = _raw_redis(backend.url)
+    try:
+        client.hset("claim:x", mapping={"something": "else"})
+    finally:
+        client.close()
+    with pytest.raises(StateDataError, match=r"'claim:x'.*not a toolwire state entry"):
+        await backend.store.set_if_absent_or_get("claim:x", {"s": "pending"}, owner="o")

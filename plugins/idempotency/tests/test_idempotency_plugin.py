@@ -897,9 +897,12 @@ async def test_data_toolwire_did_not_write_is_a_corrupt_record_not_an_outage(env
             client = redis.Redis.from_url(env.url)
             client.hset(key, mapping={"v": "{not json", "ver": "1"})
             client.set(other, "plain")
+            # a hash without toolwire's fields: before, 'unavailable' (and fail_open ran it)
+            foreign = plugin.key_for("send", "foreign")
+            client.hset(foreign, mapping={"something": "else"})
             client.close()
-            cases = [key, other]
-        for k, call_id in zip(cases, ("raw", "typed"), strict=False):
+            cases = [key, other, foreign]
+        for k, call_id in zip(cases, ("raw", "typed", "foreign"), strict=False):
             r = await kernel.call("send", {}, call_id=call_id)
             assert r.error is not None and r.error.kind == "internal", r.error
             assert r.error.details["reason"] == "corrupt_record"

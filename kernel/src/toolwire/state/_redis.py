@@ -1144,7 +1144,7 @@ class RedisStore(StateStore):
             ), False
         if status == "1":
             return self._entry(key, text, reply[1:]), True
-        raise StateStoreError(
+        raise StateDataError(  # no retry helps: someone must delete the key
             f"redis state store at {self.safe_url}: key {key!r} holds a hash that is not a "
             "toolwire state entry; delete it or use another key"
         )
