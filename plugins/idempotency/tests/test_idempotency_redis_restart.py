@@ -9,14 +9,15 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from toolwire import Kernel
+from toolwire import CallContext, Kernel, Tool
 from toolwire_idempotency import IdempotencyConfig, IdempotencyPlugin
 
-from .conftest import counting_tool
+from .conftest import SCHEMA, counting_tool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -105,3 +106,45 @@ async def test_redis_down_at_claim_time_then_back(server: RedisServer, on_store_
     assert not first.is_error and not first.meta.replayed
     assert replay.meta.replayed and replay.content == first.content == {"charged": 42}
     assert len(runs) == (2 if on_store_error == "fail_closed" else 3)
+
+
+async def test_a_restart_without_persistence_forgets_the_running_claim(
+    server: RedisServer,
+) -> None:
+    """What docs/idempotency.md says of a Redis restarted without persistence: the claim
+    is gone, a replay runs the tool again, and the original's caller is told its result
+    was not kept (lost_claim)."""
+    started, gate = anyio.Event(), anyio.Event()
+    runs: list[dict[str, Any]] = []
+
+    async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+        runs.append(args)
+        if len(runs) == 1:
+            started.set()
+            await gate.wait()
+        return {"charged": 42}
+
+    tool = Tool(name="charge", description="t", input_schema=SCHEMA, executor=executor)
+    plugin = IdempotencyPlugin(IdempotencyConfig(), env={})
+    async with Kernel(tools=[tool], plugins=[plugin], state=server.url) as kernel:
+        results = []
+
+        async def original() -> None:
+            results.append(await kernel.call("charge", {"amount": 42}, call_id="pay-1"))
+
+        with anyio.fail_after(30):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(original)
+                await started.wait()
+                server.stop()
+                await anyio.sleep(0.2)  # the kernel's loop sees its connections close
+                server.start()  # empty: the claim is gone
+                replay = await kernel.call("charge", {"amount": 42}, call_id="pay-1")
+                gate.set()
+    assert len(runs) == 2 and not replay.is_error and not replay.meta.replayed, (
+        replay.error and replay.error.message
+    )
+    note = results[0].meta.extra["idempotency"]
+    assert results[0].content == {"charged": 42}
+    assert note["recorded"] is False and note["reason"] == "lost_claim"
+    assert plugin.counters.lost_claims == 1
