@@ -190,6 +190,93 @@ async def test_non_serial_toolset_runs_concurrently() -> None:
     assert b.max_active > 1
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_serial_sync_tool_given_up_keeps_its_turn_until_its_function_returns() -> None:
+    """Before: a cancelled (or timed-out) call released the serial lock while its function
+    ran on in its thread, so the next call ran the function beside it."""
+    started, release = threading.Event(), threading.Event()
+    guard = threading.Lock()
+    running: list[int] = [0]
+    peak: list[int] = [0]
+
+    class Doc(ToolSet):
+        serial = True
+
+        @tool
+        def edit(self, wait: bool) -> str:
+            """Edits the document."""
+            with guard:
+                running[0] += 1
+                peak[0] = max(peak[0], running[0])
+            try:
+                if wait:
+                    started.set()
+                    release.wait(10)
+            finally:
+                with guard:
+                    running[0] -= 1
+            return "edited"
+
+    try:
+        async with Kernel(tools=[Doc()]) as k:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(k.call, "edit", {"wait": True})
+                    await anyio.to_thread.run_sync(started.wait, 10)
+                    scope.cancel()  # the first call leaves; its function runs on
+            # the second call waits for that function, here until its own deadline
+            second = await k.call("edit", {"wait": False}, timeout=0.2)
+            assert second.error is not None and second.error.kind == "timeout"
+            assert second.error.details == {"reason": "deadline_before_attempt"}
+            assert "still ran in its thread" in second.error.message
+            assert peak[0] == 1
+            release.set()
+            third = await k.call("edit", {"wait": False}, timeout=10)
+            assert third.content == {"result": "edited"}
+            assert peak[0] == 1
+    finally:
+        release.set()  # never leave a thread blocked (pytest would not exit)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_the_wait_for_a_serial_tools_turn_counts_against_the_calls_deadline() -> None:
+    """Before: a call with timeout=0.2 waited for the lock as long as the running call
+    took, then ran the tool: its deadline was not enforced."""
+    release, entered = anyio.Event(), anyio.Event()
+    runs: list[str] = []
+
+    class Doc(ToolSet):
+        serial = True
+
+        @tool
+        async def edit(self, who: str) -> str:
+            """Edits the document."""
+            runs.append(who)
+            if who == "first":
+                entered.set()
+                await release.wait()
+            return who
+
+    async with Kernel(tools=[Doc()]) as k:
+        results: dict[str, Any] = {}
+
+        async def call(who: str, **kw: Any) -> None:
+            results[who] = await k.call("edit", {"who": who}, **kw)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "first")
+                await entered.wait()
+                await call("second", timeout=0.2)
+                release.set()
+    second = results["second"]
+    assert second.error is not None and second.error.kind == "timeout"
+    assert second.error.details == {"reason": "deadline_before_attempt"}
+    assert "waited for its turn at the serial tool" in second.error.message
+    assert runs == ["first"]  # the second call never ran the tool
+    assert results["first"].content == {"result": "first"}
+
+
 def test_module_loading_with_namespace_and_toolset_instances() -> None:
     from toolwire import examples
 

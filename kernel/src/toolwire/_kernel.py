@@ -25,7 +25,14 @@ from ._events import EventBus
 from ._hooks import TRACE_ENV, PluginInfo, PluginRegistry
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image
 from ._redact import Redactor
-from ._tool import ToolSet, build_tool, tools_from_module, tools_from_object
+from ._tool import (
+    THREAD_RUNS,
+    ThreadRun,
+    ToolSet,
+    build_tool,
+    tools_from_module,
+    tools_from_object,
+)
 from ._types import (
     JSON,
     Attempt,
@@ -58,6 +65,11 @@ log = logging.getLogger("toolwire")
 #: ``details["reason"]`` of the ``timeout`` error of an attempt the kernel did not start:
 #: the call's deadline had passed before it (the tool did not run).
 NOT_STARTED = "deadline_before_attempt"
+
+
+#: How often a serial tool's next call looks whether a function an earlier call gave up
+#: on still runs in its thread (threads cannot signal the event loop once abandoned).
+_THREAD_POLL_S = 0.01
 
 
 class _NotStarted(TimeoutError):
@@ -281,6 +293,8 @@ class Kernel:
         #: plugin's name): the same object listed again keeps the same catalog entry
         self._renamed: dict[tuple[str, str], tuple[Tool, Tool]] = {}
         self._locks: dict[object, anyio.Lock] = {}
+        #: serial_key -> functions of the tool given up on while they ran in a thread
+        self._thread_runs: dict[object, list[ThreadRun]] = {}
         self._started = False
         self._start_lock: anyio.Lock | None = None
         self._index: Any = None
@@ -1386,14 +1400,66 @@ class Kernel:
                     "attempts, waits between them or plugins' before_call used it up); the "
                     "tool was not run this time: call again with a longer timeout"
                 )
-            timeout = left if timeout is None else min(timeout, left)
-        if tool.serial_key is None:
+            if tool.serial_key is None:
+                timeout = left if timeout is None else min(timeout, left)
+        key = tool.serial_key
+        if key is None:
             return await self._with_timeout(tool, args, ctx, timeout)
-        lock = self._locks.get(tool.serial_key)
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[tool.serial_key] = anyio.Lock()
-        async with lock:
-            return await self._with_timeout(tool, args, ctx, timeout)
+            lock = self._locks[key] = anyio.Lock()
+        # The wait for the lock, and for a function an earlier attempt gave up on that
+        # still runs in its thread, counts against the call's deadline (not the attempt's
+        # timeout: the tool has not started).
+        await self._serial_enter(lock, key, ctx.deadline)
+        try:
+            if ctx.deadline is not None:
+                left = ctx.deadline - self.clock.monotonic()
+                timeout = left if timeout is None else min(timeout, left)
+            runs: list[ThreadRun] = []
+            token = THREAD_RUNS.set(runs)
+            try:
+                return await self._with_timeout(tool, args, ctx, timeout)
+            finally:
+                THREAD_RUNS.reset(token)
+                still = [r for r in runs if r.running]
+                if still:  # given up, running on: the next call waits for it
+                    self._thread_runs.setdefault(key, []).extend(still)
+        finally:
+            lock.release()
+
+    async def _serial_enter(self, lock: anyio.Lock, key: object, deadline: float | None) -> None:
+        """Take a serial tool's lock, then wait until no function of the tool still runs
+        in a thread an earlier attempt gave up on; ``_NotStarted`` if the deadline comes."""
+        left = math.inf if deadline is None else deadline - self.clock.monotonic()
+        with anyio.move_on_after(left) as scope:
+            await lock.acquire()
+        if scope.cancelled_caught:
+            raise _NotStarted(
+                "the call's deadline passed while it waited for its turn at the serial tool "
+                "(another call of it was running); the tool was not run this time: call "
+                "again with a longer timeout"
+            )
+        try:
+            runs = self._thread_runs.get(key)
+            if runs is None:
+                return
+            if deadline is not None:
+                left = deadline - self.clock.monotonic()
+            with anyio.move_on_after(left) as scope:
+                # polled: a thread its caller gave up on has no event loop to tell
+                while any(r.running for r in runs):  # noqa: ASYNC110
+                    await anyio.sleep(_THREAD_POLL_S)
+            if scope.cancelled_caught:
+                raise _NotStarted(
+                    "the call's deadline passed while the serial tool's function, given up "
+                    "by an earlier call (timeout or cancellation), still ran in its thread; "
+                    "the tool was not run this time: call again with a longer timeout"
+                )
+            del self._thread_runs[key]
+        except BaseException:
+            lock.release()
+            raise
 
     @staticmethod
     async def _with_timeout(

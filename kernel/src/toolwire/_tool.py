@@ -11,6 +11,7 @@ import re
 import threading
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import (
     Annotated,
@@ -439,6 +440,33 @@ class _Threads:
 _THREADS = _Threads()
 
 
+class ThreadRun:
+    """One sync call handed to a worker thread: whether its function still runs.
+
+    A call given up (timeout, cancellation) before its thread started the function
+    never starts it; one given up after goes on until the function returns.
+    """
+
+    __slots__ = ("finished", "given_up", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.finished = False
+        self.given_up = False
+
+    @property
+    def running(self) -> bool:
+        """The function started and has not returned yet."""
+        with _THREADS.lock:
+            return self.started and not self.finished
+
+
+#: Set by the kernel around each attempt of a serial tool: every sync call the attempt
+#: hands to a thread is added, so the kernel can keep the tool's lock until a function
+#: the attempt gave up on has returned (a thread cannot be stopped).
+THREAD_RUNS: ContextVar[list[ThreadRun] | None] = ContextVar("toolwire_thread_runs", default=None)
+
+
 async def _in_thread(call: Callable[[], Any]) -> Any:
     """``call()`` in a worker thread, counted from the moment the thread runs it until it
     returns (a call waiting for one of anyio's worker slots is not counted)."""
@@ -452,17 +480,30 @@ async def _in_thread(call: Callable[[], Any]) -> Any:
                 kind="unavailable",
                 retry_after_s=1.0,
             )
+    state = ThreadRun()
+    runs = THREAD_RUNS.get()
+    if runs is not None:
+        runs.append(state)
 
     def run() -> Any:
         with t.lock:
+            if state.given_up:  # its caller left before the thread got to it
+                return None
+            state.started = True
             t.alive += 1
         try:
             return call()
         finally:
             with t.lock:
                 t.alive -= 1
+                state.finished = True
 
-    return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    try:
+        return await anyio.to_thread.run_sync(run, abandon_on_cancel=True)
+    finally:
+        with t.lock:
+            if not state.started:
+                state.given_up = True
 
 
 def _drain(make: Callable[[], Any]) -> list[Any]:
