@@ -1184,6 +1184,102 @@ async def test_a_call_cancelled_in_before_call_gives_every_after_call_the_cancel
     assert results == ["cancelled"] and fake.calls == []
 
 
+def raising_plugin(where: str, exc: BaseException) -> object:
+    """A plugin (order 200) whose ``where`` hook raises ``exc``."""
+
+    def boom(*_: Any) -> None:
+        raise exc
+
+    hooks = {where: hookimpl(lambda self, call: boom())} if where != "tool" else {}
+    return type("Raiser", (), {"name": "raiser", "order": 200, **hooks})()
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("where", ["before_call", "on_error", "after_call", "tool"])
+@pytest.mark.parametrize("exc_type", [KeyboardInterrupt, SystemExit])
+async def test_an_interrupt_from_a_hook_or_tool_still_runs_every_after_call_once(
+    where: str, exc_type: type[BaseException]
+) -> None:
+    """hooks.md: whatever goes wrong, a plugin holding something for the call gets to
+    release it. Before: KeyboardInterrupt or SystemExit raised by a hook or a tool left
+    kernel.call with no after_call run (an idempotency claim stayed held)."""
+    seen: list[Any] = []
+
+    class Holder:
+        name, order = "holder", 100
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            seen.append(result.error.kind if result.error else "ok")
+
+    async def run(args: dict[str, Any], ctx: CallContext) -> Any:
+        if where == "tool":
+            raise exc_type("stop")
+        if where == "on_error":
+            raise ToolError("failed")
+        return 1
+
+    t = Tool(name="t", description="t", input_schema={"type": "object"}, executor=run)
+    k = Kernel(tools=[t], plugins=[Holder(), raising_plugin(where, exc_type("stop"))])
+    with pytest.raises(exc_type):
+        await k.call("t", {})
+    # the result a cancelled call's hooks get; after_call's own raise: the call's result
+    assert seen == (["ok"] if where == "after_call" else ["cancelled"])
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+@pytest.mark.parametrize(
+    ("where", "kind"),
+    [("before_call", "internal"), ("on_error", "tool_error"), ("after_call", None)],
+)
+async def test_a_cancelled_error_no_cancellation_caused_is_the_hooks_failure(
+    where: str, kind: str | None
+) -> None:
+    """Before (asyncio): a hook awaiting a future its library cancelled raised
+    CancelledError out of kernel.call, though nobody cancelled the call: the caller's
+    task ended as if cancelled, its request unanswered. Now it is the hook's failure."""
+    import asyncio
+
+    async def run(args: dict[str, Any], ctx: CallContext) -> Any:
+        if where == "on_error":
+            raise ToolError("failed")
+        return 1
+
+    t = Tool(name="t", description="t", input_schema={"type": "object"}, executor=run)
+    k = Kernel(tools=[t], plugins=[raising_plugin(where, asyncio.CancelledError())])
+    r = await k.call("t", {})
+    assert (r.error.kind if r.error else None) == kind
+    assert [(e["plugin"], e["hook"]) for e in r.meta.plugin_errors] == [("raiser", where)]
+    assert r.meta.plugin_errors[0]["error"].startswith("CancelledError")
+    await anyio.lowlevel.checkpoint()  # the caller is not being cancelled
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_tool_raising_cancelled_error_uncancelled_fails_with_tool_error() -> None:
+    """kernel.call never raises for a tool failure. Before (asyncio): a tool whose
+    client library cancelled a pending request raised CancelledError to the caller."""
+    import asyncio
+
+    seen: list[str] = []
+
+    class Watch:
+        name = "watch"
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            seen.append(error.kind)
+
+    async def run(args: dict[str, Any], ctx: CallContext) -> Any:
+        raise asyncio.CancelledError
+
+    t = Tool(name="t", description="t", input_schema={"type": "object"}, executor=run)
+    r = await Kernel(tools=[t], plugins=[Watch()]).call("t", {})
+    assert r.error is not None and r.error.kind == "tool_error"
+    assert "raised CancelledError though the call was not cancelled" in r.error.message
+    assert isinstance(r.error.exception, asyncio.CancelledError)
+    assert seen == ["tool_error"]  # on_error decides on it like any failure
+
+
 # ------------------------------------------------------------------- the test kit
 async def test_register_plugin_fixture_orders_like_the_kernel(
     kernel: Kernel, register_plugin: Callable[..., Any]

@@ -196,6 +196,37 @@ def _content_problem(result: ToolResult) -> str | None:
     return None
 
 
+def _foreign_cancel(exc: BaseException) -> bool:
+    """Whether ``exc`` is an asyncio ``CancelledError`` that no cancellation of the call caused.
+
+    A tool or hook awaiting something its own library cancelled (a dropped request's
+    future) raises ``CancelledError`` though nobody cancelled the call: that is its
+    failure, and it must not reach the caller as a cancellation (an asyncio task not
+    being cancelled would end silently, its request unanswered). On trio an asyncio
+    ``CancelledError`` is never the call's cancellation.
+    """
+    if not isinstance(exc, asyncio.CancelledError):
+        return False
+    task = asyncio.current_task() if _get_running_loop() is not None else None
+    return task is None or task.cancelling() == 0
+
+
+def _is_cancel(exc: BaseException) -> bool:
+    return isinstance(exc, anyio.get_cancelled_exc_class()) and not _foreign_cancel(exc)
+
+
+def _interrupted(exc: BaseException) -> ErrorInfo:
+    """The ``cancelled`` error the after_call hooks of a call that did not end get."""
+    if _is_cancel(exc):
+        return ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
+    return ErrorInfo(
+        ErrorKind.CANCELLED,
+        f"the call was interrupted by {type(exc).__name__}: {exc}",
+        source="kernel",
+        exception=exc,
+    )
+
+
 def _check_attempt_timeout(seconds: Any) -> None:
     """Refuse a ``ctx.attempt_timeout_s`` a hook set that no timeout can use."""
     if seconds is not None and (
@@ -1057,29 +1088,34 @@ class Kernel:
                 self._adopt(result, meta)
             if ctx.hooks[2]:
                 result = await self._run_after(call, result, ctx, entered)
-        except anyio.get_cancelled_exc_class():
-            await self._after_cancel(call, ctx, t0, entered)
+        except GeneratorExit:
+            raise  # the coroutine is being closed: it may not await the hooks
+        except BaseException as exc:
+            # A cancellation, or KeyboardInterrupt / SystemExit from a tool or a hook: the
+            # plugins still release what they hold for the call, then it goes on.
+            await self._after_cancel(call, ctx, t0, entered, exc)
             if events:
-                await self._finished_cancelled(call, ctx, t0)
+                await self._finished_cancelled(call, ctx, t0, exc)
             raise
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
 
-    async def _finished_cancelled(self, call: ToolCall, ctx: CallContext, t0: float) -> None:
+    async def _finished_cancelled(
+        self, call: ToolCall, ctx: CallContext, t0: float, exc: BaseException
+    ) -> None:
         """``call_finished`` for a cancelled call, so a subscriber (a UI) sees every call end.
 
         Its result is the ``cancelled`` error the caller met, even when the cancellation
         came while the ``after_call`` hooks ran with the tool's result.
         """
         ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
-        info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
-        res = ToolResult.from_error(info, ctx.meta)
+        res = ToolResult.from_error(_interrupted(exc), ctx.meta)
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
             await self.events.emit("call_finished", call, result=res.to_dict())
 
     async def _after_cancel(
-        self, call: ToolCall, ctx: CallContext, t0: float, entered: list[Any]
+        self, call: ToolCall, ctx: CallContext, t0: float, entered: list[Any], exc: BaseException
     ) -> None:
         """Let plugins release what they hold, then let the cancellation go on.
 
@@ -1094,13 +1130,13 @@ class Kernel:
             return
         if res is None:
             ctx.meta.duration_ms = (perf_counter() - t0) * 1000.0
-            info = ErrorInfo(ErrorKind.CANCELLED, "the call was cancelled", source="kernel")
-            res = ToolResult.from_error(info, ctx.meta)
+            res = ToolResult.from_error(_interrupted(exc), ctx.meta)
         else:
             log.warning(
-                "the call of tool %r was cancelled while its after_call hooks ran; the "
+                "the call of tool %r was %s while its after_call hooks ran; the "
                 "remaining hooks get its result, which the caller does not",
                 call.name,
+                "cancelled" if _is_cancel(exc) else f"interrupted by {type(exc).__name__}",
             )
         with anyio.CancelScope(shield=True), anyio.move_on_after(5.0):
             await self._run_after(call, res, ctx, [start, res])
@@ -1219,6 +1255,10 @@ class Kernel:
                 return ToolResult.from_error(info, ctx.meta)
             except Exception as exc:
                 return self._before_failed(ctx, plugin, exc)
+            except asyncio.CancelledError as exc:
+                if not _foreign_cancel(exc):
+                    raise
+                return self._before_failed(ctx, plugin, exc)
             if res is not None:
                 if isinstance(res, ToolResult):
                     problem = _content_problem(res)
@@ -1250,6 +1290,10 @@ class Kernel:
                     )
                     return ToolResult.from_error(info, ctx.meta)
                 except Exception as exc:
+                    return self._before_failed(ctx, plugin, exc)
+                except asyncio.CancelledError as exc:
+                    if not _foreign_cancel(exc):
+                        raise
                     return self._before_failed(ctx, plugin, exc)
 
         # Step 4: the attempt loop, the only retry loop in the system.
@@ -1296,6 +1340,16 @@ class Kernel:
                 err = ErrorInfo(
                     ErrorKind.TOOL_ERROR,
                     f"{type(exc).__name__}: {exc}",
+                    source=cur_tool.source,
+                    exception=exc,
+                )
+            except asyncio.CancelledError as exc:
+                if not _foreign_cancel(exc):
+                    raise
+                err = ErrorInfo(
+                    ErrorKind.TOOL_ERROR,
+                    f"tool {cur_tool.name!r} raised CancelledError though the call was not "
+                    "cancelled (something it awaited was cancelled)",
                     source=cur_tool.source,
                     exception=exc,
                 )
@@ -1353,7 +1407,7 @@ class Kernel:
         return None
 
     def _before_failed(
-        self, ctx: CallContext, plugin: str, exc: Exception, who: str | None = None
+        self, ctx: CallContext, plugin: str, exc: BaseException, who: str | None = None
     ) -> ToolResult:
         """``plugin``'s before_call failed (``who``: how to name it when it is not one
         plugin: the source is then the kernel)."""
@@ -1588,7 +1642,9 @@ class Kernel:
                     except ValueError:
                         ctx.attempt_timeout_s = limit  # the next attempt keeps the last good one
                         raise
-            except Exception as exc:
+            except (Exception, asyncio.CancelledError) as exc:
+                if not isinstance(exc, Exception) and not _foreign_cancel(exc):
+                    raise
                 log.error("plugin %r: on_error failed for tool %r", plugin, call.name, exc_info=exc)
                 ctx.meta.plugin_errors.append(
                     {"plugin": plugin, "hook": "on_error", "error": f"{type(exc).__name__}: {exc}"}
@@ -1615,7 +1671,9 @@ class Kernel:
                     res = invoke(call, result, ctx)
                     if is_async or (res is not None and inspect.isawaitable(res)):
                         res = await res
-                except Exception as exc:
+                except (Exception, asyncio.CancelledError) as exc:
+                    if not isinstance(exc, Exception) and not _foreign_cancel(exc):
+                        raise
                     log.error(
                         "plugin %r: after_call failed for tool %r; the result is kept",
                         plugin,
