@@ -985,6 +985,25 @@ async def test_a_malformed_decision_is_logged_as_an_error(
     )
 
 
+async def test_a_recover_of_a_tool_result_is_refused_not_a_success_holding_its_dump() -> None:
+    """hooks.md: a `Recover` value that is a `ToolResult` is a decision the kernel cannot
+    follow. Before: Recover(ToolResult.from_error(...)) made the call a success whose
+    content was the error result's dump (`is_error` false outside, true inside)."""
+
+    class Rec:
+        name = "rec"
+
+        @hookimpl
+        def on_error(self) -> Any:
+            return Recover(ToolResult.from_error(ErrorInfo("denied", "no cached answer")))
+
+    fake = FakeTool("t", script=[ToolError("down")])
+    r = await Kernel(tools=[fake.tool], plugins=[Rec()]).call("t", {})
+    assert r.is_error and r.error is not None and r.error.message == "down"
+    assert "Recover(result=ToolResult(...))" in r.error.details["gave_up"]
+    assert [(e["plugin"], e["hook"]) for e in r.meta.plugin_errors] == [("rec", "on_error")]
+
+
 @pytest.mark.parametrize("verdict", [False, True, "empty", 0])
 async def test_a_check_result_returning_neither_an_error_nor_none_keeps_the_result(
     verdict: Any,

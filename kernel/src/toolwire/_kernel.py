@@ -1565,6 +1565,14 @@ class Kernel:
         if decision is None:
             return ToolResult.from_error(err, ctx.meta)
         if isinstance(decision, Recover):
+            if isinstance(decision.result, ToolResult):  # it would "succeed" with its dump
+                return self._bad_decision(
+                    err,
+                    ctx,
+                    by,
+                    "Recover(result=ToolResult(...)): give the value the call succeeds with "
+                    "(e.g. the ToolResult's content), not a ToolResult",
+                )
             try:
                 content = normalize_content(decision.result)
             except NotJSONError as exc:
