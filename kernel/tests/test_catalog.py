@@ -70,6 +70,32 @@ async def test_collision_between_sources_names_both() -> None:
     assert "'search'" in str(ei.value) and "'alpha'" in str(ei.value) and "'beta'" in str(ei.value)
 
 
+async def test_the_same_tool_listed_twice_is_no_collision_at_start_or_refresh() -> None:
+    """Before: a listing holding one Tool object twice was accepted by add_plugin, but
+    every refresh, and so a start, raised ToolCollisionError naming the source twice."""
+    shared = FakeTool("search", source="dup").tool
+
+    class Dup:
+        name = "dup"
+
+        @hookimpl
+        def discover(self, query: str | None) -> list[Tool] | None:
+            return None if query else [shared, shared]
+
+    async with Kernel(plugins=[Dup()]) as k:
+        assert [t.name for t in k.list_tools()] == ["search"]
+        await k.refresh_tools()
+        assert k.get_tool("search") is shared
+    async with Kernel() as k:
+        await k.add_plugin(Dup())
+        await k.refresh_tools()
+        assert [t.name for t in k.list_tools()] == ["search"]
+    two = Source("two", ["search"])
+    two.tools = ["search", "search"]  # two distinct objects of one name still collide
+    with pytest.raises(ToolCollisionError):
+        await Kernel(plugins=[two]).start()
+
+
 async def test_collision_with_a_local_tool_names_both() -> None:
     k = Kernel(tools=[ping], plugins=[Source("remote", ["ping"])])
     with pytest.raises(ToolCollisionError, match=r"'local'.*'remote'|'remote'.*'local'"):

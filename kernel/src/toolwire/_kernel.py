@@ -667,6 +667,8 @@ class Kernel:
         for impl in self.plugins.compiled["discover"]:
             res = await self._call_impl(impl, "discover", self, None)
             for t in self._check_tools(impl.plugin, res):
+                if found.get(t.name) is t:
+                    continue  # the same tool listed twice (as add_plugin's listing allows)
                 prev = found.get(t.name) or self._local.get(t.name)
                 if prev is not None:
                     pair = (by.get(t.name), impl.plugin)  # None: a local tool
