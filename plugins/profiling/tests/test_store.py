@@ -205,6 +205,66 @@ async def test_failed_flush_keeps_the_figures_for_the_next_one(
     assert p.get_statistics("t")["count"] == 2
 
 
+class CountingStore(MemoryStore):
+    """A memory store that counts its reads and fails them while ``failure`` is set."""
+
+    failure: Exception | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[str] = []
+
+    async def get_entry(self, key: str) -> Any:
+        self.reads.append(key)
+        if self.failure is not None:
+            raise self.failure
+        return await super().get_entry(key)
+
+
+async def test_a_store_that_is_down_is_tried_once_per_flush_not_once_per_tool() -> None:
+    # A hung Redis answers each command with its socket timeout (10 s): trying every
+    # tool made one flush, and the kernel's close, last 10 s per tool.
+    store = CountingStore()
+    p = ProfilingPlugin(cfg(), store=store)
+    for t in ("a", "b", "c"):
+        p.record_execution(t, 10.0)
+    store.failure = StateStoreError("memory: pretend the server stopped answering")
+    await p.flush()
+    assert len(store.reads) == 1
+    assert [p.get_statistics(t)["count"] for t in "abc"] == [1, 1, 1]
+    store.failure = None
+    await p.flush()
+    assert [(await store.get(f"profiling:v1:{t}"))["count"] for t in "abc"] == [1, 1, 1]
+
+
+async def test_a_store_error_of_any_type_keeps_the_figures() -> None:
+    # A custom store (or a driver error it does not wrap) raising something else than
+    # StateStoreError: every delta of the flush was dropped.
+    store = CountingStore()
+    p = ProfilingPlugin(cfg(), store=store)
+    for t in ("a", "b"):
+        p.record_execution(t, 10.0)
+    store.failure = RuntimeError("driver hiccup")
+    await p.flush()
+    p.record_execution("a", 30.0)
+    assert [p.get_statistics(t)["count"] for t in "ab"] == [2, 1]
+    store.failure = None
+    await p.flush()
+    assert [(await store.get(f"profiling:v1:{t}"))["count"] for t in "ab"] == [2, 1]
+    assert p.get_statistics("a")["max_time_ms"] == 30.0
+
+
+async def test_a_bad_document_does_not_keep_the_other_tools_from_the_store() -> None:
+    store = CountingStore()
+    await store.set("profiling:v1:a", {"v": 2})
+    p = ProfilingPlugin(cfg(), store=store)
+    for t in ("a", "b"):
+        p.record_execution(t, 10.0)
+    await p.flush()
+    assert (await store.get("profiling:v1:b"))["count"] == 1
+    assert p.get_statistics("a")["count"] == 1  # kept, not stored
+
+
 class GatedStore(MemoryStore):
     """A store whose compare-and-set of one key waits for ``gate``."""
 

@@ -36,7 +36,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
-from toolwire.state import StateStoreError
+from toolwire.state import StateDataError, StateStoreError
 
 from ._config import ProfilingConfig
 from ._otel import UNKNOWN_TOOL, Telemetry, provider_is_configured
@@ -60,6 +60,10 @@ _CAS_TRIES = 16
 _CANCELLED = str(ErrorKind.CANCELLED)
 #: The error kind of a call that asks the MCP client for input and is retried with it.
 _INPUT_REQUIRED = "input_required"
+
+
+class _LostToWriters(StateStoreError):
+    """Every compare-and-set try on one key lost to other writers (that key only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -750,28 +754,32 @@ class ProfilingPlugin:
             self._inflight = dict(pending)
             self._gen += 1
             now = time.time()
-            failed: dict[str, ToolStats] = {}
             problem: BaseException | None = None
             try:
                 for tool, delta in pending.items():
                     try:
                         merged = await self._cas_merge(store, tool, delta, now)
-                        self._stored[tool] = merged
-                        self._inflight.pop(tool, None)
-                        self._gen += 1
-                    except (StateStoreError, OSError, ValueError) as exc:
-                        failed[tool] = delta
+                    except (ValueError, StateDataError, _LostToWriters) as exc:
+                        problem = exc  # this key only: the next tools may still be stored
+                        continue
+                    except Exception as exc:
+                        # The store itself failed (down, or hung until its timeout): the
+                        # next tools would wait as long each, so they wait for the next flush.
                         problem = exc
+                        break
+                    self._stored[tool] = merged
+                    self._inflight.pop(tool, None)
+                    self._gen += 1
             finally:
-                self._inflight = {}
+                # Every delta not stored (failed, not tried, or whatever left the loop)
+                # goes back to pending, ahead of the figures recorded meanwhile.
+                failed, self._inflight = self._inflight, {}
                 self._gen += 1
                 for tool, delta in failed.items():
                     cur = self._pending.get(tool)
-                    if cur is None:
-                        self._pending[tool] = delta
-                    else:
+                    if cur is not None:
                         delta.merge(cur)
-                        self._pending[tool] = delta
+                    self._pending[tool] = delta
             if problem is not None:
                 self._warn(f"could not store the statistics of {sorted(failed)}: {problem}")
 
@@ -799,7 +807,7 @@ class ProfilingPlugin:
             if new is not None:
                 return merged
             await anyio.sleep(random.uniform(0, 0.002 * (2 ** min(i, 6))))
-        raise StateStoreError(
+        raise _LostToWriters(
             f"state key {key!r}: {_CAS_TRIES} compare-and-set attempts lost to concurrent writers"
         )
 
