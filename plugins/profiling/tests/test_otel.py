@@ -150,6 +150,29 @@ async def test_metrics(otel: Any) -> None:
     assert calls["search"] == 5
 
 
+async def test_two_kernels_on_one_meter_provider_both_count(otel: Any) -> None:
+    # Two kernels in one process, each with its plugin, the application's one provider:
+    # the SDK ignored the second plugin's observable counters (same names), so only the
+    # first kernel's calls were ever counted.
+    k1, _ = kernel_with(otel, FakeTool("a").tool, FakeTool("secret").tool)
+    k2, _ = kernel_with(otel, FakeTool("b").tool, FakeTool("secret").tool)
+    async with k1, k2:
+        await k1.call("a", {})
+        await k2.call("b", {})
+        await k2.call("b", {})
+        await k2.call("secret", {})
+        await k1.call("secret", {})
+    m = otel.metrics()
+    calls = {a["gen_ai.tool.name"]: dp.value for a, dp in m["toolwire.tool.calls"]}
+    assert calls == {"a": 1, "b": 2, "secret": 2}
+    errors = {
+        (a["gen_ai.tool.name"], a["error.type"]): dp.value for a, dp in m["toolwire.tool.errors"]
+    }
+    assert errors == {("secret", "denied"): 2}
+    hist = {a["gen_ai.tool.name"]: dp.count for a, dp in m["toolwire.tool.duration"]}
+    assert hist == {"a": 1, "b": 2, "secret": 2}
+
+
 async def test_switches(otel: Any) -> None:
     k, p = kernel_with(otel, FakeTool("t").tool, tracing="off", metrics="off")
     async with k:

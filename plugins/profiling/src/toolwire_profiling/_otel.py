@@ -12,6 +12,8 @@ collects, so they cost nothing per call.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +82,8 @@ class Telemetry:
         self.hist_attrs: dict[tuple[str, str | None, bool], dict[str, Any]] = {}
         self.span_bases: dict[str, tuple[str, dict[str, Any]]] = {}
         self.hist: Any = None
-        # cumulative counts read by the observable counters: key -> count
+        # cumulative counts read by the observable counters: key -> count (with metrics on,
+        # those of every plugin on the same meter provider: see _Instruments)
         self.calls: dict[str, int] = {}
         self.errors: dict[tuple[str, str], int] = {}
         self.replays: dict[str, int] = {}
@@ -90,44 +93,12 @@ class Telemetry:
             self.tracer = tp.get_tracer(SCOPE, version)
         if metrics_on:
             mp = meter_provider if meter_provider is not None else metrics.get_meter_provider()
-            meter = mp.get_meter(SCOPE, version)
-            try:
-                self.hist = meter.create_histogram(
-                    "toolwire.tool.duration",
-                    unit="s",
-                    description="Duration of tool calls through the toolwire kernel",
-                    explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
-                )
-            except TypeError:  # an API without bucket advice
-                self.hist = meter.create_histogram(
-                    "toolwire.tool.duration",
-                    unit="s",
-                    description="Duration of tool calls through the toolwire kernel",
-                )
-            meter.create_observable_counter(
-                "toolwire.tool.calls",
-                callbacks=[self._observe_calls],
-                unit="{call}",
-                description="Tool calls through the toolwire kernel, by tool",
-            )
-            meter.create_observable_counter(
-                "toolwire.tool.errors",
-                callbacks=[self._observe_errors],
-                unit="{call}",
-                description="Tool calls that ended in an error, by tool and error.type",
-            )
-            meter.create_observable_counter(
-                "toolwire.tool.replays",
-                callbacks=[self._observe_replays],
-                unit="{call}",
-                description="Tool calls answered by an idempotent replay",
-            )
-            meter.create_observable_counter(
-                "toolwire.tool.retries",
-                callbacks=[self._observe_retries],
-                unit="{attempt}",
-                description="Attempts after the first one (retries and fallbacks)",
-            )
+            shared = _instruments(mp, version)
+            self.hist = shared.hist
+            self.calls = shared.calls
+            self.errors = shared.errors
+            self.replays = shared.replays
+            self.retries = shared.retries
 
     # -- spans -------------------------------------------------------------------
     def span_base(self, tool: str) -> tuple[str, dict[str, Any]]:
@@ -199,6 +170,60 @@ class Telemetry:
                 rk = (tool, a.decision or "retry")
                 self.retries[rk] = self.retries.get(rk, 0) + 1
 
+
+class _Instruments:
+    """The tool metrics' instruments on one meter provider, and the counts they report.
+
+    One per provider, shared by every plugin instance that uses it (two kernels in
+    one process): the SDK keeps the first instrument of a name and ignores the
+    callbacks of a second, so each plugin registering its own observable counters
+    left the calls of every kernel but the first out of the metrics.
+    """
+
+    def __init__(self, meter: Any) -> None:
+        # cumulative counts read by the observable counters: key -> count
+        self.calls: dict[str, int] = {}
+        self.errors: dict[tuple[str, str], int] = {}
+        self.replays: dict[str, int] = {}
+        self.retries: dict[tuple[str, str], int] = {}
+        try:
+            self.hist: Any = meter.create_histogram(
+                "toolwire.tool.duration",
+                unit="s",
+                description="Duration of tool calls through the toolwire kernel",
+                explicit_bucket_boundaries_advisory=list(DURATION_BUCKETS),
+            )
+        except TypeError:  # an API without bucket advice
+            self.hist = meter.create_histogram(
+                "toolwire.tool.duration",
+                unit="s",
+                description="Duration of tool calls through the toolwire kernel",
+            )
+        meter.create_observable_counter(
+            "toolwire.tool.calls",
+            callbacks=[self._observe_calls],
+            unit="{call}",
+            description="Tool calls through the toolwire kernel, by tool",
+        )
+        meter.create_observable_counter(
+            "toolwire.tool.errors",
+            callbacks=[self._observe_errors],
+            unit="{call}",
+            description="Tool calls that ended in an error, by tool and error.type",
+        )
+        meter.create_observable_counter(
+            "toolwire.tool.replays",
+            callbacks=[self._observe_replays],
+            unit="{call}",
+            description="Tool calls answered by an idempotent replay",
+        )
+        meter.create_observable_counter(
+            "toolwire.tool.retries",
+            callbacks=[self._observe_retries],
+            unit="{attempt}",
+            description="Attempts after the first one (retries and fallbacks)",
+        )
+
     @staticmethod
     def _base(tool: str) -> dict[str, Any]:
         return {"gen_ai.tool.name": tool}
@@ -220,3 +245,20 @@ class Telemetry:
             Observation(n, {**self._base(tool), "toolwire.decision": decision})
             for (tool, decision), n in list(self.retries.items())
         ]
+
+
+#: meter provider -> its instruments (weak: a provider dropped takes them along).
+_SHARED: weakref.WeakKeyDictionary[Any, _Instruments] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def _instruments(provider: Any, version: str | None) -> _Instruments:
+    """The instruments of ``provider``, made on first use."""
+    with _SHARED_LOCK:
+        try:
+            found = _SHARED.get(provider)
+        except TypeError:  # not weakly referenceable: instruments of its own
+            return _Instruments(provider.get_meter(SCOPE, version))
+        if found is None:
+            found = _SHARED[provider] = _Instruments(provider.get_meter(SCOPE, version))
+        return found
