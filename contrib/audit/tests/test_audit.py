@@ -228,6 +228,30 @@ async def test_nested_credentials_and_known_secrets_are_not_written(tmp_path: Pa
     assert "hunter2!" not in text and "tok-abcdef" not in text and "sk-live-123456" not in text
 
 
+@tool
+def connect(user: str) -> dict[str, object]:
+    """Return a session, with its credentials."""
+    return {"user": user, "session": {"token": "tok-abcdef", "note": "key sk-live-123456"}}
+
+
+async def test_result_content_is_redacted_like_the_arguments(tmp_path: Path) -> None:
+    """Before: with include_content, a tool's answer went to the file as is: a credential
+    field, or a configured secret's value the tool echoed, was written in clear."""
+    k, log = kernel_for(tmp_path, "include_content = true\n")
+    k.add_tool(connect)
+    k.add_secret("sk-live-123456", "API_KEY")
+    async with k:
+        r = await k.call("connect", {"user": "ann"})
+    assert r.content["session"]["token"] == "tok-abcdef"  # the caller's result is untouched
+    (line,) = lines(log)
+    assert line["content"] == {
+        "user": "ann",
+        "session": {"token": "***", "note": "key [secret:API_KEY]"},
+    }
+    text = log.read_text()
+    assert "tok-abcdef" not in text and "sk-live-123456" not in text
+
+
 async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path: Path) -> None:
     """Before: the plugin's shutdown closed the file while a call was in flight; that
     call's line was lost (and the error said 'used before startup')."""

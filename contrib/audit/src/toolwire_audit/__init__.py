@@ -51,7 +51,9 @@ class AuditConfig(BaseModel):
     include_args: bool = Field(
         False, description="record call arguments (may contain personal data)"
     )
-    include_content: bool = Field(False, description="record result content")
+    include_content: bool = Field(
+        False, description="record result content (redacted like the arguments)"
+    )
     only_errors: bool = Field(False, description="record only calls that ended in an error")
     redact_keys: list[str] = Field(
         default_factory=lambda: ["password", "token", "api_key", "secret", "authorization"],
@@ -131,16 +133,19 @@ class AuditPlugin:
         if self.config.level == "attempt":
             line["attempt_log"] = [a.to_dict() for a in result.meta.attempts]
         if self.config.include_content:
-            line["content"] = result.content
+            # Redacted like the arguments: a tool echoing a token or returning a
+            # credential field must not put it in the log.
+            line["content"] = self._redact(result.content)
         self._write(line)
 
     def _call_fields(self, call: ToolCall) -> dict[str, Any]:
         """What the line records of the call's input: its arguments, redacted, if asked."""
         return {"args": self._redact(call.args)} if self.config.include_args else {}
 
-    def _redact(self, args: dict[str, Any]) -> dict[str, Any]:
+    def _redact(self, data: dict[str, Any]) -> dict[str, Any]:
+        """Arguments or result content with ``redact_keys`` and known secrets hidden."""
         keys = frozenset(k.lower() for k in self.config.redact_keys)
-        out: dict[str, Any] = self._redact_value(args, keys, 0)
+        out: dict[str, Any] = self._redact_value(data, keys, 0)
         return out
 
     def _redact_value(self, value: Any, keys: frozenset[str], depth: int) -> Any:
