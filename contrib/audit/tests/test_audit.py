@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 import toolwire_audit
-from toolwire import Kernel, ToolError, tool
+from toolwire import Kernel, PluginError, ToolError, tool
 from toolwire.state import StateStoreError
+from toolwire_audit import AuditConfig, AuditPlugin
 
 pytestmark = pytest.mark.anyio
 
@@ -115,6 +116,17 @@ def test_invalid_config_is_rejected(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match=r"plugins\.audit\.level"):
         Kernel.from_config(str(cfg))
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_folder"])
+async def test_a_path_that_cannot_be_opened_names_the_setting(tmp_path: Path, where: str) -> None:
+    """Before: "startup failed: FileExistsError: [Errno 17] File exists", naming
+    neither plugins.audit.path nor what to do."""
+    (tmp_path / "afile").write_text("")
+    path = tmp_path / "afile" / "audit.jsonl" if where == "under_a_file" else tmp_path
+    k = Kernel(plugins=[AuditPlugin(AuditConfig(path=str(path)))])
+    with pytest.raises(PluginError, match=r"plugins\.audit\.path = .*'-' for stderr"):
+        await k.start()
 
 
 async def test_a_relative_path_is_relative_to_the_config_file(

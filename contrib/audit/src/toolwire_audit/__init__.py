@@ -17,7 +17,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from toolwire import CallContext, Kernel, ToolCall, ToolResult, hookimpl
+from toolwire import CallContext, Kernel, PluginError, ToolCall, ToolResult, hookimpl
 
 __all__ = ["AuditPlugin"]
 __version__ = "0.1.0"
@@ -89,9 +89,20 @@ class AuditPlugin:
             cfg_file = kernel.config.path if kernel.config is not None else None
             if not p.is_absolute() and cfg_file:
                 p = Path(cfg_file).parent / p  # like every path in toolwire.toml
-            p.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                p.parent.mkdir(parents=True, exist_ok=True)
+                stream = _open_log(p)
+            except OSError as exc:
+                # "File exists" (a file where a folder of the path should be) or "Is a
+                # directory" alone did not say which setting was wrong, nor what to do.
+                raise PluginError(
+                    self.name,
+                    f"plugins.audit.path = {self.config.path!r}: cannot open {str(p)!r} for "
+                    f"appending ({type(exc).__name__}: {exc}); set it to a file "
+                    "in a folder this process can create or write to, or '-' for stderr",
+                ) from exc
             self._path = p
-            self._stream = _open_log(p)
+            self._stream = stream
 
     @hookimpl
     def shutdown(self) -> None:
