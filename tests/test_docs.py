@@ -24,6 +24,7 @@ def test_every_hookspec_is_in_the_hook_reference() -> None:
         "shutdown",
         "discover",
         "before_call",
+        "before_fallback",
         "on_error",
         "after_call",
     }

@@ -36,6 +36,7 @@ HOOK_PARAMS: dict[str, tuple[str, ...]] = {
     "shutdown": ("kernel",),
     "discover": ("kernel", "query"),
     "before_call": ("call", "ctx"),
+    "before_fallback": ("call", "next_call", "ctx"),
     "on_error": ("call", "error", "ctx"),
     "after_call": ("call", "result", "ctx"),
 }
@@ -57,6 +58,8 @@ def trace_setting(raw: str | None) -> frozenset[str] | bool:
 
 
 def _target(hook: str, args: tuple[Any, ...]) -> str:
+    if hook == "before_fallback" and len(args) > 1:
+        return f"{getattr(args[0], 'name', '')} -> {getattr(args[1], 'name', '')}"
     if hook in ("before_call", "on_error", "after_call") and args:
         return str(getattr(args[0], "name", ""))
     if hook == "discover" and len(args) > 1:

@@ -238,6 +238,19 @@ def _check_attempt_timeout(seconds: Any) -> None:
         )
 
 
+def _fallback_failed(ctx: CallContext, nxt: ToolCall, plugin: str, exc: BaseException) -> ErrorInfo:
+    """``plugin``'s before_fallback raised something other than ``CallRejected``:
+    recorded and logged as any hook failure; the rerouted tool is not run."""
+    log.error("plugin %r: before_fallback failed for tool %r", plugin, nxt.name, exc_info=exc)
+    error = f"{type(exc).__name__}: {exc}"
+    ctx.meta.plugin_errors.append({"plugin": plugin, "hook": "before_fallback", "error": error})
+    return ErrorInfo(
+        ErrorKind.INTERNAL,
+        f"plugin {plugin!r} failed in before_fallback: {error}; the tool {nxt.name!r} was not run",
+        source=plugin,
+    )
+
+
 def _decision_problem(decision: Retry | Fallback) -> str | None:
     """What is wrong with a Retry / Fallback a plugin returned, or None."""
     if isinstance(decision, Retry):
@@ -483,6 +496,7 @@ class Kernel:
             [(i.invoke, i.is_async, i.plugin) for i in c["before_call"]],
             [(i.invoke, i.is_async, i.plugin) for i in c["on_error"]],
             [(i.invoke, i.is_async, i.plugin) for i in c["after_call"]],
+            [(i.invoke, i.is_async, i.plugin) for i in c["before_fallback"]],
         )
 
     # -------------------------------------------------------------- tools
@@ -1637,7 +1651,41 @@ class Kernel:
         nxt = ToolCall(
             next_tool.name, args, call.call_id, call.session_id, call.tenant, call.metadata
         )
+        if ctx.hooks[3]:
+            refused = await self._before_fallback(call, nxt, cur_tool, err, ctx)
+            if refused is not None:
+                return refused
         return next_tool, nxt
+
+    async def _before_fallback(
+        self, call: ToolCall, nxt: ToolCall, cur_tool: Tool, err: ErrorInfo, ctx: CallContext
+    ) -> ToolResult | None:
+        """The ``before_fallback`` hooks: None lets the rerouted attempt run; a result
+        ends the call (a hook refused it, or failed: fail-closed)."""
+        for invoke, is_async, plugin in ctx.hooks[3]:
+            try:
+                res = invoke(call, nxt, ctx)
+                if is_async or (res is not None and inspect.isawaitable(res)):
+                    await res
+                continue
+            except CallRejected as rej:
+                info = ErrorInfo(
+                    rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+                )
+            except Exception as exc:
+                info = _fallback_failed(ctx, nxt, plugin, exc)
+            except asyncio.CancelledError as exc:
+                if not _foreign_cancel(exc):
+                    raise
+                info = _fallback_failed(ctx, nxt, plugin, exc)
+            info.details["fallback"] = {
+                "from": cur_tool.name,
+                "to": nxt.name,
+                "after": {"kind": str(err.kind), "message": err.message},
+            }
+            self._scrub(info)
+            return ToolResult.from_error(info, ctx.meta)
+        return None
 
     async def _decide(self, call: ToolCall, err: ErrorInfo, ctx: CallContext) -> tuple[Any, str]:
         for invoke, is_async, plugin in ctx.hooks[1]:

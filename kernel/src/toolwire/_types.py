@@ -433,10 +433,10 @@ class CallContext:
     #: ``CallRejected`` (or another exception) ends the call as in ``before_call``: the tool
     #: is not run. The idempotency plugin uses it to record that a parked call now runs.
     before_first_attempt: list[tuple[str, Callable[[], Awaitable[None]]]] | None = None
-    #: The kernel's (before_call, on_error, after_call) lists as the call started:
-    #: a plugin added or removed meanwhile does not change this call's hooks.
-    hooks: tuple[list[Any], list[Any], list[Any]] = field(
-        default=((), (), ()),  # type: ignore[assignment]
+    #: The kernel's (before_call, on_error, after_call, before_fallback) lists as the
+    #: call started: a plugin added or removed meanwhile does not change this call's hooks.
+    hooks: tuple[list[Any], list[Any], list[Any], list[Any]] = field(
+        default=((), (), (), ()),  # type: ignore[assignment]
         repr=False,
     )
 

@@ -33,6 +33,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 __all__ = [
     "after_call",
     "before_call",
+    "before_fallback",
     "discover",
     "hookimpl",
     "hookspec",
@@ -108,6 +109,33 @@ def before_call(call: ToolCall, ctx: CallContext) -> ToolResult | None:
 
     Order: ascending. May be async. Any other exception ends the call with kind
     ``internal`` naming the plugin; the tool does not run (fail-closed).
+    """
+
+
+@hookspec
+def before_fallback(call: ToolCall, next_call: ToolCall, ctx: CallContext) -> None:
+    """Called when an ``on_error`` decision reroutes the call, before the next attempt.
+
+    A reroute is an attempt of another tool (``Fallback``) or of the same tool with
+    other arguments (``Retry(args=...)``); a plain ``Retry`` is no reroute. Gates that
+    ``before_call`` applied to the requested tool and arguments apply here to the
+    rerouted ones (approval asks again, for the tool the fallback would run).
+
+    :param call: the call as requested.
+    :param next_call: what the next attempt runs (``next_call.name``, its validated
+        ``args``; same ``call_id``, ``session_id`` and ``tenant``). A hook may replace
+        ``next_call.args`` (they are NOT validated again; validate yourself).
+    :param ctx: per-call context; ``ctx.current_tool`` is the tool that just failed,
+        ``ctx.attempts`` the attempts so far (the last one failed).
+    :return: None to let the attempt run. Raise ``CallRejected(kind, message)`` to
+        refuse it: the call ends with that error (its ``details["fallback"]`` names
+        the tools and the failure that led here), later hooks are skipped, and the
+        rerouted tool does not run.
+
+    Order: ascending. May be async (it may wait, e.g. for an approval; the call's
+    deadline is checked before the attempt). Any other exception refuses the
+    attempt too (fail-closed): the call ends with kind ``internal`` naming the
+    plugin, recorded in ``result.meta.plugin_errors``.
     """
 
 
