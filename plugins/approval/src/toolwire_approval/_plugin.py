@@ -203,21 +203,57 @@ class ApprovalPlugin:
             ) from None
 
     @hookimpl
+    async def before_fallback(self, call: ToolCall, next_call: ToolCall, ctx: CallContext) -> None:
+        """A fallback (or a retry with other arguments) is asked for as a call would be:
+        the tool it would run, with the arguments it would run with."""
+        held = ctx.state.pop(STATE_KEY, None)
+        if held and held.get("used"):
+            # the approved call's run ended with the attempt that just failed: its audit
+            # line is due now (after_call writes the line of an approval asked for here)
+            last = ctx.attempts[-1] if ctx.attempts else None
+            kind = last.error_kind if last is not None else None
+            await self._audit_executed(ctx, held["record"], kind or "tool_error")
+        tool = ctx.kernel.get_tool(next_call.name)
+        if tool is None:  # pragma: no cover - the kernel resolved it a moment ago
+            return
+        res = self.rules.resolve(tool)
+        if res.policy is Policy.NONE:
+            return
+        if self._kernel is None:
+            self._kernel = ctx.kernel
+        try:
+            await self._gate(next_call, ctx, tool, res)
+        except StateStoreError as exc:
+            raise CallRejected(
+                ErrorKind.UNAVAILABLE,
+                f"plugin 'approval': fallback tool {next_call.name!r} needs approval "
+                f"({res.describe()}) but the state store failed ({exc}); it was not run. "
+                "Retry when the store is back.",
+                details={"reason": "store_error", "rule": res.rule},
+            ) from None
+
+    @hookimpl
     async def after_call(self, call: ToolCall, result: ToolResult, ctx: CallContext) -> None:
         held = ctx.state.get(STATE_KEY)
         if not held or not held.get("used"):
             return
         err = result.error
+        await self._audit_executed(ctx, held["record"], str(err.kind) if err is not None else None)
+
+    async def _audit_executed(
+        self, ctx: CallContext, rec: dict[str, Any], error_kind: str | None
+    ) -> None:
+        """The ``executed`` audit line of an approved call (``error_kind`` None: it succeeded)."""
         try:
             await self._audit(
                 ctx.kernel.state,
                 "executed",
-                held["record"],
-                outcome="error" if result.is_error else "ok",
-                error_kind=str(err.kind) if err is not None else None,
+                rec,
+                outcome="ok" if error_kind is None else "error",
+                error_kind=error_kind,
             )
         except StateStoreError as exc:  # the result matters more than its audit line
-            log.error("approval: could not audit the execution of %r: %s", call.name, exc)
+            log.error("approval: could not audit the execution of %r: %s", rec.get("tool"), exc)
 
     # ------------------------------------------------------------ public
     def add_callback(self, callback: ApprovalCallback) -> Callable[[], None]:
