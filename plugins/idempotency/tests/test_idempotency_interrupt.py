@@ -149,6 +149,32 @@ async def test_a_call_that_lost_its_connection_mid_call(env: Env, on: bool) -> N
     assert len(tries) == 2 and again.content == {"posted": "bob"}
 
 
+async def test_a_timeout_before_the_request_was_sent_is_released(env: Env) -> None:
+    """A timeout whose error says nothing was sent (``in_flight`` false: the mcp plugin's
+    "timed out waiting for a connection; the request was not sent") is no unknown
+    outcome. Before: counted as one, so the replay answered "outcome unknown"."""
+    tries: list[int] = []
+
+    @tool(name="post")
+    def post(to: str) -> dict[str, Any]:
+        tries.append(1)
+        if len(tries) == 1:
+            raise ToolError(
+                "timed out waiting for a connection; the request was not sent",
+                kind="timeout",
+                details={"in_flight": False},
+            )
+        return {"posted": to}
+
+    plugin = env.plugin(unknown_after_interrupt=True)
+    async with env.kernel([post], [plugin]) as kernel:
+        first = await kernel.call("post", {"to": "bob"}, call_id="unsent")
+        again = await kernel.call("post", {"to": "bob"}, call_id="unsent")
+    assert first.error is not None and first.error.kind == "timeout"
+    assert len(tries) == 2 and again.content == {"posted": "bob"}
+    assert plugin.counters.interrupted == 0
+
+
 async def test_a_waiting_duplicate_is_answered_outcome_unknown(env: Env) -> None:
     """A duplicate waiting for the original when it is cancelled does not run it."""
     gate = anyio.Event()

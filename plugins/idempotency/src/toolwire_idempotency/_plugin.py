@@ -125,10 +125,13 @@ def _setting_problem(setting: Any) -> str | None:
 
 
 def _not_started(error: Any) -> bool:
-    """Whether ``error`` (an ``ErrorInfo``) is the kernel's timeout for an attempt it never
-    started."""
+    """Whether ``error`` (an ``ErrorInfo``) is a timeout of an attempt that did nothing: the
+    kernel's, for an attempt it never started, or one saying its request was never sent
+    (``details.in_flight`` false: still waiting for a connection)."""
     details = getattr(error, "details", None)
-    return isinstance(details, Mapping) and details.get("reason") == _DEADLINE_BEFORE_START
+    return isinstance(details, Mapping) and (
+        details.get("reason") == _DEADLINE_BEFORE_START or details.get("in_flight") is False
+    )
 
 
 def _when(t: Any) -> str:
