@@ -100,15 +100,19 @@ class CountingStore(StateStore):
 
     async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Entry | None:  # type: ignore[override]
         self._op("compare_and_set")
-        return await self.inner.compare_and_set(key, value, **kw)
+        got = await self.inner.compare_and_set(key, value, **kw)
+        self._lost("compare_and_set")
+        return got
 
     async def compare_and_delete(
         self, key: str, *, expected_version: int | None = ANY, expected_owner: str | None = ANY
     ) -> bool:
         self._op("compare_and_delete")
-        return await self.inner.compare_and_delete(
+        got = await self.inner.compare_and_delete(
             key, expected_version=expected_version, expected_owner=expected_owner
         )
+        self._lost("compare_and_delete")
+        return got
 
     async def delete(self, key: str) -> bool:
         self._op("delete")

@@ -545,6 +545,75 @@ async def test_failing_to_save_the_result_still_returns_it(env: Env) -> None:
     assert len(runs) == 1
     assert plugin.counters.store_errors == 1
     assert entry is not None and entry.value["s"] == "pending"  # outcome unknown after the lease
+    assert "still this call's claim" in not_kept["message"]  # read back: not applied
+    assert "answers 'outcome unknown'" in not_kept["message"]
+
+
+async def test_a_completing_write_whose_answer_was_lost_is_read_back(env: Env) -> None:
+    """The store wrote the result, then failed (Redis: the connection broke before the
+    reply, "may or may not have been applied"). Before, the caller was told the result
+    was not kept and a replay would answer 'outcome unknown'; the replay got the result."""
+    tool, runs = counting_tool(result={"charged": 10})
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        store.fail_after = {"compare_and_set"}
+        result = await kernel.call("send", {}, call_id="lost")
+        store.fail_after = set()
+        assert store.ops[-1] == "get_entry"  # read back after the failed write
+        replay = await kernel.call("send", {}, call_id="lost")
+    assert result.content == {"charged": 10} and not result.is_error
+    assert "idempotency" not in result.meta.extra  # kept: nothing to tell the caller
+    assert replay.meta.replayed and replay.content == {"charged": 10}
+    assert len(runs) == 1
+    assert plugin.counters.store_errors == 1
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_completing_write_that_cannot_be_read_back_says_either_may_be(
+    env: Env, applied: bool
+) -> None:
+    tool, runs = counting_tool(result={"charged": 10})
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        if applied:
+            store.fail_after = {"compare_and_set"}
+        else:
+            store.fail = {"compare_and_set"}
+        store.fail |= {"get_entry"}
+        result = await kernel.call("send", {}, call_id="unknown")
+        store.fail = store.fail_after = set()
+        entry = await store.get_entry(plugin.key_for("send", "unknown"))
+    assert result.content == {"charged": 10} and not result.is_error
+    not_kept = result.meta.extra["idempotency"]
+    assert not_kept["recorded"] is None and not_kept["reason"] == "store_error"
+    message = not_kept["message"]
+    assert "injected" in message and "injected failure of get_entry" in message
+    assert "a replay gets this result if it was kept" in message
+    assert "else, after lease_secs, answers 'outcome unknown'" in message
+    assert entry is not None and entry.value["s"] == ("done" if applied else "pending")
+    assert len(runs) == 1 and plugin.counters.store_errors == 1
+
+
+async def test_a_release_whose_answer_was_lost_is_read_back(env: Env) -> None:
+    """A failed call's claim was deleted, then the store failed: the replay runs the call
+    again at once. Before, the caller was told a replay would answer 'outcome unknown'."""
+    tool, runs = counting_tool(result=ToolError("card declined", kind="tool_error"))
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin], counting=True) as kernel:
+        store = kernel.state
+        assert isinstance(store, CountingStore)
+        store.fail_after = {"compare_and_delete"}
+        first = await kernel.call("send", {}, call_id="gone")
+        store.fail_after = set()
+        again = await kernel.call("send", {}, call_id="gone")
+    assert first.is_error and "idempotency" not in first.meta.extra
+    assert again.is_error and not again.meta.replayed
+    assert len(runs) == 2
+    assert plugin.counters.released == 2 and plugin.counters.store_errors == 1
 
 
 async def test_a_cancellation_during_the_completing_write_still_records_the_result(
@@ -586,8 +655,9 @@ async def test_a_cancellation_during_the_completing_write_still_records_the_resu
 
 async def test_a_completing_write_past_lease_secs_gives_up_and_says_so(env: Env) -> None:
     """The completing write is shielded but bounded by lease_secs: a store that never
-    answers costs the caller at most that long, the caller still gets its result and is
-    told it is not kept, and the record stays pending (outcome unknown after the lease)."""
+    answers costs the caller at most that long (no time is left to read the key back), the
+    caller still gets its result and is told it may not be kept, and the record stays
+    pending (outcome unknown after the lease)."""
     tool, runs = counting_tool(result={"charged": 10})
     plugin = env.plugin(lease_secs=0.2)
     async with env.kernel([tool], [plugin], counting=True) as kernel:
@@ -604,12 +674,14 @@ async def test_a_completing_write_past_lease_secs_gives_up_and_says_so(env: Env)
         with anyio.fail_after(10):
             result = await kernel.call("send", {}, call_id="hang")
         store.compare_and_set = inner_cas  # type: ignore[method-assign]
+        assert "get_entry" not in store.ops  # no time left: not read back
         entry = await store.get_entry(plugin.key_for("send", "hang"))
     assert not result.is_error and result.content == {"charged": 10}
     not_kept = result.meta.extra["idempotency"]
-    assert not_kept["recorded"] is False and not_kept["reason"] == "store_error"
+    assert not_kept["recorded"] is None and not_kept["reason"] == "store_error"
     assert "no answer within lease_secs (0.2s)" in not_kept["message"]
-    assert "outcome unknown" in not_kept["message"]
+    assert "no time was left within lease_secs to read the key back" in not_kept["message"]
+    assert "else, after lease_secs, answers 'outcome unknown'" in not_kept["message"]
     assert json.loads(json.dumps(result.meta.extra)) == result.meta.extra  # JSON-safe
     assert len(runs) == 1
     assert plugin.counters.store_errors == 1 and plugin.counters.lost_claims == 0

@@ -101,9 +101,25 @@ def _record_problem(value: Any) -> str | None:
 _JSON_SEPARATORS = (",", ":")
 
 
-def _not_kept(result: ToolResult, reason: str, message: str) -> None:
-    """Tell the caller its result was not kept for replays (it still gets it now)."""
-    result.meta.extra[STATE_KEY] = {"recorded": False, "reason": reason, "message": message}
+def _not_kept(
+    result: ToolResult, reason: str, message: str, *, recorded: bool | None = False
+) -> None:
+    """Tell the caller its result was not kept for replays (it still gets it now);
+    ``recorded=None``: whether it was cannot be told."""
+    result.meta.extra[STATE_KEY] = {"recorded": recorded, "reason": reason, "message": message}
+
+
+def _limit(record: Mapping[str, Any]) -> str:
+    """Why an oversized marker ``record`` replaced the result, for a message."""
+    if "budget" in record:
+        return f"max_stored_bytes ({record['budget']}) is spent"
+    if record["size"] >= 0:
+        return f"over max_result_bytes ({record['limit']})"
+    return "not JSON"
+
+
+#: What ``_read_back`` found, besides the applied entry.
+_RELEASED, _PENDING, _THEIRS, _UNKNOWN = object(), object(), object(), object()
 
 
 def _setting_problem(setting: Any) -> str | None:
@@ -513,9 +529,11 @@ class IdempotencyPlugin:
         # not leave the claim pending, which a replay would answer 'outcome unknown' (the
         # result lost). Bounded by the lease: past it the claim is lapsed anyway.
         done: Entry | None = None
+        record: dict[str, Any] | None = None
+        deadline = anyio.current_time() + cfg.lease_secs
         try:
             with anyio.CancelScope(shield=True) as scope:
-                scope.deadline = anyio.current_time() + cfg.lease_secs
+                scope.deadline = deadline
                 if release:
                     await store.compare_and_delete(claim.key, expected_owner=claim.owner)
                     self.counters.released += 1
@@ -526,15 +544,6 @@ class IdempotencyPlugin:
                 done = await store.compare_and_set(
                     claim.key, record, expected_owner=claim.owner, owner=None, ttl=cfg.ttl_secs
                 )
-                if record["s"] == OVERSIZED:
-                    limit = (
-                        f"max_stored_bytes ({record['budget']}) is spent"
-                        if "budget" in record
-                        else f"over max_result_bytes ({record['limit']})"
-                        if record["size"] >= 0
-                        else "not JSON"
-                    )
-                    _not_kept(result, "oversized", f"a replay gets 'result unavailable': {limit}")
             if scope.cancelled_caught:
                 raise StateStoreError(
                     f"no answer within lease_secs ({cfg.lease_secs:g}s), after which the "
@@ -542,26 +551,21 @@ class IdempotencyPlugin:
                 )
         except StateStoreError as exc:
             self.counters.store_errors += 1
-            log.warning(
-                "idempotency: could not record the outcome of tool %r call %r (%s); the caller "
-                "gets the result, and a replay after the lease (%gs) answers 'outcome unknown' "
-                "(read-only tools run again)",
-                call.name,
-                call.call_id,
-                exc,
-                cfg.lease_secs,
-            )
-            _not_kept(
-                result,
-                "store_error",
-                f"the state store failed ({exc}); a replay after lease_secs "
-                + (
-                    "runs it again (a read-only tool's lapsed claim is taken over)"
-                    if claim.pending.get("ro") is True
-                    else "answers 'outcome unknown'"
-                ),
-            )
-            return
+            # The write may have been applied all the same (Redis: the connection broke
+            # after it was sent, "may or may not have been applied"): read the key back.
+            seen, why = await self._read_back(claim, record, exc, deadline)
+            if seen is _RELEASED:
+                self.counters.released += 1
+                return
+            if seen is _THEIRS and release:
+                return  # someone else's record now: nothing of ours to give back
+            if isinstance(seen, Entry):
+                done = seen  # the write was applied: as if its answer had come
+            elif seen is _THEIRS:
+                pass  # the claim was gone or taken over: the write changed nothing
+            else:
+                self._write_failed(call, result, claim, exc, why, release, record)
+                return
         if done is None:
             _not_kept(
                 result,
@@ -584,10 +588,131 @@ class IdempotencyPlugin:
                     call.name,
                     call.call_id,
                 )
-        elif result.is_error:
-            self.counters.errors_cached += 1
+        else:
+            assert record is not None  # a release returned above
+            if record["s"] == OVERSIZED:
+                _not_kept(
+                    result, "oversized", f"a replay gets 'result unavailable': {_limit(record)}"
+                )
+            elif result.is_error:
+                self.counters.errors_cached += 1
 
     # ------------------------------------------------------------ internals
+    async def _read_back(
+        self,
+        claim: _Claim,
+        record: dict[str, Any] | None,
+        exc: StateStoreError,
+        deadline: float,
+    ) -> tuple[object, str]:
+        """What a write of ``claim``'s outcome that raised ``exc`` left, read back.
+
+        The written entry when it was applied (``record``: the completing write);
+        ``_RELEASED`` when the key is gone after a release (``record`` None);
+        ``_PENDING`` when the key still holds this call's pending claim (not applied);
+        ``_THEIRS`` when the key is gone or holds another owner's record; ``_UNKNOWN``
+        (with why) when that cannot be told: the read failed too, or no time is left
+        before ``deadline`` (the lease: the caller is never held past it). Shielded,
+        at most 5 s, best effort.
+        """
+        if isinstance(exc, StateDataError):
+            return _UNKNOWN, "the key holds data that is no state entry"
+        now = anyio.current_time()
+        if now >= deadline:
+            return _UNKNOWN, "no time was left within lease_secs to read the key back"
+        entry: Entry | None = None
+        with anyio.CancelScope(shield=True) as scope:
+            scope.deadline = min(deadline, now + 5.0)
+            try:
+                entry = await claim.store.get_entry(claim.key)
+            except StateStoreError as again:
+                return _UNKNOWN, f"reading the key back failed too: {again}"
+        if scope.cancelled_caught:
+            return _UNKNOWN, "reading the key back got no answer in time"
+        if entry is None:
+            return (_RELEASED if record is None else _THEIRS), ""
+        value = entry.value
+        if entry.owner == claim.owner:
+            if type(value) is dict and value.get("s") == PENDING:
+                return _PENDING, ""
+            return _UNKNOWN, "the key holds this call's claim, but not pending"
+        if record is None:
+            return _THEIRS, ""
+        if (
+            entry.owner is None
+            and type(value) is dict
+            and all(value.get(k) == record[k] for k in ("s", "req", "at", "d", "end"))
+        ):
+            # This call's record: another execution's would match its timings and its
+            # "end" (the clock when it completed) only by a coincidence of clock readings.
+            return entry, ""
+        return _THEIRS, ""
+
+    def _write_failed(
+        self,
+        call: ToolCall,
+        result: ToolResult,
+        claim: _Claim,
+        exc: StateStoreError,
+        why: str,
+        release: bool,
+        record: dict[str, Any] | None,
+    ) -> None:
+        """Tell the caller (and the log) what a replay gets after the outcome's write
+        failed: not applied (the key read back is still the claim: ``why`` empty), or
+        cannot be told (``why`` says why)."""
+        cfg = self.config
+        ro = claim.pending.get("ro") is True
+        lapsed = (
+            "runs it again (a read-only tool's lapsed claim is taken over)"
+            if ro
+            else "answers 'outcome unknown'"
+        )
+        if not why:
+            log.warning(
+                "idempotency: could not record the outcome of tool %r call %r (%s); the caller "
+                "gets the result, and a replay after the lease (%gs) %s",
+                call.name,
+                call.call_id,
+                exc,
+                cfg.lease_secs,
+                "runs it again" if ro else "answers 'outcome unknown'",
+            )
+            _not_kept(
+                result,
+                "store_error",
+                f"the state store failed ({exc}), and the key read back is still this "
+                f"call's claim; a replay after lease_secs {lapsed}",
+            )
+            return
+        if release:
+            kept = "a replay runs the call again if it was given back, else, after lease_secs, "
+            kept += lapsed
+        else:
+            gets = (
+                "this result"
+                if record is not None and record["s"] == DONE
+                else "'result unavailable'"
+            )
+            kept = f"a replay gets {gets} if it was kept, else, after lease_secs, {lapsed}"
+        log.warning(
+            "idempotency: could not record the outcome of tool %r call %r (%s), and whether "
+            "it was cannot be told (%s); the caller gets the result, and %s",
+            call.name,
+            call.call_id,
+            exc,
+            why,
+            kept,
+        )
+        _not_kept(
+            result,
+            "store_error",
+            f"the state store failed ({exc}), and whether the "
+            f"{'claim was given back' if release else 'outcome was kept'} cannot be told "
+            f"({why}); {kept}",
+            recorded=None,
+        )
+
     @staticmethod
     def _interruption(
         claim: _Claim, err: ErrorInfo | None, ctx: CallContext
