@@ -18,6 +18,7 @@ from toolwire_ratelimit import (
     ProviderConfig,
     RateLimitConfig,
     RateLimitPlugin,
+    gather,
     parse_duration,
     parse_retry_after,
     reset_hints,
@@ -461,6 +462,26 @@ def test_hostile_input_classifies_deterministically(name: str) -> None:
     first = p.classify(exc)
     assert p.classify(exc) == first
     assert (first.kind, first.pattern) == HOSTILE_EXPECTED[name]
+
+
+@pytest.mark.parametrize("max_body", [256, 8192, 1 << 20])
+def test_patterns_search_at_most_17_messages_of_2_kib_and_the_body_bound(max_body: int) -> None:
+    """ratelimit.md: every regex searches the messages (the ErrorInfo's and one per
+    exception, at most 17 of 2 KiB) and max_body_bytes of body, joined with newlines;
+    its worst-case cost for a configured pattern is stated for that length."""
+    exc: BaseException = ValueError("c" * 5000)
+    for _ in range(30):  # a chain longer than the 16 exceptions read
+        try:
+            raise ValueError("c" * 5000) from exc
+        except ValueError as e:
+            exc = e
+    top = ToolError("b" * 5000, status=500, details={"body": "a" * (3 << 20)})
+    top.__cause__ = exc
+    info = ErrorInfo(kind="tool_error", message="i" * 5000, exception=top)
+    ev = gather(info, max_body=max_body)
+    assert len(ev.messages) == 17 and all(len(m) == 2048 for m in ev.messages)
+    assert ev.body_text == "a" * max_body
+    assert len(ev.text) == 17 * 2048 + 17 + max_body
 
 
 @settings(max_examples=200, deadline=None)

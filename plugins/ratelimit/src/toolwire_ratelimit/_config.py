@@ -88,6 +88,11 @@ def nested_repetition(pattern: str) -> str | None:
     - one that contains an alternation whose branches may start with the same
       character, or may match nothing: ``(a|a)*``, ``(a|ab)+``, ``(x|)*``.
 
+    Not caught, on purpose (ordinary patterns have this shape): an unbounded
+    repetition followed by what must match after it (``rate.*limit``, ``a+b``) costs
+    time quadratic in the text on hostile input; docs/ratelimit.md measures it and
+    says to bound such repetitions (``rate.{0,40}limit``).
+
     Returns None when the regex engine's parser is not available.
     """
     try:
