@@ -17,6 +17,7 @@ from toolwire import (
     CallContext,
     ErrorInfo,
     ErrorKind,
+    Fallback,
     Kernel,
     Retry,
     ToolCall,
@@ -141,3 +142,79 @@ async def test_an_approved_call_rerouted_with_other_arguments_is_asked_again() -
     assert len(pending.events) == 2  # the plain retry was not asked for
     assert first_audit[-1]["event"] == "executed" and first_audit[-1]["outcome"] == "error"
     assert first_audit[-1]["error_kind"] == "unavailable"
+
+
+class InputRequiredElicitor:
+    """What `toolwire serve` offers on a 2026-07-28 connection: ``ask`` returns the
+    answer the retried call carries, or records the question and defers (None)."""
+
+    mode = "input_required"
+    client = "test-client"
+
+    def __init__(self, request_state: str | None, answers: dict[str, Any]) -> None:
+        self.request_state = request_state
+        self.answers = answers
+        self.asked: tuple[str, str | None] | None = None
+
+    async def ask(
+        self, key: str, message: str, schema: dict[str, Any], *, state: str | None = None
+    ) -> dict[str, Any] | None:
+        if key in self.answers:
+            return self.answers[key]
+        self.asked = (key, state)
+        return None
+
+
+async def test_a_fallback_is_not_asked_in_input_required_rounds() -> None:
+    """The client answers an input_required round by sending the whole call again, which
+    runs the failed tool first (under a new approval: the first was used). Before: when
+    both the tool and its fallback needed approval, the rounds alternated between them
+    for ever and the failed tool ran again every other round. Now the fallback is asked
+    through the other channels (none here: REQUIRED, so it is rejected at its timeout)."""
+    runs: list[str] = []
+
+    @tool
+    async def charge_primary(amount: int) -> dict[str, Any]:
+        """Charge through the primary provider (down)."""
+        runs.append("primary")
+        raise ToolError("primary provider is down", kind=ErrorKind.UNAVAILABLE)
+
+    @tool
+    async def charge_backup(amount: int) -> dict[str, Any]:
+        """Charge through the backup provider."""
+        runs.append("backup")
+        return {"charged": amount}
+
+    class FailOver:
+        name, order = "failover", 500
+
+        @hookimpl
+        def on_error(self, call: ToolCall, error: ErrorInfo, ctx: CallContext) -> Any:
+            current = ctx.current_tool
+            return (
+                Fallback("charge_backup") if current and current.name == "charge_primary" else None
+            )
+
+    gate = plugin(
+        tools={"charge_primary": "REQUIRED", "charge_backup": "REQUIRED"},
+        required_timeout_s=0.2,
+    )
+    kernel = Kernel(tools=[charge_primary, charge_backup], plugins=[gate, FailOver()])
+    answers: dict[str, Any] = {}
+    state: str | None = None
+    rounds: list[str] = []
+    async with kernel:
+        for _ in range(6):
+            el = InputRequiredElicitor(state, answers)
+            ext = {"mcp.elicit": el}
+            res = await kernel.call("charge_primary", {"amount": 5}, extensions=ext)
+            if res.error is None or res.error.kind != "input_required":
+                rounds.append("done" if res.error is None else str(res.error.kind))
+                break
+            assert el.asked is not None
+            key, state = el.asked
+            rounds.append("input_required")
+            answers = {key: {"action": "accept", "content": {"decision": "approve"}}}
+    assert rounds == ["input_required", "denied"], rounds
+    assert runs == ["primary"]
+    assert res.error is not None and res.error.details["fallback"]["to"] == "charge_backup"

@@ -222,7 +222,7 @@ class ApprovalPlugin:
         if self._kernel is None:
             self._kernel = ctx.kernel
         try:
-            await self._gate(next_call, ctx, tool, res)
+            await self._gate(next_call, ctx, tool, res, rerouted=True)
         except StateStoreError as exc:
             raise CallRejected(
                 ErrorKind.UNAVAILABLE,
@@ -498,7 +498,15 @@ class ApprovalPlugin:
         return build_routes(self, self.config.http_prefix)
 
     # ----------------------------------------------------------- the gate
-    async def _gate(self, call: ToolCall, ctx: CallContext, tool: Tool, res: Resolution) -> None:
+    async def _gate(
+        self,
+        call: ToolCall,
+        ctx: CallContext,
+        tool: Tool,
+        res: Resolution,
+        *,
+        rerouted: bool = False,
+    ) -> None:
         kernel = ctx.kernel
         store = kernel.state
         clock = kernel.clock
@@ -515,7 +523,9 @@ class ApprovalPlugin:
         elicit: Elicitor | None = None
         if self.config.mcp_elicitation:
             offered = ctx.extensions.get(ELICIT_EXTENSION)
-            if offered is not None and isinstance(offered, Elicitor):
+            # A reroute is not asked in input_required rounds: the client answers by sending
+            # the whole call again, which would run (and re-approve) the failed tool first.
+            if isinstance(offered, Elicitor) and not (rerouted and offered.mode == INPUT_REQUIRED):
                 elicit = offered
         started = clock.monotonic()
         entry, created = await self._open(store, call, tool, res, fp, args_json, elicit)
