@@ -7,7 +7,18 @@ from typing import Any
 
 import pytest
 
-from toolwire import ErrorInfo, Kernel, ToolError, hookimpl, load_config, tool
+from toolwire import (
+    CallContext,
+    CallRejected,
+    ErrorInfo,
+    Kernel,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    hookimpl,
+    load_config,
+    tool,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -93,3 +104,40 @@ async def test_code_can_add_secrets_and_errors_without_them_are_untouched() -> N
     assert hidden.error.message == (
         "RuntimeError: connect failed for https://api.example.com/?key=[secret:EXAMPLE_KEY]"
     )
+
+
+async def test_a_rejection_a_plugin_raises_is_scrubbed_like_every_other_error() -> None:
+    """hooks.md: errors are scrubbed before anyone sees them. Before: a `CallRejected`
+    from `before_call` or from a `ctx.before_first_attempt` step reached the result, and
+    every after_call, with the known secret and credential fields in it."""
+    seen: list[str] = []
+
+    class Gate:
+        name = "gate"
+
+        @hookimpl
+        def before_call(self, call: ToolCall, ctx: CallContext) -> None:
+            if call.args["mode"] == "before_call":
+                raise CallRejected(
+                    "auth", f"upstream refused key={TOKEN}", details={"api_key": TOKEN}
+                )
+
+            async def step() -> None:
+                raise CallRejected("denied", f"policy server said no to {TOKEN}")
+
+            ctx.before_first_attempt = [("gate", step)]
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> None:
+            seen.append(repr(result.to_dict()))
+
+    kernel = Kernel(tools=[leaky], plugins=[Gate()])
+    kernel.add_secret(TOKEN, "EXAMPLE_KEY")
+    async with kernel:
+        first = await kernel.call("leaky", {"mode": "before_call"})
+        step = await kernel.call("leaky", {"mode": "before_first_attempt"})
+    assert first.error is not None and step.error is not None
+    assert first.error.message == "upstream refused key=[secret:EXAMPLE_KEY]"
+    assert first.error.details == {"api_key": "[redacted]"}
+    assert step.error.message == "policy server said no to [secret:EXAMPLE_KEY]"
+    assert len(seen) == 2 and all(TOKEN not in s for s in seen)

@@ -1265,10 +1265,7 @@ class Kernel:
                 if ctx.check_result is not check:
                     ctx.check_result_by = plugin
             except CallRejected as rej:
-                info = ErrorInfo(
-                    rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
-                )
-                return ToolResult.from_error(info, ctx.meta)
+                return self._rejected(ctx, plugin, rej)
             except Exception as exc:
                 return self._before_failed(ctx, plugin, exc)
             except asyncio.CancelledError as exc:
@@ -1301,10 +1298,7 @@ class Kernel:
                 try:
                     await fn()
                 except CallRejected as rej:
-                    info = ErrorInfo(
-                        rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
-                    )
-                    return ToolResult.from_error(info, ctx.meta)
+                    return self._rejected(ctx, plugin, rej)
                 except Exception as exc:
                     return self._before_failed(ctx, plugin, exc)
                 except asyncio.CancelledError as exc:
@@ -1421,6 +1415,15 @@ class Kernel:
         )
         ctx.meta.plugin_errors.append({"plugin": owner, "hook": "check_result", "error": problem})
         return None
+
+    def _rejected(self, ctx: CallContext, plugin: str, rej: CallRejected) -> ToolResult:
+        """The error result of a plugin's ``CallRejected``, scrubbed like every other error
+        (a rejection may quote what an upstream said, credentials included)."""
+        info = ErrorInfo(
+            rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+        )
+        self._scrub(info)
+        return ToolResult.from_error(info, ctx.meta)
 
     def _before_failed(
         self, ctx: CallContext, plugin: str, exc: BaseException, who: str | None = None
