@@ -648,6 +648,48 @@ async def test_on_error_exception_is_recorded_and_skipped() -> None:
     assert r.meta.plugin_errors[0]["plugin"] == "broken"
 
 
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_on_error_hooks_are_cut_off_at_the_calls_deadline(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """hooks.md: with a deadline, the on_error hooks run within it; one still awaiting at
+    the deadline is cancelled and the error stands, `details["gave_up"]` naming the
+    deadline. Before: a call with timeout=0.2 and a 1 s on_error hook took 1 s."""
+    done: list[str] = []
+
+    class Classify:
+        name = "classify"
+        order = 400
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            error.kind = "unavailable"  # a hook that does not await runs to its end
+            done.append("classify")
+
+    class Slow:
+        name = "slow"
+        order = 500
+
+        @hookimpl
+        async def on_error(self) -> Retry:
+            await anyio.sleep(30)
+            done.append("slow")
+            return Retry(0)
+
+    fake = FakeTool("t", script=[ToolError("x")])
+    k = Kernel(tools=[fake.tool], plugins=[Slow(), Classify()])
+    with anyio.fail_after(10), caplog.at_level(logging.WARNING, logger="toolwire"):
+        r = await k.call("t", {}, timeout=0.2)
+    assert done == ["classify"] and len(fake.calls) == 1
+    assert r.error is not None and r.error.kind == "unavailable"
+    assert r.error.details["gave_up"] == (
+        "deadline: the call's deadline passed during the on_error hook of plugin 'slow', "
+        "which was cancelled; no decision was made"
+    )
+    assert r.meta.attempts[0].decision is None
+    assert "on_error" in caplog.text and "'slow'" in caplog.text
+
+
 # ------------------------------------------------------- results plugins make
 class _Odd:
     """Not JSON: no encoder knows it."""

@@ -1691,7 +1691,32 @@ class Kernel:
         return None
 
     async def _decide(self, call: ToolCall, err: ErrorInfo, ctx: CallContext) -> tuple[Any, str]:
+        """The first on_error decision and its plugin; with a deadline, within it (DESIGN
+        §1: the overall deadline is always enforced). A hook still awaiting at the deadline
+        is cancelled: no decision, the error stands with ``details["gave_up"]``."""
+        if ctx.deadline is None or not ctx.hooks[1]:
+            return await self._ask_on_error(call, err, ctx, [])
+        running: list[str] = []
+        with anyio.move_on_after(ctx.deadline - self.clock.monotonic()):
+            return await self._ask_on_error(call, err, ctx, running)
+        plugin = running[-1]
+        log.warning(
+            "plugin %r: on_error was still running at the call's deadline for tool %r: "
+            "cancelled; the error stands",
+            plugin,
+            call.name,
+        )
+        err.details["gave_up"] = (
+            f"deadline: the call's deadline passed during the on_error hook of plugin "
+            f"{plugin!r}, which was cancelled; no decision was made"
+        )
+        return None, ""
+
+    async def _ask_on_error(
+        self, call: ToolCall, err: ErrorInfo, ctx: CallContext, running: list[str]
+    ) -> tuple[Any, str]:
         for invoke, is_async, plugin in ctx.hooks[1]:
+            running.append(plugin)
             limit = ctx.attempt_timeout_s
             try:
                 res = invoke(call, err, ctx)
