@@ -504,7 +504,7 @@ def test_signature_problems_catch_each_kind_of_drift() -> None:
         "class ToolSet:\n    parallel: bool = False\n": "ToolSet.parallel does not exist",
         "class Terminal:\n    def stdio(cls) -> Terminal\n": "classmethod",
         "Attempt(tool: str, duration_ms: float, error_kind: str | None = None, "
-        "decision: str | None = <factory>)": "default is None, not a factory",
+        "decision: str | None = <factory>, wait_ms: float = 0.0)": "default is None, not a factory",
     }
     for listing, problem in cases.items():
         found = signature_problems(listing, "toolwire")

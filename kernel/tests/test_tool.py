@@ -277,6 +277,47 @@ async def test_the_wait_for_a_serial_tools_turn_counts_against_the_calls_deadlin
     assert results["first"].content == {"result": "first"}
 
 
+async def test_a_serial_tools_attempt_lasts_its_run_and_its_wait_for_its_turn_apart() -> None:
+    """api.md: `Attempt.duration_ms` is the tool's run; `wait_ms` the wait for its turn at
+    a serial tool. Before: the wait was in `duration_ms` (a 50 ms serial tool called 8 at
+    a time recorded a p50 of 206 ms in profiling, and adaptive timeouts grew with it)."""
+    release, entered = anyio.Event(), anyio.Event()
+
+    class Doc(ToolSet):
+        serial = True
+
+        @tool
+        async def edit(self, who: str) -> str:
+            """Edits the document."""
+            if who == "first":
+                entered.set()
+                await release.wait()
+            return who
+
+    results: dict[str, Any] = {}
+    async with Kernel(tools=[Doc()]) as k:
+
+        async def call(who: str, **kw: Any) -> None:
+            results[who] = await k.call("edit", {"who": who}, **kw)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(call, "first")
+                await entered.wait()
+                tg.start_soon(call, "second")
+                await call("late", timeout=0.05)  # gives up waiting: the tool never ran
+                await anyio.sleep(0.3)
+                release.set()
+    (first,) = results["first"].meta.attempts
+    (second,) = results["second"].meta.attempts
+    (late,) = results["late"].meta.attempts
+    assert first.duration_ms >= 300 and first.wait_ms < first.duration_ms
+    # the second waited as long as the first ran, then ran at once
+    assert second.wait_ms >= 300 and second.duration_ms < 300
+    assert late.error_kind == "timeout" and late.duration_ms < late.wait_ms
+    assert second.to_dict()["wait_ms"] == second.wait_ms
+
+
 def test_module_loading_with_namespace_and_toolset_instances() -> None:
     from toolwire import examples
 

@@ -1367,7 +1367,10 @@ class Kernel:
                 check = ctx.check_result
                 rejected = self._check_result(check, cur_tool, content, ctx) if check else None
                 if rejected is None:
-                    attempts.append(Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0))
+                    done = Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0)
+                    if cur_tool.serial_key is not None:
+                        self._took_turn(done, ctx)
+                    attempts.append(done)
                     ctx.meta.served_by = cur_tool.name
                     if type(raw) is Image and raw.path is not None:  # vouch for the file
                         ctx.meta.extra[IMAGE_FILE_EXTRA] = content[IMG_PATH_KEY]
@@ -1375,11 +1378,23 @@ class Kernel:
                 err = rejected.to_info(cur_tool.source)
             self._scrub(err)
             attempt = Attempt(cur_tool.name, (perf_counter() - a0) * 1000.0, str(err.kind))
+            if cur_tool.serial_key is not None:
+                self._took_turn(attempt, ctx)
             attempts.append(attempt)
             step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
             if isinstance(step, ToolResult):
                 return step
             cur_tool, cur_call = step
+
+    @staticmethod
+    def _took_turn(attempt: Attempt, ctx: CallContext) -> None:
+        """A serial tool's attempt: its wait for its turn out of its duration, into
+        ``wait_ms`` (the wait grew with concurrency: profiling's figures and the adaptive
+        timeouts made from them measured the queue, not the tool)."""
+        wait_ms = ctx._turn_wait * 1000.0
+        ctx._turn_wait = 0.0
+        attempt.wait_ms = wait_ms
+        attempt.duration_ms = max(0.0, attempt.duration_ms - wait_ms)
 
     @staticmethod
     def _check_result(
@@ -1484,7 +1499,11 @@ class Kernel:
         # The wait for the lock, and for a function an earlier attempt gave up on that
         # still runs in its thread, counts against the call's deadline (not the attempt's
         # timeout: the tool has not started).
-        await self._serial_enter(lock, key, ctx.deadline)
+        w0 = perf_counter()
+        try:
+            await self._serial_enter(lock, key, ctx.deadline)
+        finally:
+            ctx._turn_wait = perf_counter() - w0  # not the tool's run (Attempt.wait_ms)
         try:
             if ctx.deadline is not None:
                 left = ctx.deadline - self.clock.monotonic()

@@ -246,12 +246,17 @@ class ToolCall:
 
 @dataclass(slots=True)
 class Attempt:
-    """One execution attempt of a tool inside a call."""
+    """One execution attempt of a tool inside a call.
+
+    ``duration_ms`` is the attempt's run; ``wait_ms`` the time it waited for its turn
+    at a serial tool before that (not part of ``duration_ms``).
+    """
 
     tool: str
     duration_ms: float
     error_kind: str | None = None
     decision: str | None = None
+    wait_ms: float = 0.0
 
     def to_dict(self) -> JSON:
         """JSON-compatible form."""
@@ -260,6 +265,7 @@ class Attempt:
             "duration_ms": self.duration_ms,
             "error_kind": self.error_kind,
             "decision": self.decision,
+            "wait_ms": self.wait_ms,
         }
 
 
@@ -439,6 +445,8 @@ class CallContext:
         default=((), (), (), ()),  # type: ignore[assignment]
         repr=False,
     )
+    #: Seconds the running attempt waited for its turn at a serial tool (the kernel's).
+    _turn_wait: float = field(default=0.0, init=False, repr=False)
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""
