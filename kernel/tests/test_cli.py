@@ -371,7 +371,7 @@ def test_a_misspelt_key_is_answered_with_the_key_meant(
             "[plugins.audit]\ninclude_arg = true\n",
             "plugins.audit.include_arg: unknown key; did you mean 'include_args'?",
         ),
-        ("colour = 1\n", "colour: unknown key (known keys: deadline_s, default_timeout_s,"),
+        ("colour = 1\n", "colour: unknown key (known keys: close_grace_s, deadline_s,"),
     ):
         conf.write_text(text)
         code, out, err = run(capsys, "--config", str(conf), "config", "check")

@@ -60,6 +60,18 @@ def test_full_file(tmp_path: Path) -> None:
     assert cfg.plugins == {"a": {"x": 1}}
 
 
+def test_close_grace_period_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    """config.md: `close_grace_s` (default 10), overridden by TOOLWIRE_CLOSE_GRACE_S."""
+    assert load_config(None, env={}).close_grace_s == 10.0
+    p = write(tmp_path, "enabled_plugins = []\nclose_grace_s = 2.5\n")
+    assert load_config(p, env={}).close_grace_s == 2.5
+    assert load_config(p, env={"TOOLWIRE_CLOSE_GRACE_S": "0"}).close_grace_s == 0
+    assert Kernel.from_config(load_config(p, env={})).close_grace_s == 2.5
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(ConfigError, match="TOOLWIRE_CLOSE_GRACE_S"):
+            load_config(p, env={"TOOLWIRE_CLOSE_GRACE_S": bad})
+
+
 def test_short_form_plugins_list(tmp_path: Path) -> None:
     cfg = load_config(write(tmp_path, 'plugins = ["audit"]\n'), env={})
     assert cfg.enabled_plugins == ["audit"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import gc
 import logging
+import math
 import types
 import warnings
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from toolwire import (
     ToolError,
     ToolResult,
     hookimpl,
+    tool,
 )
 from toolwire.testing import FakeClock, FakeTool, RecordingPlugin
 
@@ -445,6 +447,122 @@ async def test_a_failing_shutdown_is_logged_and_the_others_still_shut_down(
     assert any(
         r.getMessage() == "plugin 'middle': shutdown failed" and r.exc_info for r in caplog.records
     )
+
+
+class Pool:
+    """Holds a resource from startup to shutdown; its after_call uses it and the store."""
+
+    def __init__(self, name: str = "pool") -> None:
+        self.name = name
+        self.open = False
+        self.log: list[str] = []
+
+    @hookimpl
+    def startup(self) -> None:
+        self.open = True
+
+    @hookimpl
+    def shutdown(self) -> None:
+        self.open = False
+        self.log.append("shutdown")
+
+    @hookimpl
+    async def before_call(self, call: ToolCall) -> None:
+        self.log.append(f"before_call:{call.name}")
+
+    @hookimpl
+    async def after_call(self, call: ToolCall, ctx: CallContext) -> None:
+        await ctx.kernel.state.set(f"pool:{call.name}", "done")  # the store is still open
+        self.log.append(f"after_call:{call.name}(open={self.open})")
+
+
+def blocking_tool(entered: anyio.Event, release: anyio.Event) -> Any:
+    @tool
+    async def slow() -> str:
+        """Waits until released."""
+        entered.set()
+        await release.wait()
+        return "ok"
+
+    return slow
+
+
+async def test_close_waits_for_the_calls_in_flight_before_shutdown_and_the_store() -> None:
+    """hooks.md: shutdown runs after the calls in flight ended (within close's grace
+    period). Before: shutdown ran, and the store closed, under a running call: its
+    after_call found the plugin shut down and could not write to the store."""
+    entered, release = anyio.Event(), anyio.Event()
+    pool = Pool()
+    k = Kernel(tools=[blocking_tool(entered, release), FakeTool("quick").tool], plugins=[pool])
+    await k.start()
+    results: list[ToolResult] = []
+
+    async def call() -> None:
+        results.append(await k.call("slow"))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        await entered.wait()
+        tg.start_soon(k.close)
+        await anyio.wait_all_tasks_blocked()
+        assert pool.log == ["before_call:slow"]  # close() waits: no shutdown under the call
+        quick = await k.call("quick")  # a call while close() waits is served as usual
+        assert not quick.is_error
+        release.set()
+    assert pool.log == [
+        "before_call:slow",
+        "before_call:quick",
+        "after_call:quick(open=True)",
+        "after_call:slow(open=True)",
+        "shutdown",
+    ]
+    assert results[0].content == {"result": "ok"} and not results[0].meta.plugin_errors
+
+
+async def test_close_goes_on_after_its_grace_period_and_says_how_many_calls_still_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """api.md: calls still running after `close_grace_s` are not waited for: a warning
+    names how many, then the plugins shut down and the store closes."""
+    entered, release = anyio.Event(), anyio.Event()
+    pool = Pool()
+    k = Kernel(tools=[blocking_tool(entered, release)], plugins=[pool], close_grace_s=0.05)
+    await k.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "slow")
+        await entered.wait()
+        with caplog.at_level(logging.WARNING, logger="toolwire"):
+            await k.close()
+        assert pool.log == ["before_call:slow", "shutdown"]
+        release.set()
+    assert "1 call still running after the close grace period (0.05s)" in caplog.text
+
+
+@pytest.mark.parametrize("grace", [-1, math.nan, math.inf, True, "10"])
+def test_a_close_grace_period_that_is_no_number_of_seconds_is_refused(grace: Any) -> None:
+    with pytest.raises(ValueError, match=r"Kernel\(close_grace_s=.*\): give seconds >= 0"):
+        Kernel(close_grace_s=grace)
+
+
+async def test_remove_plugin_shuts_it_down_after_the_calls_that_met_its_hooks() -> None:
+    """concepts.md: remove_plugin runs the plugin's shutdown once the calls that started
+    before it was removed have ended. Before: shutdown ran under a call that was in its
+    hooks (its after_call then found it shut down)."""
+    entered, release = anyio.Event(), anyio.Event()
+    pool = Pool()
+    k = Kernel(tools=[blocking_tool(entered, release), FakeTool("quick").tool], plugins=[pool])
+    await k.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "slow")
+        await entered.wait()
+        tg.start_soon(k.remove_plugin, "pool")
+        await anyio.wait_all_tasks_blocked()
+        assert "pool" not in k.plugins.plugins  # new calls no longer meet its hooks
+        await k.call("quick")  # a call that started after the removal is not waited for
+        assert pool.log == ["before_call:slow"]
+        release.set()
+    assert pool.log == ["before_call:slow", "after_call:slow(open=True)", "shutdown"]
+    await k.close()
 
 
 # ------------------------------------------------------------------------- discover

@@ -125,6 +125,7 @@ class ToolwireConfig(BaseModel):
     max_attempts: int = Field(5, ge=1, le=100)
     default_timeout_s: float | None = Field(None, gt=0)
     deadline_s: float | None = Field(None, gt=0)
+    close_grace_s: float = Field(10.0, ge=0, allow_inf_nan=False)
     secrets_file: str | None = None
     tools: ToolsConfig = Field(default_factory=ToolsConfig)
     plugins: dict[str, dict[str, Any]] = Field(default_factory=dict)
@@ -284,6 +285,7 @@ def _apply_env(
         "TOOLWIRE_MAX_ATTEMPTS": "max_attempts",
         "TOOLWIRE_DEFAULT_TIMEOUT_S": "default_timeout_s",
         "TOOLWIRE_DEADLINE_S": "deadline_s",
+        "TOOLWIRE_CLOSE_GRACE_S": "close_grace_s",
         "TOOLWIRE_SECRETS_FILE": "secrets_file",
     }
     for var, key in simple.items():
@@ -1021,6 +1023,7 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         "max_attempts": cfg.max_attempts,
         "default_timeout_s": cfg.default_timeout_s,
         "deadline_s": cfg.deadline_s,
+        "close_grace_s": cfg.close_grace_s,
     }
     kw.update(overrides)
     kernel = kernel_cls(**kw)

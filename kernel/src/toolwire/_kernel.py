@@ -76,6 +76,44 @@ class _NotStarted(TimeoutError):
     """The call's deadline passed before the attempt started."""
 
 
+class _Flight:
+    """How many calls that started in one period are still running (``close()`` and
+    ``remove_plugin()`` wait for them; a plugin removed starts a new period)."""
+
+    __slots__ = ("idle", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        #: set when ``n`` drops to 0; made only when someone waits (a call pays nothing)
+        self.idle: anyio.Event | None = None
+
+    async def wait(self) -> None:
+        """Until no call of this period runs."""
+        while self.n:
+            idle = self.idle
+            if idle is None or idle.is_set():  # set earlier, then calls came again
+                idle = self.idle = anyio.Event()
+            await idle.wait()
+
+
+class _Calls:
+    """The calls in flight (one object: a Kernel past 30 attributes loses CPython's
+    shared-key instance dicts, and every ``self.x`` of a call gets slower)."""
+
+    __slots__ = ("closing", "earlier", "now")
+
+    def __init__(self) -> None:
+        #: the calls started since the last plugin removal
+        self.now = _Flight()
+        #: earlier periods' calls, some maybe still running
+        self.earlier: list[_Flight] = []
+        #: set while close() runs (another close(), or a start, waits for it)
+        self.closing: anyio.Event | None = None
+
+    def all(self) -> list[_Flight]:
+        return [*self.earlier, self.now]
+
+
 def _visible(t: Tool) -> tuple[Any, ...]:
     """What a client of the catalog sees of a tool."""
     return (
@@ -283,6 +321,8 @@ class Kernel:
         max_attempts: at most this many attempts per call, whatever plugins decide.
         default_timeout_s: per-attempt timeout for tools that set none (None: no timeout).
         deadline_s: overall deadline per call, retries and waits included (None: none).
+        close_grace_s: how long ``close()`` (and ``remove_plugin``) waits for the calls
+            in flight before shutting plugins down (0: not at all).
         clock: time source (tests pass ``toolwire.testing.FakeClock``).
     """
 
@@ -295,6 +335,7 @@ class Kernel:
         max_attempts: int = 5,
         default_timeout_s: float | None = None,
         deadline_s: float | None = None,
+        close_grace_s: float = 10.0,
         clock: Clock | None = None,
     ) -> None:
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
@@ -304,9 +345,19 @@ class Kernel:
                 isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
             ):
                 raise ValueError(f"Kernel({key}={value!r}): give seconds > 0, or None")
+        if (
+            isinstance(close_grace_s, bool)
+            or not isinstance(close_grace_s, int | float)
+            or not 0 <= close_grace_s < math.inf
+        ):
+            raise ValueError(
+                f"Kernel(close_grace_s={close_grace_s!r}): give seconds >= 0 (0: do not wait "
+                "for the calls in flight)"
+            )
         self.max_attempts = max_attempts
         self.default_timeout_s = default_timeout_s
         self.deadline_s = deadline_s
+        self.close_grace_s = close_grace_s
         self.clock: Clock = clock or SystemClock()
         if isinstance(state, str):
             # memory/SQLite expiry follows the kernel's clock (a FakeClock in tests);
@@ -341,6 +392,8 @@ class Kernel:
         self._thread_runs: dict[object, list[ThreadRun]] = {}
         self._started = False
         self._start_lock: anyio.Lock | None = None
+        #: the calls in flight, which close() and remove_plugin() wait for
+        self._calls = _Calls()
         self._index: Any = None
         self._background: list[BackgroundTask] = []
         self._catalog_listeners: list[Callable[[], None]] = []
@@ -449,16 +502,22 @@ class Kernel:
         """Remove a plugin from a running kernel (or before start, like ``unregister``).
 
         New calls stop meeting its hooks at once; the tools it contributed
-        (listed or found by a query) leave the catalog; then its ``shutdown``
-        hook runs (errors logged). Calls already running finish with the hooks
-        they started with. Other sources are not asked again.
+        (listed or found by a query) leave the catalog; then, when it has a
+        ``shutdown`` hook and call hooks or tools, the calls that started before
+        (they may be in its hooks or its tools) get ``close_grace_s`` to end;
+        then its ``shutdown`` hook runs (errors logged). Calls already running finish with the hooks they
+        started with. Other sources are not asked again.
         """
         if name not in self.plugins.plugins:
             raise PluginError(name, self.plugins.not_registered())
         if not self._started:
             self.plugins.unregister(name)
             return
-        shutdown = [i for i in self.plugins.compiled["shutdown"] if i.plugin == name]
+        c = self.plugins.compiled
+        shutdown = [i for i in c["shutdown"] if i.plugin == name]
+        hooked = any(
+            i.plugin == name for h in ("before_call", "on_error", "after_call") for i in c[h]
+        )
         self.plugins.unregister(name)
         with anyio.CancelScope(shield=True):
             async with self._catalog_guard():
@@ -471,6 +530,22 @@ class Kernel:
                     del self._queried[n]
                 if gone or queried:
                     self._rebuild_catalog()
+            if shutdown and (hooked or gone or queried):
+                # A call starting from now on meets neither its hooks nor its tools: wait
+                # for those that started before, which may be in them.
+                calls = self._calls
+                before = [f for f in calls.all() if f.n]
+                calls.now, calls.earlier = _Flight(), before
+                left = await self._drain(before, self.close_grace_s)
+                if left:
+                    log.warning(
+                        "plugin %r: %d call%s that started before its removal still running "
+                        "after the close grace period (%gs): running its shutdown under them",
+                        name,
+                        left,
+                        "" if left == 1 else "s",
+                        self.close_grace_s,
+                    )
             await self._run_shutdown(shutdown)
 
     def _catalog_guard(self) -> anyio.Lock:
@@ -922,6 +997,8 @@ class Kernel:
         if self._start_lock is None:
             self._start_lock = anyio.Lock()
         async with self._start_lock:
+            while self._calls.closing is not None:  # a close() is shutting down: then anew
+                await self._calls.closing.wait()
             if self._started:
                 return
             unknown = self.plugins.untraced()
@@ -952,22 +1029,60 @@ class Kernel:
             self._started = True
 
     async def close(self) -> None:
-        """Run ``shutdown`` hooks (errors logged) and close the state store.
+        """Wait for the calls in flight, run ``shutdown`` hooks (errors logged) and close
+        the state store.
 
-        On a kernel that never started, only the tasks ``spawn`` started are
-        cancelled (no hook ran ``startup``, so none runs ``shutdown``).
+        The calls in flight (and those that start meanwhile) get ``close_grace_s``
+        seconds to end; those still running then are not cancelled: a warning says
+        how many, and the plugins shut down under them. On a kernel that never
+        started, only the tasks ``spawn`` started are cancelled (no hook ran
+        ``startup``, so none runs ``shutdown``).
         """
+        calls = self._calls
+        while calls.closing is not None:  # another close() is running: it closes
+            await calls.closing.wait()
         if not self._started:
             for task in self._background:
                 await task.cancel()
             self._background.clear()
             return
-        self._started = False
-        await self._shutdown(before=None)
-        for task in self._background:
-            await task.cancel()
-        self._background.clear()
-        await self.state.close()
+        closing = calls.closing = anyio.Event()
+        try:
+            left = await self._drain(None, self.close_grace_s)
+            if left:
+                log.warning(
+                    "%d call%s still running after the close grace period (%gs): shutting "
+                    "down the plugins and closing the state store under %s; give the kernel "
+                    "a longer close_grace_s, or cancel the calls before close()",
+                    left,
+                    "" if left == 1 else "s",
+                    self.close_grace_s,
+                    "it" if left == 1 else "them",
+                )
+            self._started = False
+            await self._shutdown(before=None)
+            for task in self._background:
+                await task.cancel()
+            self._background.clear()
+            await self.state.close()
+        finally:
+            calls.closing = None
+            closing.set()
+
+    async def _drain(self, flights: list[_Flight] | None, grace_s: float) -> int:
+        """Wait up to ``grace_s`` for the calls of ``flights`` to end (None: every call in
+        flight, those starting meanwhile included); how many still run."""
+
+        def watched() -> list[_Flight]:
+            return flights if flights is not None else self._calls.all()
+
+        with anyio.move_on_after(grace_s):
+            while True:
+                busy = [f for f in watched() if f.n]
+                if not busy:
+                    break
+                await busy[0].wait()
+        return sum(f.n for f in watched())
 
     async def _shutdown(self, before: str | None) -> None:
         """Run the ``shutdown`` hooks (descending order); with ``before`` (a start that
@@ -1079,12 +1194,16 @@ class Kernel:
         dl = timeout if timeout is not None else self.deadline_s
         deadline = None if dl is None else self.clock.monotonic() + dl
         ctx = CallContext(self, call, None, 0, attempts, deadline, t0, {}, meta, progress)
-        ctx.hooks = self._hooks
         if extensions:
             ctx.extensions = dict(extensions)
         events = self.events.active
         if events:
             await self.events.emit("call_started", call)
+        # The call's hooks, and its count among the calls in flight that close() and
+        # remove_plugin() wait for: taken together, with no await between them.
+        ctx.hooks = self._hooks
+        flight = self._calls.now
+        flight.n += 1
         # after_call hooks started, and the result the latest was given: a cancellation
         # that comes while they run gives that result to the others (the tool ran)
         entered: list[Any] = [0, None]
@@ -1113,6 +1232,10 @@ class Kernel:
             if events:
                 await self._finished_cancelled(call, ctx, t0, exc)
             raise
+        finally:
+            flight.n -= 1
+            if flight.idle is not None and not flight.n:
+                flight.idle.set()
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
