@@ -232,7 +232,7 @@ def test_config_check_lists_the_warnings_and_strict_fails_on_them(
     assert out["plugins"] == ["plain"]
     [warning] = out["warnings"]
     assert warning.startswith("plugin 'needsdep' skipped: No module named")
-    assert "pip install 'twcli_missing_dependency_xyz'" in warning
+    assert "install the distribution that provides module 'twcli_missing_dependency_xyz'" in warning
     assert warning_lines(err) == [warning]  # stderr logs as it did
     code, out, err = run(capsys, "--config", str(conf), "config", "check", "--strict")
     assert code == 1 and isinstance(out, dict) and out["ok"] is False

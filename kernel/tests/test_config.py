@@ -405,10 +405,70 @@ def test_missing_optional_dependency_is_skipped_with_pip_hint(
         k = Kernel.from_config(str(write(tmp_path, "")))
     assert [i.name for i in k.plugins.ordered()] == ["plain"]
     assert "plugin 'needsdep' skipped" in caplog.text
-    assert "pip install 'toolwire_tests_missing_dep_xyz'" in caplog.text
+    assert "install the distribution that provides module 'toolwire_tests_missing_dep_xyz'" in (
+        caplog.text
+    )
     # named explicitly, the same plugin is a fatal error that says what to install
-    with pytest.raises(PluginError, match=r"plugin 'needsdep': cannot be loaded.*pip install"):
+    with pytest.raises(
+        PluginError, match=r"plugin 'needsdep': cannot be loaded.*install the distribution"
+    ):
         Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["needsdep"]\n')))
+
+
+def fake_dist(tmp_path: Path, name: str, module: str, *requires: str) -> md.Distribution:
+    """An installed distribution ``name`` whose plugin ``needsdep`` is ``module:Plugin``."""
+    info = tmp_path / f"{name.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    lines = [f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"]
+    lines += [f"Requires-Dist: {r}\n" for r in requires]
+    (info / "METADATA").write_text("".join(lines))
+    (info / "entry_points.txt").write_text(f"[toolwire]\nneedsdep = {module}:Plugin\n")
+    return md.PathDistribution(info)
+
+
+@pytest.mark.parametrize(
+    ("requires", "advice"),
+    [
+        (
+            ["toolwire-tests-missing-dep-xyz-api>=1.2", "toolwire-tests-missing-dep-xyz-sdk"],
+            "pip install acme-needsdep (it requires toolwire-tests-missing-dep-xyz-api, "
+            "toolwire-tests-missing-dep-xyz-sdk)",
+        ),
+        (
+            ['Toolwire_Tests.Missing_Dep_XYZ; extra == "fast"', "pydantic"],
+            "pip install 'acme-needsdep[fast]' (it requires Toolwire_Tests.Missing_Dep_XYZ)",
+        ),
+        (
+            ["pydantic"],
+            "acme-needsdep does not declare a distribution named like it: install the one "
+            "that provides module 'toolwire_tests_missing_dep_xyz'",
+        ),
+    ],
+)
+def test_a_missing_dependency_is_named_by_the_distribution_that_brings_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    requires: list[str],
+    advice: str,
+) -> None:
+    """Before: the hint was `pip install 'opentelemetry'` for toolwire-profiling, whose
+    dependencies are opentelemetry-api and opentelemetry-sdk: the import name is not
+    always a distribution's. The plugin's distribution knows what brings the module."""
+    pkg = tmp_path / "mods" / "twtest_distdep"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import toolwire_tests_missing_dep_xyz.trace\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    dist = fake_dist(tmp_path, "acme-needsdep", "twtest_distdep", *requires)
+    eps = {ep.name: ep for ep in dist.entry_points}
+    monkeypatch.setattr(config_mod, "installed_plugins", lambda: eps)
+    with caplog.at_level("WARNING", logger="toolwire"):
+        Kernel.from_config(str(write(tmp_path, "")))
+    assert "plugin 'needsdep' skipped" in caplog.text
+    assert f"its dependency 'toolwire_tests_missing_dep_xyz' is not installed: {advice}" in (
+        caplog.text
+    )
+    assert "pip install 'toolwire_tests_missing_dep_xyz'" not in caplog.text
 
 
 def test_a_dependency_missing_behind_a_lazy_attribute_is_handled_like_an_import(
@@ -434,8 +494,12 @@ def test_a_dependency_missing_behind_a_lazy_attribute_is_handled_like_an_import(
         k = Kernel.from_config(str(write(tmp_path, "")))
     assert [i.name for i in k.plugins.ordered()] == ["plain"]
     assert "plugin 'lazy' skipped" in caplog.text
-    assert "pip install 'toolwire_tests_missing_dep_xyz'" in caplog.text
-    with pytest.raises(PluginError, match=r"plugin 'lazy': cannot be loaded.*pip install"):
+    assert "install the distribution that provides module 'toolwire_tests_missing_dep_xyz'" in (
+        caplog.text
+    )
+    with pytest.raises(
+        PluginError, match=r"plugin 'lazy': cannot be loaded.*install the distribution"
+    ):
         Kernel.from_config(str(write(tmp_path, 'enabled_plugins = ["lazy"]\n')))
     fake_eps(monkeypatch, broken="twtest_lazy:Broken")
     with pytest.raises(PluginError) as ei:

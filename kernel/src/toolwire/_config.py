@@ -973,12 +973,8 @@ def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
             raise PluginError(
                 n, f"cannot be loaded: {exc} (a module of the plugin's own package)"
             ) from exc
-        dist, _ = _dist_of(ep)
         top = missing.split(".", 1)[0]
-        hint = (
-            f"its dependency {top!r} is not installed: pip install {top!r}, or the "
-            f"extra of {dist or 'toolwire-' + n!r} that brings it"
-        )
+        hint = f"its dependency {top!r} is not installed: {_what_to_install(ep, top)}"
         if explicit:
             raise PluginError(n, f"cannot be loaded: {exc}; {hint}") from exc
         log.warning("plugin %r skipped: %s; %s", n, exc, hint)
@@ -988,6 +984,47 @@ def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
     except Exception as exc:
         raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
     return obj
+
+
+_REQ_NAME = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+_REQ_EXTRA = re.compile(r"""\bextra\s*==\s*["']([^"']+)["']""")
+
+
+def _dist_key(name: str) -> str:
+    """A distribution name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _what_to_install(ep: md.EntryPoint, module: str) -> str:
+    """How to install the missing ``module`` a plugin's code imports, from the requirements
+    of the plugin's distribution: a module's name is not always a distribution's
+    (``opentelemetry`` comes with ``opentelemetry-api``, which toolwire-profiling requires)."""
+    dist = getattr(ep, "dist", None)
+    if dist is None:
+        return f"install the distribution that provides module {module!r}"
+    name = dist.metadata["Name"]
+    want = _dist_key(module)
+    plain: list[str] = []
+    extras: dict[str, list[str]] = {}
+    for req in dist.requires or ():
+        m = _REQ_NAME.match(req)
+        key = _dist_key(m.group(1)) if m is not None else ""
+        if m is None or (key != want and not key.startswith(want + "-")):
+            continue
+        extra = _REQ_EXTRA.search(req.partition(";")[2])
+        if extra is None:
+            plain.append(m.group(1))
+        else:
+            extras.setdefault(extra.group(1), []).append(m.group(1))
+    if plain:
+        return f"pip install {name} (it requires {', '.join(plain)})"
+    if extras:
+        extra_name, names = next(iter(extras.items()))
+        return f"pip install '{name}[{extra_name}]' (it requires {', '.join(names)})"
+    return (
+        f"{name} does not declare a distribution named like it: install the one that "
+        f"provides module {module!r}"
+    )
 
 
 def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any) -> Kernel:
