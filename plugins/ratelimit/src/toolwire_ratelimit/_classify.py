@@ -17,10 +17,14 @@ limit exceeded" is ``rate_limit``, not ``auth``.
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import regex  # type: ignore[import-untyped]  # no type information; used via TextRegex only
 
 from . import _hints
 from ._evidence import Evidence
@@ -33,6 +37,7 @@ __all__ = [
     "Classifier",
     "Pattern",
     "PatternSet",
+    "TextRegex",
     "default_patterns",
     "request_went_out",
 ]
@@ -53,6 +58,86 @@ KIND_RULES: dict[str, tuple[bool, bool]] = {
 
 StatusFilter = Callable[[int | None], bool]
 
+log = logging.getLogger("toolwire.ratelimit")
+
+#: A pattern that keeps running out of time is logged at most once in this many seconds.
+WARN_EVERY_S = 60.0
+
+
+class TextRegex:
+    """A regular expression searched in the evidence text, case-insensitive.
+
+    Compiled with the ``regex`` package (its version 0 syntax is that of ``re``; the
+    configuration checks that both accept a pattern), which searches the default patterns
+    faster than ``re`` and can stop a search. ``timeout_s`` (configured patterns) bounds
+    one search: a search that runs past it is given up and counts as no match, or as a
+    match when ``timed_out_matches`` (a deny pattern: its safe side is terminal), and is
+    logged as a WARNING naming ``pattern_id``, at most once per ``WARN_EVERY_S`` seconds
+    of ``clock`` for this pattern. ``None`` (the default patterns, which take time linear
+    in the text): no bound.
+    """
+
+    __slots__ = (
+        "_compiled",
+        "_last_warned",
+        "_quiet",
+        "clock",
+        "pattern",
+        "pattern_id",
+        "timed_out_matches",
+        "timeout_s",
+    )
+
+    def __init__(
+        self,
+        pattern: str,
+        *,
+        pattern_id: str = "",
+        timeout_s: float | None = None,
+        timed_out_matches: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pattern = pattern
+        self.pattern_id = pattern_id
+        self.timeout_s = timeout_s
+        self.timed_out_matches = timed_out_matches
+        self.clock = clock
+        self._compiled: Any = regex.compile(pattern, regex.IGNORECASE | regex.VERSION0)
+        self._last_warned: float | None = None
+        self._quiet = 0
+
+    def __repr__(self) -> str:
+        return f"TextRegex({self.pattern!r}, timeout_s={self.timeout_s!r})"
+
+    def matches(self, text: str) -> bool:
+        """Whether the pattern is found in ``text`` (see the class for a search given up)."""
+        if self.timeout_s is None:
+            return self._compiled.search(text) is not None
+        try:
+            return self._compiled.search(text, timeout=self.timeout_s) is not None
+        except TimeoutError:
+            self._timed_out(len(text))
+            return self.timed_out_matches
+
+    def _timed_out(self, length: int) -> None:
+        now = self.clock()
+        if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
+            self._quiet += 1
+            return
+        quiet, self._quiet, self._last_warned = self._quiet, 0, now
+        log.warning(
+            "pattern %r gave up after %g s searching %d characters of error text, counted "
+            "as %s; bound its repetitions (rate.{0,40}limit, not rate.*limit) or raise "
+            "[plugins.ratelimit] pattern_timeout_seconds%s",
+            self.pattern_id,
+            self.timeout_s,
+            length,
+            "a match (a deny pattern: the failure is terminal)"
+            if self.timed_out_matches
+            else "no match (the failure is terminal unless another pattern matches)",
+            f" ({quiet} more times since the last warning)" if quiet else "",
+        )
+
 
 def _none_or_4xx(status: int | None) -> bool:
     return status is None or 400 <= status < 500
@@ -70,9 +155,11 @@ def _none_or_5xx(status: int | None) -> bool:
 class Pattern:
     """One allow or deny rule. Every condition that is set must hold.
 
-    ``regex`` searches the messages and the body excerpt (case-insensitive);
+    ``regex`` searches the messages and the body excerpt (case-insensitive; a
+    configured one within its time limit, see ``TextRegex``);
     ``statuses`` is a set of HTTP statuses; ``exception`` must fully match the
-    name of one of the exception classes in the chain (bases included);
+    name of one of the exception classes in the chain (bases included; ``re`` with no
+    time limit: class names come from code, not from the upstream, and are short);
     ``probe`` is a structural test on the evidence; ``status_filter`` restricts
     a default text pattern to plausible statuses. ``specific`` puts the
     pattern in the first tier (see the module docstring).
@@ -80,7 +167,7 @@ class Pattern:
 
     id: str
     kind: str
-    regex: re.Pattern[str] | None = None
+    regex: TextRegex | None = None
     statuses: frozenset[int] | None = None
     exception: re.Pattern[str] | None = None
     probe: Callable[[Evidence], bool] | None = None
@@ -99,7 +186,7 @@ class Pattern:
             return False
         if self.probe is not None and not self.probe(ev):
             return False
-        return self.regex is None or self.regex.search(ev.text) is not None
+        return self.regex is None or self.regex.matches(ev.text)
 
 
 @dataclass(slots=True)
@@ -118,10 +205,6 @@ class PatternSet:
 
     def __bool__(self) -> bool:
         return bool(self.deny or self.allow)
-
-
-def _rx(text: str) -> re.Pattern[str]:
-    return re.compile(text, re.IGNORECASE)
 
 
 def _quota_window(ev: Evidence) -> bool:
@@ -202,7 +285,7 @@ def default_patterns() -> PatternSet:
         ),
     ]
     for kind, pid, rx, flt in text:
-        ps.add(Pattern(pid, kind, regex=_rx(rx), status_filter=flt))
+        ps.add(Pattern(pid, kind, regex=TextRegex(rx, pattern_id=pid), status_filter=flt))
     ps.add(Pattern("default.headers.quota_window", "quota", probe=_quota_window))
     ps.add(Pattern("default.body.quota_exhausted", "quota", probe=_quota_fields))
     statuses = {

@@ -8,9 +8,10 @@ a ``chain_order``, per-backend ``rate_limit_patterns``, ``cooldown_seconds``,
 inline keys override the file's. ``backends`` is accepted for ``providers``
 and ``api_keys`` for ``keys``.
 
-Every regular expression is compiled at load (case-insensitive); an invalid
-one, or one with nested repetition that could backtrack catastrophically, is
-a configuration error naming it.
+Every regular expression is compiled at load (case-insensitive), by ``re`` and by
+the ``regex`` package that searches it; an invalid one, or one with nested
+repetition that could backtrack catastrophically, is a configuration error naming
+it. One search of a configured pattern is bounded by ``pattern_timeout_seconds``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import pydantic
+import regex  # type: ignore[import-untyped]  # no type information
 from pydantic import (
     AfterValidator,
     AliasChoices,
@@ -90,8 +92,9 @@ def nested_repetition(pattern: str) -> str | None:
 
     Not caught, on purpose (ordinary patterns have this shape): an unbounded
     repetition followed by what must match after it (``rate.*limit``, ``a+b``) costs
-    time quadratic in the text on hostile input; docs/ratelimit.md measures it and
-    says to bound such repetitions (``rate.{0,40}limit``).
+    time quadratic in the text on hostile input; ``pattern_timeout_seconds`` bounds
+    one search, and docs/ratelimit.md says to bound such repetitions
+    (``rate.{0,40}limit``).
 
     Returns None when the regex engine's parser is not available.
     """
@@ -226,6 +229,13 @@ def _check_regex(value: str) -> str:
             f"regular expression {value!r} matches every message (it matches the empty "
             "string), so every error would count as matched; remove it or make it specific"
         )
+    try:  # the engine that searches it (version 0: the syntax of re)
+        regex.compile(value, regex.IGNORECASE | regex.VERSION0)
+    except regex.error as exc:
+        raise ValueError(
+            f"regular expression {value!r} is not accepted by the regex package that "
+            f"searches it: {exc}; write it in the syntax of Python's re that both accept"
+        ) from None
     problem = nested_repetition(value)
     if problem:
         raise ValueError(
@@ -435,6 +445,16 @@ class RateLimitConfig(PatternKeys):
         True, description="a ToolError raised with kind rate_limit/quota/... counts as a match"
     )
     max_body_bytes: int = Field(8192, ge=256, le=1 << 20)
+    pattern_timeout_seconds: float = Field(
+        0.05,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description=(
+            "time limit of one search of a configured pattern; past it, no match "
+            "(a deny pattern: a match)"
+        ),
+    )
     max_retry_after_seconds: float = Field(31 * 86400.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     providers: dict[Annotated[str, Field(pattern=NAME_RE)], ProviderConfig] = Field(
         default_factory=dict, validation_alias=AliasChoices("providers", "backends")

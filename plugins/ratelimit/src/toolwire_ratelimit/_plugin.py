@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from toolwire import (
@@ -29,6 +29,7 @@ from ._classify import (
     Classifier,
     Pattern,
     PatternSet,
+    TextRegex,
     default_patterns,
     request_went_out,
 )
@@ -112,19 +113,33 @@ def _small_json(v: Any, max_depth: int = 16, max_nodes: int = 1000) -> bool:
     return True
 
 
-def _scope(prefix: str, keys: PatternKeys) -> PatternSet:
+def _scope(
+    prefix: str, keys: PatternKeys, timeout_s: float, clock: Callable[[], float]
+) -> PatternSet:
+    """The configured patterns of one scope; each text search is bounded by ``timeout_s``."""
+
+    def text(pattern: str, pid: str, kind: str) -> TextRegex:
+        return TextRegex(
+            pattern,
+            pattern_id=pid,
+            timeout_s=timeout_s,
+            timed_out_matches=kind == "deny",
+            clock=clock,
+        )
+
     ps = PatternSet()
     for kind, i, entry in keys.pattern_items():
         auto = f"{prefix}.{kind}_patterns[{i}]"
         if isinstance(entry, str):
-            ps.add(Pattern(auto, kind, regex=re.compile(entry, re.IGNORECASE)))
+            ps.add(Pattern(auto, kind, regex=text(entry, auto, kind)))
         else:
             assert isinstance(entry, PatternSpec)
+            pid = entry.id or auto
             ps.add(
                 Pattern(
-                    entry.id or auto,
+                    pid,
                     kind,
-                    regex=re.compile(entry.regex, re.IGNORECASE) if entry.regex else None,
+                    regex=text(entry.regex, pid, kind) if entry.regex else None,
                     statuses=frozenset(entry.status) if entry.status else None,
                     exception=re.compile(entry.exception, re.IGNORECASE)
                     if entry.exception
@@ -181,9 +196,14 @@ class RateLimitPlugin:
             trust_declared_kinds=cfg.trust_tool_kinds,
             max_retry_after_s=cfg.max_retry_after_seconds,
         )
-        self._global = _scope("config", cfg)
-        self._provider_scopes = {p: _scope(f"providers.{p}", pc) for p, pc in cfg.providers.items()}
-        self._tool_scopes = {t: _scope(f"tools.{t}", tc) for t, tc in cfg.tools.items()}
+        limit, clock = cfg.pattern_timeout_seconds, self._monotonic
+        self._global = _scope("config", cfg, limit, clock)
+        self._provider_scopes = {
+            p: _scope(f"providers.{p}", pc, limit, clock) for p, pc in cfg.providers.items()
+        }
+        self._tool_scopes = {
+            t: _scope(f"tools.{t}", tc, limit, clock) for t, tc in cfg.tools.items()
+        }
         self._tool_provider: dict[str, str] = {}
         for p, pc in cfg.providers.items():
             for t in pc.tools:
@@ -364,6 +384,9 @@ class RateLimitPlugin:
 
     def _now(self) -> float:
         return self._kernel.clock.time() if self._kernel is not None else time.time()
+
+    def _monotonic(self) -> float:
+        return self._kernel.clock.monotonic() if self._kernel is not None else time.monotonic()
 
     def classify(
         self,

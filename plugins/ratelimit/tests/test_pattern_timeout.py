@@ -1,0 +1,231 @@
+"""A configured pattern's search is bounded in time: one that runs past
+``pattern_timeout_seconds`` is given up, counted as no match (a deny pattern: as a
+match), and logged at most once a minute per pattern.
+
+Before, configured patterns were searched with ``re`` with no bound: ``[^b]+b`` took
+6.6 s on one hostile error at the default caps, on the event loop."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from toolwire import ConfigError, Kernel, ToolError, load_config
+from toolwire.testing import FakeClock
+from toolwire_ratelimit import RateLimitConfig, RateLimitPlugin
+
+pytestmark = pytest.mark.anyio
+
+LOGGER = "toolwire.ratelimit"
+
+
+def hostile(first: str = "", char: str = "a", max_body: int = 8192, status: int = 500) -> ToolError:
+    """An error whose searched text is as long as the default caps allow: 17 messages of
+    2 KiB (this error's and 16 causes') and ``max_body`` of body, all ``char``;
+    ``first`` starts the first message."""
+    exc: BaseException = RuntimeError(char * 5000)
+    for _ in range(15):
+        try:
+            raise RuntimeError(char * 5000) from exc
+        except RuntimeError as e:
+            exc = e
+    top = ToolError(first + char * 5000, status=status, details={"body": char * (max_body + 100)})
+    top.__cause__ = exc
+    return top
+
+
+def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == logging.WARNING and "gave up" in r.getMessage()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "first"),
+    [
+        ("[^b]+b", ""),  # re: 6.6 s (it crosses the newlines between messages)
+        ("(?:a|A)+b", ""),  # re: 1.1 s
+        ("a+b", "b"),  # a "b" the engine finds first, then 41k of "a": regex times out
+    ],
+)
+def test_a_quadratic_pattern_on_hostile_text_ends_soon_and_does_not_match(
+    pattern: str, first: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    timeout = RateLimitConfig().pattern_timeout_seconds
+    plugin = RateLimitPlugin(RateLimitConfig(rate_limit_patterns=[pattern]))
+    exc = hostile(first)
+    t0 = time.perf_counter()
+    c = plugin.classify(exc)
+    elapsed = time.perf_counter() - t0
+    # no tight timing: the bound only separates "given up" from the seconds it took before
+    assert elapsed < 5 * timeout + 1.0, f"{pattern!r} took {elapsed:.2f} s"
+    assert (c.kind, c.pattern, c.retryable) == ("tool_error", None, False)
+
+
+def test_a_pattern_that_runs_past_the_limit_is_no_match_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``a+b`` on "b" then 41k of "a" takes about 0.5 s unbounded (re or regex): far past
+    the 10 ms limit set here on any machine."""
+    cfg = RateLimitConfig(
+        pattern_timeout_seconds=0.01,
+        providers={"acme": {"rate_limit_patterns": [{"id": "acme-slow", "regex": "a+b"}]}},
+    )
+    plugin = RateLimitPlugin(cfg)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c = plugin.classify(hostile("b"), provider="acme")
+    assert (c.kind, c.pattern, c.retryable) == ("tool_error", None, False)
+    (msg,) = warnings_of(caplog)
+    assert "'acme-slow'" in msg and "0.01 s" in msg and "no match" in msg
+    assert "pattern_timeout_seconds" in msg  # what to do
+    # the same text with a match early on is found as before
+    assert plugin.classify(ToolError("aab" + "a" * 40_000), provider="acme").pattern == "acme-slow"
+
+
+def test_a_timed_out_pattern_leaves_the_other_patterns_to_decide(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = RateLimitConfig(pattern_timeout_seconds=0.01, quota_patterns=["a+b"])
+    exc = hostile("b", status=429)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c = RateLimitPlugin(cfg).classify(exc)
+    assert (c.kind, c.pattern) == ("rate_limit", "default.status.429")
+    assert len(warnings_of(caplog)) == 1
+
+
+def test_a_timed_out_deny_pattern_counts_as_a_match(caplog: pytest.LogCaptureFixture) -> None:
+    """The safe side of a deny pattern is terminal: a hostile text that makes it run out of
+    time must not let an allow pattern make the error retryable."""
+    cfg = RateLimitConfig(pattern_timeout_seconds=0.01, deny_patterns=["a+b"])
+    exc = hostile("b", status=429)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c = RateLimitPlugin(cfg).classify(exc)
+    assert (c.kind, c.pattern, c.denied, c.retryable) == (
+        "tool_error",
+        "config.deny_patterns[0]",
+        True,
+        False,
+    )
+    (msg,) = warnings_of(caplog)
+    assert "'config.deny_patterns[0]'" in msg and "counted as a match" in msg
+
+
+async def test_the_warning_is_logged_once_a_minute_per_pattern(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    cfg = RateLimitConfig(
+        pattern_timeout_seconds=0.001,
+        rate_limit_patterns=[{"id": "slow-1", "regex": "a+b"}],
+        tools={"t": {"rate_limit_patterns": [{"id": "slow-2", "regex": "(?:a|A)+b"}]}},
+    )
+    plugin = RateLimitPlugin(cfg)
+    # both patterns take 0.1 s or more on it unbounded
+    slow = ToolError("x", details={"body": "a" * 8000 + "\nb"})
+
+    def warned() -> list[str]:
+        out = [m.split()[1] for m in warnings_of(caplog)]
+        caplog.clear()
+        return out
+
+    async with Kernel(plugins=[plugin], clock=clock):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            for _ in range(5):
+                assert plugin.classify(slow).pattern is None
+            assert warned() == ["'slow-1'"]
+            clock.advance(59)
+            assert plugin.classify(slow).pattern is None
+            assert warned() == []
+            # slow-2 has a minute of its own; slow-1, searched after it, is still quiet
+            assert plugin.classify(slow, tool="t").pattern is None
+            assert warned() == ["'slow-2'"]
+            clock.advance(1)
+            assert plugin.classify(slow).pattern is None
+            (msg,) = warnings_of(caplog)
+            assert msg.split()[1] == "'slow-1'"
+            assert "6 more times since the last warning" in msg
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "61", "inf", "nan"])
+def test_the_time_limit_must_be_a_positive_number_of_at_most_60_s(
+    tmp_path: Path, value: str
+) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(f"[plugins.ratelimit]\npattern_timeout_seconds = {value}\n")
+    with pytest.raises(ConfigError, match=r"plugins\.ratelimit\.pattern_timeout_seconds"):
+        Kernel.from_config(load_config(path, env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit"}))
+
+
+# Pattern syntax accepted before (Python's re) still compiles, and finds what re finds.
+SYNTAX = [
+    r"(?i)Hold\s+Your\s+Horses",
+    r"(?x) rate \s* limit  # verbose",
+    r"(?s)rate.{0,5}limit",
+    r"(?m)^limit$",
+    r"(?a)\w+_exceeded",
+    r"\bquota\b",
+    r"\d{3} too many",
+    r"(?P<n>\d+) requests",
+    r"(?P<w>slow) (?P=w)",
+    r"(?<=x-)rate",
+    r"(?<!no )limit",
+    r"limit(?= reached)",
+    r"(?:ab)++c",
+    r"(?>a|ab)c",
+    r"\N{LATIN SMALL LETTER E WITH ACUTE}puis[eé]",
+    r"[^\W\d_]{3}x",
+    r"\u00e9t\xe9",
+    r"\x41\101",
+    r"(a)?(?(1)b|c)",
+    r"\Aerror",
+    r"[]x]y",
+    r"a{,3}b",
+    r"STRASSE",
+    r"\$\d+\.\d\d",
+]
+TEXTS = [
+    "hold   your horses",
+    "rate   limit",
+    "rate\nlimit",
+    "x\nlimit\ny",
+    "QUOTA_EXCEEDED",
+    "the quota was hit",
+    "429 too many",
+    "12 requests",
+    "slow slow",
+    "x-rate",
+    "no limit",
+    "limit reached",
+    "ababc",
+    "abc",
+    "épuisé",
+    "Épuisé",
+    "abcx",
+    "été",
+    "AA",
+    "ab",
+    "c",
+    "]y",
+    "error: end",
+    "aab",
+    "straße strasse",
+    "$12.50",
+    "",
+]
+
+
+@pytest.mark.parametrize("pattern", SYNTAX)
+def test_pattern_syntax_accepted_before_still_finds_what_re_finds(pattern: str) -> None:
+    cfg = RateLimitConfig(use_default_patterns=False, rate_limit_patterns=[pattern])
+    plugin = RateLimitPlugin(cfg)
+    rx = re.compile(pattern, re.IGNORECASE)
+    assert any(rx.search(t) for t in TEXTS), f"{pattern!r} matches none of the texts"
+    for text in TEXTS:
+        expected = "config.rate_limit_patterns[0]" if rx.search(text) else None
+        assert plugin.classify(ToolError(text)).pattern == expected, (pattern, text)
