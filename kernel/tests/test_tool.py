@@ -239,6 +239,37 @@ async def test_a_serial_sync_tool_given_up_keeps_its_turn_until_its_function_ret
 
 
 @pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_serial_tool_does_not_wait_for_the_threads_of_tools_it_called() -> None:
+    """A serial tool calling a sync tool through the kernel: that tool's thread, given up
+    by its own timeout, is not the serial tool's. Before: counted as the serial tool's
+    (a context variable reached the nested call), so its next call waited for it and,
+    with a deadline, failed "still ran in its thread"."""
+    release = threading.Event()
+
+    @tool(timeout=0.05)
+    def lookup(q: str) -> str:
+        """A slow sync lookup (not serial)."""
+        release.wait(10)
+        return q
+
+    @tool(serial=True)
+    async def edit(q: str, ctx: CallContext) -> str:
+        """A serial tool that consults `lookup` through the kernel."""
+        if q == "consult":
+            r = await ctx.kernel.call("lookup", {"q": q})
+            assert r.error is not None and r.error.kind == "timeout"
+        return "edited"
+
+    try:
+        async with Kernel(tools=[lookup, edit]) as k:
+            first = await k.call("edit", {"q": "consult"})
+            assert first.content == {"result": "edited"}
+            second = await k.call("edit", {"q": "plain"}, timeout=0.5)
+            assert second.error is None, second.error and second.error.message
+    finally:
+        release.set()
+
+
 async def test_the_wait_for_a_serial_tools_turn_counts_against_the_calls_deadline() -> None:
     """Before: a call with timeout=0.2 waited for the lock as long as the running call
     took, then ran the tool: its deadline was not enforced."""

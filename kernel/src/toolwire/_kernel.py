@@ -26,7 +26,6 @@ from ._hooks import TRACE_ENV, PluginInfo, PluginRegistry
 from ._image import IMAGE_FILE_EXTRA, IMG_PATH_KEY, Image
 from ._redact import Redactor
 from ._tool import (
-    THREAD_RUNS,
     ThreadRun,
     ToolSet,
     build_tool,
@@ -1632,11 +1631,11 @@ class Kernel:
                 left = ctx.deadline - self.clock.monotonic()
                 timeout = left if timeout is None else min(timeout, left)
             runs: list[ThreadRun] = []
-            token = THREAD_RUNS.set(runs)
+            ctx._thread_runs = runs
             try:
                 return await self._with_timeout(tool, args, ctx, timeout)
             finally:
-                THREAD_RUNS.reset(token)
+                ctx._thread_runs = None
                 still = [r for r in runs if r.running]
                 if still:  # given up, running on: the next call waits for it
                     self._thread_runs.setdefault(key, []).extend(still)

@@ -11,7 +11,6 @@ import re
 import threading
 import types
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import (
     Annotated,
@@ -353,7 +352,7 @@ def build_tool(
                 call = functools.partial(call, **{ctx_param: ctx})
             if generator:  # run the generator's body in the thread too, under the timeout
                 call = functools.partial(_drain, call)
-            return await _in_thread(call)
+            return await _in_thread(call, ctx._thread_runs)
 
     return Tool(
         name=tool_name,
@@ -461,15 +460,13 @@ class ThreadRun:
             return self.started and not self.finished
 
 
-#: Set by the kernel around each attempt of a serial tool: every sync call the attempt
-#: hands to a thread is added, so the kernel can keep the tool's lock until a function
-#: the attempt gave up on has returned (a thread cannot be stopped).
-THREAD_RUNS: ContextVar[list[ThreadRun] | None] = ContextVar("toolwire_thread_runs", default=None)
-
-
-async def _in_thread(call: Callable[[], Any]) -> Any:
+async def _in_thread(call: Callable[[], Any], runs: list[ThreadRun] | None = None) -> Any:
     """``call()`` in a worker thread, counted from the moment the thread runs it until it
-    returns (a call waiting for one of anyio's worker slots is not counted)."""
+    returns (a call waiting for one of anyio's worker slots is not counted).
+
+    ``runs`` (a serial tool's attempt's, ``ctx._thread_runs``) gets the run, so the
+    kernel can keep the tool's lock until a function the attempt gave up on has
+    returned (a thread cannot be stopped)."""
     t = _THREADS
     with t.lock:
         if t.alive >= MAX_TOOL_THREADS:
@@ -481,7 +478,6 @@ async def _in_thread(call: Callable[[], Any]) -> Any:
                 retry_after_s=1.0,
             )
     state = ThreadRun()
-    runs = THREAD_RUNS.get()
     if runs is not None:
         runs.append(state)
 

@@ -447,6 +447,10 @@ class CallContext:
     )
     #: Seconds the running attempt waited for its turn at a serial tool (the kernel's).
     _turn_wait: float = field(default=0.0, init=False, repr=False)
+    #: Set by the kernel around each attempt of a serial tool: the sync runs the tool's
+    #: executor hands to threads (on this call's context: a call the tool makes through
+    #: the kernel has its own, so its threads are not the serial tool's).
+    _thread_runs: list[Any] | None = field(default=None, init=False, repr=False)
 
     def time_left(self) -> float | None:
         """Seconds left before the call's overall deadline (None: no deadline)."""
