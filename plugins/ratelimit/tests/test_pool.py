@@ -12,7 +12,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from toolwire import CallContext, ErrorInfo, Kernel, Retry, ToolCall, ToolError, hookimpl
+from toolwire import CallContext, ErrorInfo, Kernel, Retry, ToolCall, ToolError, hookimpl, tool
 from toolwire.state import MemoryStore, StateStoreError
 from toolwire.testing import FakeClock
 from toolwire_ratelimit import (
@@ -605,3 +605,28 @@ async def test_bookkeeping_cut_by_its_bound_is_logged_naming_the_key(
     (warning,) = [r.getMessage() for r in caplog.records if r.name == "toolwire.ratelimit"]
     assert "'acme'" in warning and "'only'" in warning
     assert "did not answer within 0.05s" in warning
+
+
+class _StoreThatCannotWrite(MemoryStore):
+    async def compare_and_set(self, *args: Any, **kwargs: Any) -> Any:
+        raise StateStoreError("the store is down")
+
+
+async def test_a_store_failure_recording_a_providers_limit_keeps_the_classification(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A keyless provider's 429: before, the failing write of its suspension left on_error
+    with StateStoreError, so the error lost its classification (not `rate_limit`, not
+    retryable) and the hook was recorded as a plugin failure."""
+
+    @tool(provider="upstream")
+    async def fetch(q: str) -> str:
+        """Fetch."""
+        raise ToolError("HTTP 429: too many requests", status=429)
+
+    kernel = Kernel(tools=[fetch], plugins=[RateLimitPlugin()], state=_StoreThatCannotWrite())
+    async with kernel:
+        res = await kernel.call("fetch", {"q": "x"})
+    assert res.error is not None and res.error.kind == "rate_limit", res.error
+    assert res.error.retryable and res.meta.plugin_errors == []
+    assert any("could not record its rate_limit" in r.getMessage() for r in caplog.records)

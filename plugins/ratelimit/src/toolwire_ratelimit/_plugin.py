@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import anyio
+
 from toolwire import (
     CallContext,
     CallRejected,
@@ -21,6 +23,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
+from toolwire.state import StateStoreError
 
 from ._classify import (
     CLASSIFIABLE,
@@ -44,7 +47,7 @@ from ._config import (
 )
 from ._evidence import BODY_KEYS, Evidence, gather, json_excerpt
 from ._hints import bound
-from ._pool import ApiKey, KeyLease, KeyPool, PoolSettings
+from ._pool import BOOKKEEPING_S, ApiKey, KeyLease, KeyPool, PoolSettings
 from ._redact import MIN_SECRET_LEN, Redactor
 from ._store import LoopLock, Throttle, Throttled
 
@@ -533,6 +536,28 @@ class RateLimitPlugin:
         if waited:
             ctx.meta.extra["throttled_ms"] = round(waited * 1000.0, 3)
 
+    async def _report_provider(self, provider: str, c: Classification) -> float | None:
+        """Record a keyless rate limit or quota of ``provider`` (the seconds its pool is now
+        suspended for, or None). Shielded and bounded: the call's deadline cutting the
+        ``on_error`` hook, or a failing store, must cost neither the record nor the
+        classification, which is done already."""
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(BOOKKEEPING_S) as slow:
+                return await self.pool(provider).report(
+                    None, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
+                )
+            if slow.cancelled_caught:
+                raise StateStoreError(f"the state store did not answer within {BOOKKEEPING_S:g}s")
+        except StateStoreError as exc:
+            log.warning(
+                "provider %r: could not record its %s (%s); the error is classified all the "
+                "same, but the provider's pool is not suspended",
+                provider,
+                c.kind,
+                exc,
+            )
+        return None
+
     @hookimpl
     async def on_error(self, call: ToolCall, error: ErrorInfo, ctx: CallContext) -> None:
         leases = ctx.state.get("ratelimit")
@@ -560,9 +585,7 @@ class RateLimitPlugin:
                 ev = gather(error, max_body=self.settings.max_body_bytes)
                 c = self.classifier.classify(ev, self._scopes(call.name, provider), now=self._now())
                 if provider is not None and rec is None and c.kind in ("rate_limit", "quota"):
-                    suspended_s = await self.pool(provider).report(
-                        None, c.kind, retry_after_s=c.retry_after_s, pattern=c.pattern
-                    )
+                    suspended_s = await self._report_provider(provider, c)
                     if suspended_s is not None:
                         suspended_until = self._now() + suspended_s
         if c is not None:
