@@ -108,6 +108,14 @@ def test_call_with_bad_json_args(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "must be a JSON object" in err
 
 
+def test_call_with_args_nested_too_deep(capsys: pytest.CaptureFixture[str]) -> None:
+    """Before: json.loads' RecursionError escaped: a traceback and exit code 1."""
+    deep = '{"a": ' + "[" * 3000 + "]" * 3000 + "}"
+    code, out, err = run(capsys, "call", "add", "--args", deep)
+    assert code == 2 and out is None
+    assert "--args is nested too deeply to read" in err and "Traceback" not in err
+
+
 def test_call_refuses_an_empty_id(capsys: pytest.CaptureFixture[str]) -> None:
     """Before: `--call-id "$UNSET"` gave every call the id '', so the idempotency plugin
     replayed the first call's result, or refused other arguments as a conflict."""

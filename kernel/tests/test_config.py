@@ -1045,3 +1045,30 @@ def test_unknown_key_suggests_the_keys_a_model_reads() -> None:
     assert unknown_key(Inner, ("mode_x",)) == "unknown key; did you mean 'mode_v'?"
     assert unknown_key(Outer, ("inner_v", "mode_x")) == "unknown key; did you mean 'mode_v'?"
     assert unknown_key(Inner, ("zzz",)) == "unknown key (known keys: mode_v)"
+
+
+def test_nesting_too_deep_is_a_config_error_naming_where(tmp_path: Path) -> None:
+    """Before: a TOML value 500 arrays deep, or a TOOLWIRE_PLUGINS__ JSON value 600 deep,
+    ended in a RecursionError traceback (tomllib, json, or resolving secrets)."""
+    deep_toml = write(tmp_path, "[plugins.audit]\npath = " + "[" * 500 + "]" * 500 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply to read") as exc:
+        load_config(deep_toml, env={})
+    assert exc.value.file == str(deep_toml)
+
+    # parses, but deeper than any configuration needs: named by its key
+    inline = write(tmp_path, "[plugins.audit]\npath = " + "{a=" * 150 + "1" + "}" * 150 + "\n")
+    with pytest.raises(ConfigError, match="nested more than 100 levels deep") as exc:
+        load_config(inline, env={})
+    assert exc.value.key == "plugins.audit.path.a" and exc.value.file == str(inline)
+    assert len(str(exc.value)) < 300  # not the 150-level path
+
+    plain = write(tmp_path, "max_attempts = 3\n", name="plain.toml")
+    var = "TOOLWIRE_PLUGINS__AUDIT__PATH"
+    for depth, expected in ((600, "nested more than 100"), (3000, "JSON nested too deeply")):
+        with pytest.raises(ConfigError, match=expected) as exc:
+            load_config(plain, env={var: "[" * depth + "]" * depth})
+        assert var in str(exc.value) and exc.value.file is None, depth  # not the file's fault
+
+    # 100 levels is still fine
+    ok = write(tmp_path, "[plugins.audit]\npath = " + "[" * 97 + "]" * 97 + "\n", name="ok.toml")
+    assert load_config(ok, env={}).plugins["audit"]["path"]

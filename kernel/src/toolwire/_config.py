@@ -254,11 +254,43 @@ def unknown_key(model: Any, loc: tuple[Any, ...]) -> str:
     return f"unknown key (known keys: {', '.join(known)})" if known else "unknown key"
 
 
-def _env_value(raw: str) -> Any:
+def _env_value(var: str, raw: str) -> Any:
+    """A variable's value: parsed as JSON when it parses, else the string itself."""
     try:
         return json.loads(raw)
     except ValueError:
         return raw
+    except RecursionError:
+        raise ConfigError(
+            f"the environment variable {var} holds JSON nested too deeply to read; "
+            f"a configuration value is at most {MAX_DEPTH} levels deep: fix or unset {var}"
+        ) from None
+
+
+#: How deeply tables and arrays of a configuration may nest: far more than any real
+#: configuration needs, far less than what exhausts Python's stack (a RecursionError
+#: traceback instead of an error naming the key).
+MAX_DEPTH = 100
+
+
+def _too_deep(value: Any, limit: int = MAX_DEPTH) -> str | None:
+    """The dotted key of the first value nested more than ``limit`` levels deep, else None.
+
+    Iterative: it must not itself run out of stack on what it checks.
+    """
+    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    while stack:
+        node, key, depth = stack.pop()
+        if isinstance(node, dict):
+            children = [(v, f"{key}.{k}" if key else str(k)) for k, v in node.items()]
+        elif isinstance(node, list):
+            children = [(v, f"{key}[{i}]") for i, v in enumerate(node)]
+        else:
+            continue
+        if depth >= limit and children:
+            return key
+        stack.extend((v, k, depth + 1) for v, k in reversed(children))
+    return None
 
 
 _TOML_KINDS = {
@@ -290,7 +322,8 @@ def _apply_env(
     }
     for var, key in simple.items():
         if var in env and env[var] != "":
-            data[key] = env[var] if key in ("state", "secrets_file") else _env_value(env[var])
+            raw = env[var]
+            data[key] = raw if key in ("state", "secrets_file") else _env_value(var, raw)
             sources[key] = var
     if "state" not in data and env.get("REDIS_URL"):
         data["state"] = env["REDIS_URL"]
@@ -357,7 +390,7 @@ def _apply_env(
                 file=file,
                 key=dotted,
             )
-        node[parts[-1].lower()] = _env_value(raw)
+        node[parts[-1].lower()] = _env_value(var, raw)
         sources[dotted] = var
     return sources
 
@@ -529,6 +562,12 @@ def load_config(
             data = tomllib.loads(p.read_text(encoding="utf-8"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"invalid TOML: {exc}", file=file) from exc
+        except RecursionError:
+            raise ConfigError(
+                "arrays or inline tables nested too deeply to read; a configuration value "
+                f"is at most {MAX_DEPTH} levels deep",
+                file=file,
+            ) from None
         except UnicodeDecodeError as exc:
             raise ConfigError(f"not UTF-8 text (TOML files are UTF-8): {exc}", file=file) from exc
         except OSError as exc:
@@ -547,6 +586,20 @@ def load_config(
             )
         data["enabled_plugins"] = data.pop("plugins")
     env_sources = _apply_env(data, env, file)
+    deep = _too_deep(data)
+    if deep is not None:
+        key = ".".join(deep.split("[", 1)[0].split(".")[:4])  # where it starts, not 100 levels
+        var = next(
+            (v for k, v in env_sources.items() if deep == k or deep.startswith((k + ".", k + "["))),
+            None,
+        )
+        where = f" (the value comes from the environment variable {var})" if var else ""
+        raise ConfigError(
+            f"nested more than {MAX_DEPTH} levels deep{where}; a configuration value "
+            "never needs that: flatten it",
+            file=None if var else file,
+            key=key,
+        )
     secrets_path = data.get("secrets_file")
     secrets: dict[str, str] = {}
     if secrets_path is not None and not isinstance(secrets_path, str):

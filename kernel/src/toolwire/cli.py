@@ -183,6 +183,11 @@ async def _cmd_call(args: argparse.Namespace) -> int:
             f"--args is not valid JSON ({exc}): give a JSON object in single quotes, "
             "e.g. --args '{\"a\": 1}'"
         )
+    except RecursionError:
+        return _fail(
+            "--args is nested too deeply to read (arrays or objects inside each other "
+            "hundreds of levels deep): give a flatter JSON object"
+        )
     if not isinstance(call_args, dict):
         return _fail("--args must be a JSON object, e.g. --args '{\"a\": 1}'")
     for option, value in (
