@@ -586,6 +586,59 @@ def test_real_subprocess_keeps_stdout_for_json_and_logs_on_stderr(tmp_path: Path
         json.loads(line)  # every log line is JSON
 
 
+NOISY_TOOLS = """
+import os
+import subprocess
+import sys
+
+from toolwire import tool
+
+print("noisy_tools imported")
+
+
+@tool
+def noisy(x: int) -> int:
+    \"\"\"Return x, printing on the way.\"\"\"
+    print("debug: computing", x)
+    os.write(1, b"raw fd write\\n")
+    subprocess.run([sys.executable, "-c", "print('child process output')"], check=True)
+    return x
+"""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["call", "noisy", "--args", '{"x": 7}'], ["tools"], ["plugins"], ["config", "check"]],
+    ids=["call", "tools", "plugins", "config check"],
+)
+def test_what_tools_print_goes_to_stderr_not_into_the_json(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """Before: a print() in a tool or a tool module, a write to fd 1, a child process's
+    output all landed on stdout before the JSON, which no longer parsed."""
+    (tmp_path / "noisy_tools.py").write_text(NOISY_TOOLS)
+    (tmp_path / "toolwire.toml").write_text('[tools]\nmodules = ["noisy_tools"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    env["TOOLWIRE_LOAD_PLUGINS"] = ""
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert "noisy_tools imported" in proc.stderr
+    if command[0] == "call":
+        assert out["content"] == {"result": 7}
+        for text in ("debug: computing 7", "raw fd write", "child process output"):
+            assert text in proc.stderr
+
+
 def test_the_embedded_state_goes_beside_the_config_file(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

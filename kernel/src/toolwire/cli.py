@@ -27,6 +27,7 @@ import importlib.metadata as md
 import inspect
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -84,6 +85,35 @@ def _print(obj: Any) -> None:
     sys.stdout.flush()
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """What tools, tool modules and plugins write to stdout while the block runs goes to
+    stderr, so the command's JSON on stdout stays parseable.
+
+    A ``print()`` (``sys.stdout``) and a write to file descriptor 1 (a C library, a
+    subprocess a tool starts) alike: fd 1 points at stderr meanwhile, as in
+    ``toolwire serve`` over stdio. The command prints its JSON after the block.
+    """
+    saved_stream = sys.stdout
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        saved_stream.flush()  # what was written before stays on stdout
+    try:
+        saved_fd: int | None = os.dup(1)
+        os.dup2(2, 1)
+    except OSError:  # no fd 1 or 2 (a closed stream): only sys.stdout is swapped
+        saved_fd = None
+    sys.stdout = sys.stderr
+    try:
+        yield
+    finally:
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            sys.stdout.flush()
+        sys.stdout = saved_stream
+        if saved_fd is not None:
+            os.dup2(saved_fd, 1)
+            os.close(saved_fd)
+
+
 def _fail(message: str, code: int = 2) -> int:
     sys.stderr.write(f"toolwire: error: {message}\n")
     return code
@@ -136,7 +166,8 @@ def cli_plugin(kernel: Kernel, name: str, *, dist: str | None = None) -> Any:
 
 
 async def _cmd_plugins(args: argparse.Namespace) -> int:
-    kernel = build_cli_kernel(load_cli_config(args))
+    with _stdout_to_stderr():
+        kernel = build_cli_kernel(load_cli_config(args))
     _print(
         [
             {
@@ -158,17 +189,18 @@ async def _cmd_tools(args: argparse.Namespace) -> int:
             f"--mode {args.mode} ranks the results of a search: give --query Q too "
             "(without a query every tool is listed, in catalog order)"
         )
-    kernel = build_cli_kernel(load_cli_config(args))
-    async with kernel:
-        if args.query:
-            tools = kernel.find_tools(
-                args.query,
-                mode=args.mode or "hybrid",
-                limit=args.limit or SEARCH_LIMIT,
-                format=args.format,
-            )
-        else:
-            tools = kernel.list_tools(format=args.format)[: args.limit]
+    with _stdout_to_stderr():
+        kernel = build_cli_kernel(load_cli_config(args))
+        async with kernel:
+            if args.query:
+                tools = kernel.find_tools(
+                    args.query,
+                    mode=args.mode or "hybrid",
+                    limit=args.limit or SEARCH_LIMIT,
+                    format=args.format,
+                )
+            else:
+                tools = kernel.list_tools(format=args.format)[: args.limit]
     if args.format == "tool":
         tools = [t.definition() for t in tools]
     _print(tools)
@@ -198,26 +230,27 @@ async def _cmd_call(args: argparse.Namespace) -> int:
         if value is not None and not value.strip():
             # most likely an unset shell variable: every such call would share one id
             return _fail(f"{option} is empty: give a value, or leave the option out")
-    kernel = build_cli_kernel(load_cli_config(args))
     # Someone at the keyboard: plugins may ask there (approval prompts).
     extensions = {TERMINAL_EXTENSION: Terminal.stdio()} if Terminal.interactive() else None
     results: list[ToolResult] = []
-    async with kernel, anyio.create_task_group() as tg:
-        # SIGTERM (a supervisor stopping us, `timeout`) cancels the call as Ctrl-C does:
-        # plugins release what they hold (an idempotency claim, a lease) and the kernel
-        # closes, rather than the process dying mid-call.
-        await tg.start(_cancel_on_sigterm, tg.cancel_scope)
-        results.append(
-            await kernel.call(
-                args.name,
-                call_args,
-                call_id=args.call_id,
-                session_id=args.session_id,
-                tenant=args.tenant,
-                extensions=extensions,
+    with _stdout_to_stderr():
+        kernel = build_cli_kernel(load_cli_config(args))
+        async with kernel, anyio.create_task_group() as tg:
+            # SIGTERM (a supervisor stopping us, `timeout`) cancels the call as Ctrl-C does:
+            # plugins release what they hold (an idempotency claim, a lease) and the kernel
+            # closes, rather than the process dying mid-call.
+            await tg.start(_cancel_on_sigterm, tg.cancel_scope)
+            results.append(
+                await kernel.call(
+                    args.name,
+                    call_args,
+                    call_id=args.call_id,
+                    session_id=args.session_id,
+                    tenant=args.tenant,
+                    extensions=extensions,
+                )
             )
-        )
-        tg.cancel_scope.cancel()
+            tg.cancel_scope.cancel()
     if not results:
         sys.stderr.write(
             f"toolwire: terminated (SIGTERM) while calling {args.name!r}; the call was "
@@ -362,7 +395,7 @@ def _collect_warnings() -> Iterator[_Warnings]:
 
 
 async def _cmd_config_check(args: argparse.Namespace) -> int:
-    with _collect_warnings() as collected:
+    with _stdout_to_stderr(), _collect_warnings() as collected:
         cfg = load_cli_config(args)
         server = _check_server_table(cfg)
         kernel = build_cli_kernel(cfg)
