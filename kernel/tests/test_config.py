@@ -379,6 +379,29 @@ def test_unknown_plugin_names_are_startup_errors(
         Kernel.from_config(str(write(tmp_path, "[plugins.typo]\nx = 1\n")))
 
 
+def test_a_table_for_an_unknown_plugin_from_the_environment_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `toolwire.toml: plugins.dmeo: configuration for unknown plugin` for a table
+    only TOOLWIRE_PLUGINS__DMEO__X made: the file has no such table, the variable was
+    not named."""
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin")
+    p = write(tmp_path, "max_attempts = 3\n")
+    var = "TOOLWIRE_PLUGINS__" + "DMEO__GREETING"  # a made-up variable
+    cfg = load_config(p, env={var: "hi"})
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(cfg)
+    assert ei.value.file is None and ei.value.key == "plugins.dmeo"
+    assert "did you mean 'demo'?" in str(ei.value)
+    assert f"set by the environment variable {var}: rename or unset it" in str(ei.value)
+
+    # the file's own table (a variable adding to it): the file is still named
+    both = write(tmp_path, "[plugins.dmeo]\nx = 1\n", name="both.toml")
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(both, env={var: "hi"}))
+    assert ei.value.file == str(both) and var in str(ei.value)
+
+
 def test_invalid_plugin_config_names_file_and_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

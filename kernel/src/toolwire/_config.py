@@ -1098,13 +1098,23 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
                 file=None if var else file,
                 key=key,
             )
-    for n in cfg.plugins:
+    for n, table in cfg.plugins.items():
         if n not in available:
             meant = _meant(n, available)
+            # a table TOOLWIRE_PLUGINS__<N>__... made: the variables are to fix, not the file
+            own = {f"plugins.{n}.{k}": cfg._env_sources.get(f"plugins.{n}.{k}") for k in table}
+            names = sorted({v for v in own.values() if v is not None})
+            from_env = bool(names) and all(v is not None for v in own.values())
+            by = (
+                f" (set by the environment variable{'s' if len(names) > 1 else ''} "
+                f"{', '.join(names)}: rename or unset {'them' if len(names) > 1 else 'it'})"
+                if names
+                else ""
+            )
             raise ConfigError(
                 f"configuration for unknown plugin {n!r}; installed plugins: "
-                f"{sorted(available) or 'none'}{f' ({meant})' if meant else ''}",
-                file=file,
+                f"{sorted(available) or 'none'}{f' ({meant})' if meant else ''}{by}",
+                file=None if from_env else file,
                 key=f"plugins.{n}",
             )
     names = [n for n in names if n not in set(cfg.disabled_plugins)]
