@@ -77,6 +77,30 @@ def test_short_form_plugins_list(tmp_path: Path) -> None:
     assert cfg.enabled_plugins == ["audit"]
 
 
+def test_errors_about_the_short_form_name_the_key_the_file_has(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `plugins = [...]` was reported as `enabled_plugins`, a key the file lacks."""
+    with pytest.raises(ConfigError) as ei:
+        load_config(write(tmp_path, 'plugins = ["demo", 5]\n'), env={})
+    assert str(ei.value).endswith("toolwire.toml: plugins.1: Input should be a valid string")
+
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin", plain=f"{HERE}:NoConfigPlugin")
+    cfg = load_config(write(tmp_path, 'plugins = ["dmeo"]\n'), env={})
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(cfg)
+    assert ei.value.key == "plugins" and "unknown plugin 'dmeo'" in str(ei.value)
+
+    cfg = load_config(write(tmp_path, 'plugins = ["demo"]\n'), env={})
+    assert 'plugins = ["demo"] leaves it out' in str(config_mod.plugin_not_loaded(cfg, "plain"))
+
+    # TOOLWIRE_LOAD_PLUGINS replaces the list: named as before
+    cfg = load_config(write(tmp_path, 'plugins = ["demo"]\n'), env={"TOOLWIRE_LOAD_PLUGINS": "x"})
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(cfg)
+    assert ei.value.key == "enabled_plugins" and "TOOLWIRE_LOAD_PLUGINS" in str(ei.value)
+
+
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:
     p = write(tmp_path, "state = \n")
     with pytest.raises(ConfigError, match=r"toolwire\.toml: invalid TOML"):

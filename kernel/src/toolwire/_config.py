@@ -136,6 +136,8 @@ class ToolwireConfig(BaseModel):
     _secrets: dict[str, str] = PrivateAttr(default_factory=dict)
     #: dotted key -> the environment variable its value came from.
     _env_sources: dict[str, str] = PrivateAttr(default_factory=dict)
+    #: The key the file lists the plugins to load under: ``plugins`` for the short form.
+    _enabled_key: str = PrivateAttr("enabled_plugins")
 
     @property
     def secret_names(self) -> list[str]:
@@ -585,7 +587,12 @@ def load_config(
                 key="plugins",
             )
         data["enabled_plugins"] = data.pop("plugins")
+        enabled_key = "plugins"  # what errors about the list name: the key the file has
+    else:
+        enabled_key = "enabled_plugins"
     env_sources = _apply_env(data, env, file)
+    if "enabled_plugins" in env_sources:
+        enabled_key = "enabled_plugins"  # TOOLWIRE_LOAD_PLUGINS replaced the file's list
     deep = _too_deep(data)
     if deep is not None:
         key = ".".join(deep.split("[", 1)[0].split(".")[:4])  # where it starts, not 100 levels
@@ -639,9 +646,13 @@ def load_config(
                 if e.get("type") == "extra_forbidden"
                 else e.get("msg", "invalid")
             )
-            msgs.append(_problem(_loc(e), msg, env_sources))
+            loc = _loc(e)
+            if enabled_key != "enabled_plugins" and loc.split(".")[0] == "enabled_plugins":
+                loc = enabled_key + loc.removeprefix("enabled_plugins")
+            msgs.append(_problem(loc, msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
     cfg.path = file
+    cfg._enabled_key = enabled_key
     cfg._secrets = found
     cfg._env_sources = env_sources
     if file is not None and cfg.state is not None and "state" not in env_sources:
@@ -918,7 +929,7 @@ def _left_out(cfg: ToolwireConfig, name: str) -> tuple[list[str], bool]:
         else:
             in_file = True
             reasons.append(
-                f"enabled_plugins = {json.dumps(enabled)} leaves it out (add {name!r} to "
+                f"{cfg._enabled_key} = {json.dumps(enabled)} leaves it out (add {name!r} to "
                 "that list, or remove the list to load every installed plugin)"
             )
     return reasons, in_file
@@ -1091,6 +1102,8 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
         if n not in available:
             key = "enabled_plugins" if n in names else "disabled_plugins"
             var = cfg._env_sources.get(key if n in names else f"{key}[{n}]")
+            if key == "enabled_plugins":
+                key = cfg._enabled_key  # `plugins = [...]`: the key the file has
             raise ConfigError(
                 f"unknown plugin {n!r}; installed plugins: {sorted(available) or 'none'} "
                 f"({_meant(n, available) or f'pip install toolwire-{n}?'})"
