@@ -101,6 +101,20 @@ def test_errors_about_the_short_form_name_the_key_the_file_has(
     assert ei.value.key == "enabled_plugins" and "TOOLWIRE_LOAD_PLUGINS" in str(ei.value)
 
 
+def test_a_boolean_is_no_number_of_attempts_or_seconds(tmp_path: Path) -> None:
+    """Before: `max_attempts = true` was one attempt and `deadline_s = true` one second."""
+    for key in ("max_attempts", "default_timeout_s", "deadline_s"):
+        with pytest.raises(ConfigError) as ei:
+            load_config(write(tmp_path, f"{key} = true\n"), env={})
+        assert str(ei.value).endswith(f"{key}: expected a number, not the boolean true")
+    var = "TOOLWIRE_MAX_ATTEMPTS"
+    with pytest.raises(ConfigError, match=f"the boolean false .*environment variable {var}"):
+        load_config(write(tmp_path, ""), env={var: "false"})
+    assert (
+        load_config(write(tmp_path, "deadline_s = 2\nmax_attempts = 3\n"), env={}).deadline_s == 2
+    )
+
+
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:
     p = write(tmp_path, "state = \n")
     with pytest.raises(ConfigError, match=r"toolwire\.toml: invalid TOML"):

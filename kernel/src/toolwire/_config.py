@@ -183,6 +183,14 @@ class ToolwireConfig(BaseModel):
         for k, v in super().__repr_args__():
             yield k, _hide_values(v, hide) if hide else v
 
+    @field_validator("max_attempts", "default_timeout_s", "deadline_s", mode="before")
+    @classmethod
+    def _no_boolean(cls, v: Any) -> Any:
+        # pydantic reads true as 1: `max_attempts = true` meant one attempt, silently
+        if isinstance(v, bool):
+            raise ValueError(f"expected a number, not the boolean {str(v).lower()}")
+        return v
+
     @field_validator("state")
     @classmethod
     def _state_url(cls, v: str | None) -> str | None:
