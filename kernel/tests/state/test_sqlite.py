@@ -67,6 +67,53 @@ async def test_directory_cannot_be_created(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
+async def test_a_file_that_cannot_be_created_names_the_directory(tmp_path: Path) -> None:
+    """Before: "unable to open database file; check that the file is a writable toolwire
+    state database" about a file that does not exist: the directory was the problem."""
+    path = tmp_path / ("x" * 300 + ".db")  # longer than a file name may be
+    with pytest.raises(StateStoreError) as info:
+        await SQLiteStore(path).open()
+    message = str(info.value)
+    assert f"cannot create the database file in {tmp_path}: " in message
+    assert "make that directory writable" in message
+    assert isinstance(info.value.__cause__, OSError)
+
+
+@pytest.mark.skipif(
+    os.name != "posix" or os.geteuid() == 0, reason="root writes into any directory"
+)
+async def test_a_directory_not_writable_is_named(tmp_path: Path) -> None:
+    folder = tmp_path / ".toolwire"
+    folder.mkdir(mode=0o555)
+    try:
+        with pytest.raises(StateStoreError) as info:
+            await SQLiteStore(folder / "state.db").open()
+        assert f"cannot create the database file in {folder}: Permission denied" in str(info.value)
+    finally:
+        folder.chmod(0o755)
+
+
+async def test_a_full_disk_and_a_read_only_file_say_what_to_do(tmp_path: Path) -> None:
+    """Before: "check that the file is a writable toolwire state database" for both."""
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        await store.set("k", 1)
+        conn = store._conn
+        assert conn is not None
+        (pages,) = conn.execute("PRAGMA page_count").fetchone()
+        conn.execute(f"PRAGMA max_page_count = {pages}")  # no room for one more page
+        with pytest.raises(StateStoreError) as info:
+            await store.set("big", "x" * 20_000)
+        assert f"free space on the file system holding {tmp_path}" in str(info.value)
+        assert await store.get("k") == 1
+        conn.execute("PRAGMA max_page_count = 1073741823")
+        conn.execute("PRAGMA query_only = 1")
+        with pytest.raises(StateStoreError) as info:
+            await store.set("k", 2)
+        assert "this process may not write the file, or its -wal and -shm" in str(info.value)
+        conn.execute("PRAGMA query_only = 0")
+        assert (await store.set("k", 3)).value == 3
+
+
 def _modes(folder: Path, prefix: str) -> dict[str, int]:
     return {
         f.name: stat.S_IMODE(f.stat().st_mode)

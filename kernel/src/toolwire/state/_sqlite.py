@@ -91,12 +91,22 @@ def _create_private(path: str) -> None:
     It holds what plugins store: approval requests with their arguments, stored
     results, cached tool lists. sqlite3 would create it with the umask's 0644,
     readable by every local user; SQLite gives its -wal and -shm files the
-    database file's mode. A file that exists keeps its mode.
+    database file's mode. A file that exists keeps its mode. One that cannot be
+    made (a directory not writable, a read-only or full file system) is a
+    :class:`StateStoreError` naming the directory: sqlite3 would only say
+    "unable to open database file".
     """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except OSError:  # it exists, or cannot be made: sqlite3.connect says which
+    except FileExistsError:
         return
+    except OSError as exc:
+        parent = os.path.dirname(os.path.abspath(path))
+        raise StateStoreError(
+            f"sqlite state store at {path}: cannot create the database file in {parent}: "
+            f"{exc.strerror or exc}; make that directory writable for this process, or fix "
+            "the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
+        ) from exc
     os.close(fd)  # an empty file is an empty database
 
 
@@ -312,6 +322,19 @@ class SQLiteStore(StateStore):
                 f"sqlite state store at {self.path} is locked: another connection kept it "
                 f"busy longer than the {self._busy_timeout:g}s busy timeout ({exc}); look for "
                 "a stuck process using that file, or put each deployment on its own file"
+            )
+        name = getattr(exc, "sqlite_errorname", "")
+        if name == "SQLITE_FULL":
+            return StateStoreError(
+                f"sqlite state store at {self.path} failed: {exc}: free space on the file "
+                f"system holding {os.path.dirname(os.path.abspath(self.path))}"
+            )
+        if name.startswith("SQLITE_READONLY"):
+            return StateStoreError(
+                f"sqlite state store at {self.path} failed: {exc}: this process may not "
+                "write the file, or its -wal and -shm files beside it; make them and their "
+                "directory writable, or fix the state URL (`state` in toolwire.toml, or "
+                "TOOLWIRE_STATE)"
             )
         return StateStoreError(
             f"sqlite state store at {self.path} failed: {exc}; check that the file is a "
