@@ -87,8 +87,9 @@ def nested_repetition(pattern: str) -> str | None:
 
     - one that contains an unbounded repetition: ``(a+)+``, ``(\\w+\\s?)*``,
       ``(.*,){12}`` (a bounded one too: ``n`` nested steps cost ``len(text) ** n``);
+    - one whose body may match nothing: ``(a?a?)+``, ``(x|)*``, ``(?:\\b)+``;
     - one that contains an alternation whose branches may start with the same
-      character, or may match nothing: ``(a|a)*``, ``(a|ab)+``, ``(x|)*``.
+      character, or may match nothing: ``(a|a)*``, ``(a|ab)+``.
 
     Not caught, on purpose (ordinary patterns have this shape): an unbounded
     repetition followed by what must match after it (``rate.*limit``, ``a+b``) costs
@@ -198,11 +199,39 @@ def nested_repetition(pattern: str) -> str | None:
                 return True
         return False
 
+    def may_be_empty(sub: Any) -> bool:
+        """Whether ``sub`` may match the empty string."""
+        for op, av in sub:
+            if op in (_parser.AT, _parser.ASSERT, _parser.ASSERT_NOT):
+                continue  # zero width
+            if op in repeats or op == possessive:
+                if av[0] == 0 or may_be_empty(av[2]):
+                    continue
+                return False
+            if op == _parser.SUBPATTERN:
+                if may_be_empty(av[3]):
+                    continue
+                return False
+            if op == getattr(_parser, "ATOMIC_GROUP", None):
+                if may_be_empty(av):
+                    continue
+                return False
+            if op == _parser.BRANCH:
+                if any(may_be_empty(b) for b in av[1]):
+                    continue
+                return False
+            return False
+        return True
+
     def walk(sub: Any) -> str | None:
         for op, av in sub:
             if op in repeats and av[1] > 1:
                 if has_unbounded(av[2]):
                     return "nested repetition such as (a+)+ or (.*,){12}"
+                if may_be_empty(av[2]):
+                    return (
+                        "a repetition of something that may match nothing, such as (a?a?)+ or (x|)*"
+                    )
                 if ambiguous_branch(av[2]):
                     return (
                         "a repeated alternation whose branches may match the same text, "
