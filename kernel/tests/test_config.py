@@ -201,6 +201,27 @@ def test_secret_refs_from_env_and_secrets_file(tmp_path: Path) -> None:
     assert cfg.plugins["a"] == {"key": "from-env", "keys": ["from-file"]}
 
 
+def test_a_relative_secrets_file_from_the_environment_is_relative_to_the_cwd(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As TOOLWIRE_STATE's SQLite path is. Before: relative to the config file's folder,
+    so a path typed next to the command was looked for elsewhere."""
+    conf, here = tmp_path / "conf", tmp_path / "here"
+    conf.mkdir()
+    here.mkdir()
+    (here / "mine.secrets.env").write_text("B_KEY=from-cwd\n")
+    (conf / "mine.secrets.env").write_text("B_KEY=beside-the-file\n")
+    p = write(conf, '[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n')
+    monkeypatch.chdir(here)
+    cfg = load_config(p, env={"TOOLWIRE_SECRETS_FILE": "mine.secrets.env"})
+    assert cfg.plugins["a"] == {"key": "from-cwd"}
+    # written in the file, it stays relative to the file
+    p = write(
+        conf, 'secrets_file = "mine.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
+    )
+    assert load_config(p, env={}).plugins["a"] == {"key": "beside-the-file"}
+
+
 def test_missing_secret_names_key_and_variable(tmp_path: Path) -> None:
     p = write(tmp_path, '[plugins.a]\nkey = {"$secretRef" = "NOPE_KEY"}\n')
     with pytest.raises(ConfigError) as ei:

@@ -628,7 +628,9 @@ def load_config(
         )
     if secrets_path:
         sp = Path(secrets_path)
-        if file and not sp.is_absolute():
+        # relative to the file that names it; from the environment (TOOLWIRE_SECRETS_FILE),
+        # to the working directory, as TOOLWIRE_STATE's SQLite path is
+        if file and not sp.is_absolute() and "secrets_file" not in env_sources:
             sp = Path(file).parent / sp
         if not sp.exists():
             raise ConfigError(
