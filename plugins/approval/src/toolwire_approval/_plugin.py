@@ -189,18 +189,7 @@ class ApprovalPlugin:
         if res.policy is Policy.NONE:
             ctx.meta.approval = {"status": "not_required", "policy": "NONE", "rule": res.rule}
             return
-        if self._kernel is None:
-            self._kernel = ctx.kernel
-        try:
-            await self._gate(call, ctx, tool, res)
-        except StateStoreError as exc:
-            raise CallRejected(
-                ErrorKind.UNAVAILABLE,
-                f"plugin 'approval': tool {call.name!r} needs approval ({res.describe()}) but "
-                f"the state store failed ({exc}); the tool was not run. Retry when the store "
-                "is back.",
-                details={"reason": "store_error", "rule": res.rule},
-            ) from None
+        await self._gate_or_refuse(call, ctx, tool, res, rerouted=False)
 
     @hookimpl
     async def before_fallback(self, call: ToolCall, next_call: ToolCall, ctx: CallContext) -> None:
@@ -219,16 +208,23 @@ class ApprovalPlugin:
         res = self.rules.resolve(tool)
         if res.policy is Policy.NONE:
             return
+        await self._gate_or_refuse(next_call, ctx, tool, res, rerouted=True)
+
+    async def _gate_or_refuse(
+        self, call: ToolCall, ctx: CallContext, tool: Tool, res: Resolution, *, rerouted: bool
+    ) -> None:
+        """``_gate``; a failing state store refuses the call (fail-closed)."""
         if self._kernel is None:
             self._kernel = ctx.kernel
         try:
-            await self._gate(next_call, ctx, tool, res, rerouted=True)
+            await self._gate(call, ctx, tool, res, rerouted=rerouted)
         except StateStoreError as exc:
+            what = "fallback tool" if rerouted else "tool"
             raise CallRejected(
                 ErrorKind.UNAVAILABLE,
-                f"plugin 'approval': fallback tool {next_call.name!r} needs approval "
-                f"({res.describe()}) but the state store failed ({exc}); it was not run. "
-                "Retry when the store is back.",
+                f"plugin 'approval': {what} {call.name!r} needs approval ({res.describe()}) "
+                f"but the state store failed ({exc}); the tool was not run. Retry when the "
+                "store is back.",
                 details={"reason": "store_error", "rule": res.rule},
             ) from None
 
