@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import os
+import shlex
+import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,16 +83,32 @@ async def test_a_file_that_cannot_be_created_names_the_directory(tmp_path: Path)
     assert isinstance(info.value.__cause__, OSError)
 
 
-@pytest.mark.skipif(
-    os.name != "posix" or os.geteuid() == 0, reason="root writes into any directory"
-)
-async def test_a_directory_not_writable_is_named(tmp_path: Path) -> None:
+_OPEN_AND_SAY = """
+import asyncio, sys
+from toolwire.state import SQLiteStore, StateStoreError
+try:
+    asyncio.run(SQLiteStore(sys.argv[1]).open())
+except StateStoreError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_a_directory_not_writable_is_named(tmp_path: Path) -> None:
+    """Run in a child process; as root (CI), without the capabilities that let root write
+    into any directory (capsh, from libcap2-bin), so the test runs there too."""
     folder = tmp_path / ".toolwire"
     folder.mkdir(mode=0o555)
+    cmd = [sys.executable, "-c", _OPEN_AND_SAY, str(folder / "state.db")]
+    if os.geteuid() == 0:
+        capsh = shutil.which("capsh")
+        if capsh is None:
+            pytest.skip("root writes into any directory, and capsh is not installed to drop that")
+        line = " ".join(shlex.quote(c) for c in cmd)
+        cmd = [capsh, "--drop=cap_dac_override,cap_dac_read_search,cap_fowner", "--", "-c", line]
     try:
-        with pytest.raises(StateStoreError) as info:
-            await SQLiteStore(folder / "state.db").open()
-        assert f"cannot create the database file in {folder}: Permission denied" in str(info.value)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+        assert f"cannot create the database file in {folder}: Permission denied" in out, out
     finally:
         folder.chmod(0o755)
 
