@@ -141,3 +141,42 @@ async def test_a_rejection_a_plugin_raises_is_scrubbed_like_every_other_error() 
     assert first.error.details == {"api_key": "[redacted]"}
     assert step.error.message == "policy server said no to [secret:EXAMPLE_KEY]"
     assert len(seen) == 2 and all(TOKEN not in s for s in seen)
+
+
+class _Says:
+    """A plugin that answers with an error result of its own, naming a secret."""
+
+    name, order = "says", 100
+
+    def __init__(self, hook: str) -> None:
+        self.hook = hook
+
+    @hookimpl
+    def before_call(self) -> ToolResult | None:
+        if self.hook != "before_call":
+            return None
+        return ToolResult.from_error(ErrorInfo("denied", "key sk-live-123456 is not allowed"))
+
+    @hookimpl
+    def after_call(self, result: ToolResult) -> ToolResult | None:
+        if self.hook != "after_call":
+            return None
+        return ToolResult.from_error(ErrorInfo("denied", "key sk-live-123456 is not allowed"))
+
+
+@pytest.mark.parametrize("hook", ["before_call", "after_call"])
+async def test_an_error_result_a_plugin_makes_is_scrubbed_too(hook: str) -> None:
+    """Before: a plugin's own error result (a short-circuit, a replacement) went out with
+    the secret it named, in the error and in the content that repeats it."""
+
+    @tool
+    def ping() -> str:
+        """Ping."""
+        return "pong"
+
+    kernel = Kernel(tools=[ping], plugins=[_Says(hook)])
+    kernel.add_secret("sk-live-123456", "api")
+    res = await kernel.call("ping", {})
+    assert res.error is not None and res.error.kind == "denied"
+    assert "sk-live-123456" not in res.error.message
+    assert "sk-live-123456" not in str(res.content) and "[secret:api]" in str(res.content)

@@ -709,6 +709,13 @@ class Kernel:
         """
         self.redactor.add(value, name)
 
+    def _scrub_result(self, res: ToolResult) -> None:
+        """An error result a plugin made: its error and the content that repeats it."""
+        if res.error is not None:
+            self._scrub(res.error)
+        if len(self.redactor):
+            res.content = self.redactor.data(res.content)
+
     def _scrub(self, err: ErrorInfo) -> None:
         """Known secrets and credential fields out of an error, before anyone sees it."""
         r = self.redactor
@@ -1398,6 +1405,8 @@ class Kernel:
                 if isinstance(res, ToolResult):
                     problem = _content_problem(res)
                     if problem is None:
+                        if res.error is not None:
+                            self._scrub_result(res)
                         return res
                 else:
                     problem = f"{type(res).__name__}, expected ToolResult or None"
@@ -1922,6 +1931,8 @@ class Kernel:
                     if problem is None:
                         if res.meta is not result.meta:
                             self._adopt(res, result.meta)
+                        if res.error is not None:
+                            self._scrub_result(res)
                         result = res
                         continue
                 else:
