@@ -86,7 +86,7 @@ def _print(obj: Any) -> None:
 
 
 @contextlib.contextmanager
-def _stdout_to_stderr() -> Iterator[None]:
+def stdout_to_stderr() -> Iterator[None]:
     """What tools, tool modules and plugins write to stdout while the block runs goes to
     stderr, so the command's JSON on stdout stays parseable.
 
@@ -166,7 +166,7 @@ def cli_plugin(kernel: Kernel, name: str, *, dist: str | None = None) -> Any:
 
 
 async def _cmd_plugins(args: argparse.Namespace) -> int:
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         kernel = build_cli_kernel(load_cli_config(args))
     _print(
         [
@@ -189,7 +189,7 @@ async def _cmd_tools(args: argparse.Namespace) -> int:
             f"--mode {args.mode} ranks the results of a search: give --query Q too "
             "(without a query every tool is listed, in catalog order)"
         )
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         kernel = build_cli_kernel(load_cli_config(args))
         async with kernel:
             if args.query:
@@ -233,7 +233,7 @@ async def _cmd_call(args: argparse.Namespace) -> int:
     # Someone at the keyboard: plugins may ask there (approval prompts).
     extensions = {TERMINAL_EXTENSION: Terminal.stdio()} if Terminal.interactive() else None
     results: list[ToolResult] = []
-    with _stdout_to_stderr():
+    with stdout_to_stderr():
         kernel = build_cli_kernel(load_cli_config(args))
         async with kernel, anyio.create_task_group() as tg:
             # SIGTERM (a supervisor stopping us, `timeout`) cancels the call as Ctrl-C does:
@@ -395,7 +395,7 @@ def _collect_warnings() -> Iterator[_Warnings]:
 
 
 async def _cmd_config_check(args: argparse.Namespace) -> int:
-    with _stdout_to_stderr(), _collect_warnings() as collected:
+    with stdout_to_stderr(), _collect_warnings() as collected:
         cfg = load_cli_config(args)
         server = _check_server_table(cfg)
         kernel = build_cli_kernel(cfg)

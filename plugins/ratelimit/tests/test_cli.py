@@ -150,3 +150,23 @@ def test_a_plugin_left_out_says_what_left_it_out(tmp_path: Path) -> None:
     assert "the environment variable TOOLWIRE_LOAD_PLUGINS loads only audit, retry" in r.stderr
     r = run(tmp_path, "keys", "status")  # nothing excludes it: it works
     assert r.returncode == 0 and "acme: available" in r.stdout, r.stderr
+
+
+def test_what_a_tool_module_prints_does_not_break_the_json(tmp_path: Path) -> None:
+    """Before: a tool module's print() at import came before `keys status --json`'s JSON
+    on stdout, so it no longer parsed (the kernel's own commands already moved it)."""
+    write_config(tmp_path)
+    (tmp_path / "noisy_tools.py").write_text(
+        "from toolwire import tool\n"
+        "print('noisy module loaded')\n"
+        "@tool\n"
+        "def ping() -> str:\n"
+        "    '''Ping.'''\n"
+        "    return 'pong'\n"
+    )
+    with (tmp_path / "toolwire.toml").open("a") as f:
+        f.write('[tools]\nmodules = ["noisy_tools"]\n')
+    out = run(tmp_path, "keys", "status", "--json", PYTHONPATH=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert set(json.loads(out.stdout)) == {"acme"}
+    assert "noisy module loaded" in out.stderr
