@@ -22,6 +22,7 @@ import pytest
 
 from toolwire import (
     CallContext,
+    CallEvent,
     CallRejected,
     ConfigError,
     ErrorInfo,
@@ -563,6 +564,106 @@ async def test_remove_plugin_shuts_it_down_after_the_calls_that_met_its_hooks() 
         release.set()
     assert pool.log == ["before_call:slow", "after_call:slow(open=True)", "shutdown"]
     await k.close()
+
+
+async def test_close_waits_for_a_call_held_in_an_async_call_started_subscriber() -> None:
+    """Before: a call was counted among the calls in flight only after its call_started
+    event, so close() missed a call an async subscriber held, shut the plugins down and
+    closed the store, and the call then ran its hooks on both."""
+    pool = Pool()
+    k = Kernel(tools=[FakeTool("quick").tool], plugins=[pool])
+    await k.start()
+    in_sub, go = anyio.Event(), anyio.Event()
+
+    async def audit(event: CallEvent) -> None:
+        in_sub.set()
+        await go.wait()
+
+    k.events.subscribe(audit, ["call_started"])
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "quick")
+        await in_sub.wait()
+        tg.start_soon(k.close)
+        await anyio.wait_all_tasks_blocked()
+        assert pool.log == []  # close() waits for the call
+        go.set()
+    assert pool.log == ["before_call:quick", "after_call:quick(open=True)", "shutdown"]
+
+
+async def test_remove_plugin_waits_for_a_call_in_its_before_fallback_hook() -> None:
+    """Before: only before_call, on_error and after_call counted as the plugin's call
+    hooks, so its shutdown ran under a call waiting in its before_fallback."""
+    log: list[str] = []
+    inside, go = anyio.Event(), anyio.Event()
+
+    class Gate:
+        name = "gate"
+
+        @hookimpl
+        async def before_fallback(self) -> None:
+            log.append("before_fallback")
+            inside.set()
+            await go.wait()
+
+        @hookimpl
+        def shutdown(self) -> None:
+            log.append("shutdown")
+
+    class Decide:
+        name = "decide"
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Any:
+            return Fallback("backup") if ctx.attempt == 1 else None
+
+    down = ToolError("down", kind="unavailable")
+    tools = [FakeTool("primary", script=[down]).tool, FakeTool("backup").tool]
+    k = Kernel(tools=tools, plugins=[Gate(), Decide()])
+    await k.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "primary")
+        await inside.wait()
+        tg.start_soon(k.remove_plugin, "gate")
+        await anyio.wait_all_tasks_blocked()
+        assert log == ["before_fallback"]
+        go.set()
+    assert log == ["before_fallback", "shutdown"]
+    await k.close()
+
+
+async def test_a_cancelled_remove_plugin_stops_waiting_and_still_shuts_it_down() -> None:
+    """Before: the wait for the calls in flight ran shielded: a caller cancelling
+    remove_plugin stayed blocked for the whole close_grace_s."""
+    entered, release = anyio.Event(), anyio.Event()
+    pool = Pool()
+    k = Kernel(tools=[blocking_tool(entered, release)], plugins=[pool], close_grace_s=30)
+    await k.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "slow")
+        await entered.wait()
+        with anyio.move_on_after(0.1) as scope, anyio.fail_after(20):  # a bound, not a speed
+            await k.remove_plugin("pool")
+        assert scope.cancelled_caught
+        assert pool.log == ["before_call:slow", "shutdown"]
+        release.set()
+    await k.close()
+
+
+async def test_a_cancelled_close_stops_waiting_and_still_closes_the_kernel() -> None:
+    """Before: a close() cancelled while it waited for a call left the kernel started,
+    its plugins up and its store open."""
+    entered, release = anyio.Event(), anyio.Event()
+    pool = Pool()
+    k = Kernel(tools=[blocking_tool(entered, release)], plugins=[pool], close_grace_s=30)
+    await k.start()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(k.call, "slow")
+        await entered.wait()
+        with anyio.move_on_after(0.1) as scope, anyio.fail_after(20):
+            await k.close()
+        assert scope.cancelled_caught
+        assert pool.log == ["before_call:slow", "shutdown"] and not pool.open
+        release.set()
 
 
 # ------------------------------------------------------------------------- discover

@@ -75,6 +75,11 @@ class _NotStarted(TimeoutError):
     """The call's deadline passed before the attempt started."""
 
 
+#: How long a ``close()`` cancelled while it waited for the calls in flight may still take
+#: to shut the plugins down and close the state store, shielded.
+_CLOSE_CUT_S = 10.0
+
+
 class _Flight:
     """How many calls that started in one period are still running (``close()`` and
     ``remove_plugin()`` wait for them; a plugin removed starts a new period)."""
@@ -93,6 +98,13 @@ class _Flight:
             if idle is None or idle.is_set():  # set earlier, then calls came again
                 idle = self.idle = anyio.Event()
             await idle.wait()
+
+
+def _leave(flight: _Flight) -> None:
+    """A call of ``flight`` ended."""
+    flight.n -= 1
+    if flight.idle is not None and not flight.n:
+        flight.idle.set()
 
 
 class _Calls:
@@ -515,9 +527,12 @@ class Kernel:
         c = self.plugins.compiled
         shutdown = [i for i in c["shutdown"] if i.plugin == name]
         hooked = any(
-            i.plugin == name for h in ("before_call", "on_error", "after_call") for i in c[h]
+            i.plugin == name
+            for h in ("before_call", "before_fallback", "on_error", "after_call")
+            for i in c[h]
         )
         self.plugins.unregister(name)
+        before: list[_Flight] = []
         with anyio.CancelScope(shield=True):
             async with self._catalog_guard():
                 gone = [n for n, by in self._discovered_by.items() if by == name]
@@ -530,11 +545,13 @@ class Kernel:
                 if gone or queried:
                     self._rebuild_catalog()
             if shutdown and (hooked or gone or queried):
-                # A call starting from now on meets neither its hooks nor its tools: wait
-                # for those that started before, which may be in them.
+                # A call starting from now on meets neither its hooks nor its tools: those
+                # that started before may be in them.
                 calls = self._calls
                 before = [f for f in calls.all() if f.n]
                 calls.now, calls.earlier = _Flight(), before
+        try:
+            if before:  # their grace period, which a cancellation of the caller cuts short
                 left = await self._drain(before, self.close_grace_s)
                 if left:
                     log.warning(
@@ -545,7 +562,9 @@ class Kernel:
                         "" if left == 1 else "s",
                         self.close_grace_s,
                     )
-            await self._run_shutdown(shutdown)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._run_shutdown(shutdown)
 
     def _catalog_guard(self) -> anyio.Lock:
         """Serializes catalog listings (refresh, query, a plugin added or removed)."""
@@ -1054,7 +1073,14 @@ class Kernel:
             return
         closing = calls.closing = anyio.Event()
         try:
-            left = await self._drain(None, self.close_grace_s)
+            try:
+                left = await self._drain(None, self.close_grace_s)
+            except BaseException:
+                # cancelled while waiting for the calls: the kernel still closes (shielded,
+                # bounded), as it did before there was a wait, then the cancellation goes on
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_CUT_S):
+                    await self._close_now()
+                raise
             if left:
                 log.warning(
                     "%d call%s still running after the close grace period (%gs): shutting "
@@ -1065,15 +1091,19 @@ class Kernel:
                     self.close_grace_s,
                     "it" if left == 1 else "them",
                 )
-            self._started = False
-            await self._shutdown(before=None)
-            for task in self._background:
-                await task.cancel()
-            self._background.clear()
-            await self.state.close()
+            await self._close_now()
         finally:
             calls.closing = None
             closing.set()
+
+    async def _close_now(self) -> None:
+        """Shut the plugins down, cancel the background tasks, close the state store."""
+        self._started = False
+        await self._shutdown(before=None)
+        for task in self._background:
+            await task.cancel()
+        self._background.clear()
+        await self.state.close()
 
     async def _drain(self, flights: list[_Flight] | None, grace_s: float) -> int:
         """Wait up to ``grace_s`` for the calls of ``flights`` to end (None: every call in
@@ -1202,14 +1232,19 @@ class Kernel:
         ctx = CallContext(self, call, None, 0, attempts, deadline, t0, {}, meta, progress)
         if extensions:
             ctx.extensions = dict(extensions)
-        events = self.events.active
-        if events:
-            await self.events.emit("call_started", call)
         # The call's hooks, and its count among the calls in flight that close() and
-        # remove_plugin() wait for: taken together, with no await between them.
+        # remove_plugin() wait for: taken together, with no await between them and the
+        # check that the kernel is started (an async call_started subscriber may wait).
         ctx.hooks = self._hooks
         flight = self._calls.now
         flight.n += 1
+        events = self.events.active
+        if events:
+            try:
+                await self.events.emit("call_started", call)
+            except BaseException:
+                _leave(flight)
+                raise
         # after_call hooks started, and the result the latest was given: a cancellation
         # that comes while they run gives that result to the others (the tool ran)
         entered: list[Any] = [0, None]
@@ -1239,9 +1274,7 @@ class Kernel:
                 await self._finished_cancelled(call, ctx, t0, exc)
             raise
         finally:
-            flight.n -= 1
-            if flight.idle is not None and not flight.n:
-                flight.idle.set()
+            _leave(flight)
         if events:
             await self.events.emit("call_finished", call, result=result.to_dict())
         return result
