@@ -77,6 +77,14 @@ def test_patterns_that_cannot_backtrack_catastrophically_are_accepted(
     kernel_from(tmp_path, f"[plugins.ratelimit]\ndeny_patterns = ['{pattern}']\n")
 
 
+@pytest.mark.parametrize("pattern", ["code [[:digit:]]+", "[[:alpha:]]{3}"])
+def test_a_posix_class_the_two_engines_read_apart_is_rejected(tmp_path: Path, pattern: str) -> None:
+    """re reads [[:digit:]] as a set of characters ('[', ':', 'd', ...), regex as a POSIX
+    class: before, accepted, and it matched differently from what re's syntax promised."""
+    with pytest.raises(ConfigError, match=r"holds '\[\[:'.*write the characters you mean"):
+        kernel_from(tmp_path, f"[plugins.ratelimit]\ndeny_patterns = ['{pattern}']\n")
+
+
 @pytest.mark.parametrize("pattern", ["", ".*", "(too many)?", "^"])
 def test_a_pattern_matching_every_message_is_rejected(tmp_path: Path, pattern: str) -> None:
     """Before: "" (an unset ${VAR}, say) was accepted and made every 500 a retryable

@@ -247,6 +247,12 @@ def nested_repetition(pattern: str) -> str | None:
 
 
 def _check_regex(value: str) -> str:
+    if "[[:" in value:
+        raise ValueError(
+            f"regular expression {value!r} holds '[[:', which Python's re reads as a set of "
+            "characters and the regex package that searches patterns as a POSIX class "
+            "([[:digit:]]); write the characters you mean, such as [0-9] or [a-z]"
+        )
     try:
         compiled = re.compile(value, re.IGNORECASE)
     except re.error as exc:
