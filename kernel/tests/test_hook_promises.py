@@ -631,9 +631,13 @@ async def test_remove_plugin_waits_for_a_call_in_its_before_fallback_hook() -> N
     await k.close()
 
 
-async def test_a_cancelled_remove_plugin_stops_waiting_and_still_shuts_it_down() -> None:
-    """Before: the wait for the calls in flight ran shielded: a caller cancelling
-    remove_plugin stayed blocked for the whole close_grace_s."""
+@pytest.mark.parametrize("how", ["close", "remove_plugin"])
+async def test_a_cancelled_close_or_remove_plugin_stops_waiting_and_still_shuts_down(
+    how: str,
+) -> None:
+    """Before: remove_plugin's wait for the calls in flight ran shielded (a caller
+    cancelling it stayed blocked for the whole close_grace_s), and a close() cancelled
+    while it waited left the kernel started, its plugins up and its store open."""
     entered, release = anyio.Event(), anyio.Event()
     pool = Pool()
     k = Kernel(tools=[blocking_tool(entered, release)], plugins=[pool], close_grace_s=30)
@@ -642,28 +646,11 @@ async def test_a_cancelled_remove_plugin_stops_waiting_and_still_shuts_it_down()
         tg.start_soon(k.call, "slow")
         await entered.wait()
         with anyio.move_on_after(0.1) as scope, anyio.fail_after(20):  # a bound, not a speed
-            await k.remove_plugin("pool")
-        assert scope.cancelled_caught
-        assert pool.log == ["before_call:slow", "shutdown"]
-        release.set()
-    await k.close()
-
-
-async def test_a_cancelled_close_stops_waiting_and_still_closes_the_kernel() -> None:
-    """Before: a close() cancelled while it waited for a call left the kernel started,
-    its plugins up and its store open."""
-    entered, release = anyio.Event(), anyio.Event()
-    pool = Pool()
-    k = Kernel(tools=[blocking_tool(entered, release)], plugins=[pool], close_grace_s=30)
-    await k.start()
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(k.call, "slow")
-        await entered.wait()
-        with anyio.move_on_after(0.1) as scope, anyio.fail_after(20):
-            await k.close()
+            await (k.close() if how == "close" else k.remove_plugin("pool"))
         assert scope.cancelled_caught
         assert pool.log == ["before_call:slow", "shutdown"] and not pool.open
         release.set()
+    await k.close()
 
 
 # ------------------------------------------------------------------------- discover
