@@ -122,6 +122,7 @@ async def test_the_warning_is_logged_once_a_minute_per_pattern(
     clock = FakeClock()
     cfg = RateLimitConfig(
         pattern_timeout_seconds=0.001,
+        pattern_budget_seconds=60,  # each pattern's own limit, not the budget, stops it
         rate_limit_patterns=[{"id": "slow-1", "regex": "a+b"}],
         tools={"t": {"rate_limit_patterns": [{"id": "slow-2", "regex": "(?:a|A)+b"}]}},
     )
@@ -229,3 +230,107 @@ def test_pattern_syntax_accepted_before_still_finds_what_re_finds(pattern: str) 
     for text in TEXTS:
         expected = "config.rate_limit_patterns[0]" if rx.search(text) else None
         assert plugin.classify(ToolError(text)).pattern == expected, (pattern, text)
+
+
+# ---------------------------------------------------------------- the budget of one failure
+# ``pattern_timeout_seconds`` bounds one search; ``pattern_budget_seconds`` bounds them all,
+# for one failure. Before it, an error hostile to 20 configured patterns held the event loop
+# for 20 searches given up: about 1 s at the defaults.
+
+
+def budget_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == LOGGER and r.levelno == logging.WARNING and "spent their" in r.getMessage()
+    ]
+
+
+def slow_patterns(n: int) -> list[dict[str, str]]:
+    # distinct patterns, each quadratic on "b" then 41k of "a" (about 0.5 s unbounded)
+    return [{"id": f"slow-{i}", "regex": "a+" + "(?:)" * i + "b"} for i in range(n)]
+
+
+def test_one_failure_stops_searching_configured_patterns_once_their_budget_is_spent(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """20 slow patterns, 0.05 s each, a budget of 0.12 s: a search given up lasts at least
+    its limit, so at most 3 are searched (the third cut short) and at least 17 are not."""
+    cfg = RateLimitConfig(
+        pattern_timeout_seconds=0.05,
+        pattern_budget_seconds=0.12,
+        rate_limit_patterns=slow_patterns(20),
+    )
+    plugin = RateLimitPlugin(cfg)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        c = plugin.classify(hostile("b", status=429))
+    # nothing configured matched: the defaults decide, as for a search given up
+    assert (c.kind, c.pattern) == ("rate_limit", "default.status.429")
+    searched = len(warnings_of(caplog))
+    (msg,) = budget_warnings(caplog)
+    m = re.search(r"(\d+) search\(es\) cut short and (\d+) pattern\(s\) not searched", msg)
+    assert m is not None, msg
+    cut, skipped = int(m[1]), int(m[2])
+    assert 1 <= searched + cut <= 3 and searched + cut + skipped == 20, msg
+    assert "0.12 s" in msg and "pattern_budget_seconds" in msg and "no match" in msg
+
+
+def test_a_pattern_past_a_spent_budget_is_not_searched_and_misses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The price of the bound: a pattern listed after slow ones that spend the budget
+    misses an error it would match. Within the budget, it matches as before."""
+    patterns = [*slow_patterns(3), {"id": "found", "regex": "please slow down"}]
+    exc = hostile("please slow down b", status=500)
+
+    def classify(budget: float) -> str | None:
+        cfg = RateLimitConfig(
+            use_default_patterns=False,
+            pattern_timeout_seconds=0.02,
+            pattern_budget_seconds=budget,
+            rate_limit_patterns=patterns,
+        )
+        return RateLimitPlugin(cfg).classify(exc).pattern
+
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert classify(0.03) is None
+        assert len(budget_warnings(caplog)) == 1
+        caplog.clear()
+        assert classify(30.0) == "found"
+        assert budget_warnings(caplog) == []
+
+
+def test_the_budget_defaults_to_four_searches_and_must_hold_one() -> None:
+    assert RateLimitConfig().pattern_budget() == pytest.approx(0.2)
+    assert RateLimitConfig(pattern_timeout_seconds=1).pattern_budget() == pytest.approx(4)
+    assert RateLimitConfig(pattern_budget_seconds=0.07).pattern_budget() == pytest.approx(0.07)
+    with pytest.raises(ValueError, match=r"pattern_budget_seconds \(0\.01\) is less than"):
+        RateLimitConfig(pattern_budget_seconds=0.01)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "601", "inf", "nan"])
+def test_the_budget_must_be_a_positive_number_of_at_most_600_s(tmp_path: Path, value: str) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(f"[plugins.ratelimit]\npattern_budget_seconds = {value}\n")
+    with pytest.raises(ConfigError, match=r"plugins\.ratelimit\.pattern_budget_seconds"):
+        Kernel.from_config(load_config(path, env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit"}))
+
+
+def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+    clock = FakeClock()
+    cfg = RateLimitConfig(
+        pattern_timeout_seconds=0.01,
+        pattern_budget_seconds=0.01,
+        rate_limit_patterns=slow_patterns(3),
+    )
+    plugin = RateLimitPlugin(cfg)
+    plugin.classifier.clock = clock.monotonic
+    exc = hostile("b")
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        for _ in range(3):
+            plugin.classify(exc)
+        assert len(budget_warnings(caplog)) == 1
+        clock.advance(60)
+        plugin.classify(exc)
+        msgs = budget_warnings(caplog)
+    assert len(msgs) == 2 and "2 more times since the last warning" in msgs[1]

@@ -36,6 +36,7 @@ __all__ = [
     "Classification",
     "Classifier",
     "Pattern",
+    "PatternBudget",
     "PatternSet",
     "TextRegex",
     "default_patterns",
@@ -62,6 +63,28 @@ log = logging.getLogger("toolwire.ratelimit")
 
 #: A pattern that keeps running out of time is logged at most once in this many seconds.
 WARN_EVERY_S = 60.0
+
+
+class PatternBudget:
+    """The time the configured patterns may spend together on one failure.
+
+    Started by ``Classifier.classify``; each bounded search (``TextRegex`` with a
+    ``timeout_s``) is cut at what is left, and once nothing is left the remaining
+    configured patterns are not searched: each counts as given up (no match; a deny
+    pattern: a match). Only the time of those searches is spent (the default patterns,
+    linear in the text, are not counted), measured on ``time.monotonic`` (real time: the
+    kernel's clock may be a fake one in tests).
+    """
+
+    __slots__ = ("cut", "left", "seconds", "skipped")
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        #: seconds left (0 or less: spent); only the bounded searches spend it
+        self.left = seconds
+        #: searches cut short by the budget, and patterns not searched for want of it
+        self.cut = 0
+        self.skipped = 0
 
 
 class TextRegex:
@@ -109,15 +132,34 @@ class TextRegex:
     def __repr__(self) -> str:
         return f"TextRegex({self.pattern!r}, timeout_s={self.timeout_s!r})"
 
-    def matches(self, text: str) -> bool:
-        """Whether the pattern is found in ``text`` (see the class for a search given up)."""
+    def matches(self, text: str, budget: PatternBudget | None = None) -> bool:
+        """Whether the pattern is found in ``text`` (see the class for a search given up).
+
+        ``budget``: what the failure's configured patterns have left; a bounded search
+        is cut at it, and not made once it is spent (see ``PatternBudget``)."""
         if self.timeout_s is None:
             return self._compiled.search(text) is not None
-        try:
-            return self._compiled.search(text, timeout=self.timeout_s) is not None
-        except TimeoutError:
-            self._timed_out(len(text))
+        if budget is None:
+            try:
+                return self._compiled.search(text, timeout=self.timeout_s) is not None
+            except TimeoutError:
+                self._timed_out(len(text))
+                return self.timed_out_matches
+        if budget.left <= 0:
+            budget.skipped += 1
             return self.timed_out_matches
+        limit = min(self.timeout_s, budget.left)
+        t0 = time.monotonic()
+        try:
+            return self._compiled.search(text, timeout=limit) is not None
+        except TimeoutError:
+            if limit < self.timeout_s:
+                budget.cut += 1  # the budget ran out, not this pattern's own limit
+            else:
+                self._timed_out(len(text))
+            return self.timed_out_matches
+        finally:
+            budget.left -= time.monotonic() - t0
 
     def _timed_out(self, length: int) -> None:
         now = self.clock()
@@ -174,8 +216,9 @@ class Pattern:
     status_filter: StatusFilter | None = None
     specific: bool = True
 
-    def matches(self, ev: Evidence) -> bool:
-        """Whether every condition of the pattern holds for ``ev``."""
+    def matches(self, ev: Evidence, budget: PatternBudget | None = None) -> bool:
+        """Whether every condition of the pattern holds for ``ev`` (``budget``: see
+        ``TextRegex.matches``)."""
         if self.statuses is not None and ev.status not in self.statuses:
             return False
         if self.status_filter is not None and not self.status_filter(ev.status):
@@ -186,7 +229,7 @@ class Pattern:
             return False
         if self.probe is not None and not self.probe(ev):
             return False
-        return self.regex is None or self.regex.matches(ev.text)
+        return self.regex is None or self.regex.matches(ev.text, budget)
 
 
 @dataclass(slots=True)
@@ -405,23 +448,40 @@ class Classifier:
         defaults: PatternSet | None,
         trust_declared_kinds: bool = True,
         max_retry_after_s: float = 31 * 86400.0,
+        budget_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.defaults = defaults
         self.trust_declared_kinds = trust_declared_kinds
         self.max_retry_after_s = max_retry_after_s
+        #: time the configured patterns may spend on one failure (None: no budget)
+        self.budget_s = budget_s
+        self.clock = clock
+        self._last_warned: float | None = None
+        self._quiet = 0
 
     def classify(self, ev: Evidence, scopes: Sequence[PatternSet], *, now: float) -> Classification:
         """Classify ``ev``. ``scopes``: tool, provider and global pattern sets, in that order."""
         all_scopes: list[PatternSet] = [s for s in scopes if s]
+        budget = PatternBudget(self.budget_s) if self.budget_s is not None and all_scopes else None
         if self.defaults is not None:
             all_scopes.append(self.defaults)
+        try:
+            return self._classify(ev, all_scopes, now, budget)
+        finally:
+            if budget is not None and (budget.cut or budget.skipped):
+                self._budget_spent(budget, len(ev.text))
+
+    def _classify(
+        self, ev: Evidence, all_scopes: list[PatternSet], now: float, budget: PatternBudget | None
+    ) -> Classification:
         for scope in all_scopes:
             for p in scope.deny:
-                if p.matches(ev):
+                if p.matches(ev, budget):
                     return Classification("tool_error", pattern=p.id, status=ev.status, denied=True)
         declared = ev.declared_kind if self.trust_declared_kinds else None
-        found = self._find(ev, all_scopes, declared, specific=True) or self._find(
-            ev, all_scopes, None, specific=False
+        found = self._find(ev, all_scopes, declared, budget, specific=True) or self._find(
+            ev, all_scopes, None, budget, specific=False
         )
         if found is None:
             kind = ev.declared_kind if ev.declared_kind in CLASSIFIABLE else "tool_error"
@@ -437,15 +497,38 @@ class Classifier:
             ev.status,
         )
 
+    def _budget_spent(self, budget: PatternBudget, length: int) -> None:
+        now = self.clock()
+        if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
+            self._quiet += 1
+            return
+        quiet, self._quiet, self._last_warned = self._quiet, 0, now
+        log.warning(
+            "the configured patterns spent their %g s on one failure (%d characters of error "
+            "text): %d search(es) cut short and %d pattern(s) not searched, each counted as no "
+            "match (a deny pattern: as a match); bound their repetitions (rate.{0,40}limit, "
+            "not rate.*limit) or raise [plugins.ratelimit] pattern_budget_seconds%s",
+            budget.seconds,
+            length,
+            budget.cut,
+            budget.skipped,
+            f" ({quiet} more times since the last warning)" if quiet else "",
+        )
+
     @staticmethod
     def _find(
-        ev: Evidence, scopes: Iterable[PatternSet], declared: str | None, *, specific: bool
+        ev: Evidence,
+        scopes: Iterable[PatternSet],
+        declared: str | None,
+        budget: PatternBudget | None,
+        *,
+        specific: bool,
     ) -> tuple[str, str] | None:
         scopes = list(scopes)
         for kind in PRECEDENCE:
             for scope in scopes:
                 for p in scope.allow.get(kind, ()):
-                    if p.specific == specific and p.matches(ev):
+                    if p.specific == specific and p.matches(ev, budget):
                         return kind, p.id
             if declared == kind:
                 return kind, f"declared.{kind}"

@@ -490,6 +490,17 @@ class RateLimitConfig(PatternKeys):
             "(a deny pattern: a match)"
         ),
     )
+    pattern_budget_seconds: float | None = Field(
+        None,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description=(
+            "time limit of all configured patterns' searches on one failure (default: 4 x "
+            "pattern_timeout_seconds); once spent, the patterns not yet searched count as no "
+            "match (a deny pattern: a match)"
+        ),
+    )
     max_retry_after_seconds: float = Field(31 * 86400.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
     providers: dict[Annotated[str, Field(pattern=NAME_RE)], ProviderConfig] = Field(
         default_factory=dict, validation_alias=AliasChoices("providers", "backends")
@@ -500,6 +511,23 @@ class RateLimitConfig(PatternKeys):
     max_provider_attempts: int | None = Field(None, ge=1, le=100)
     request_timeout_seconds: float | None = Field(None, gt=0)
     fallback_on_empty: bool | None = None
+
+    def pattern_budget(self) -> float:
+        """``pattern_budget_seconds``, or its default: 4 x ``pattern_timeout_seconds``."""
+        if self.pattern_budget_seconds is not None:
+            return self.pattern_budget_seconds
+        return 4 * self.pattern_timeout_seconds
+
+    @model_validator(mode="after")
+    def _budget_holds_one_search(self) -> RateLimitConfig:
+        b = self.pattern_budget_seconds
+        if b is not None and b < self.pattern_timeout_seconds:
+            raise ValueError(
+                f"pattern_budget_seconds ({b:g}) is less than pattern_timeout_seconds "
+                f"({self.pattern_timeout_seconds:g}): the budget of one failure's patterns "
+                "must hold at least one whole search; raise it or lower the time limit"
+            )
+        return self
 
     @field_validator("chain_order")
     @classmethod

@@ -198,6 +198,8 @@ class RateLimitPlugin:
             defaults=default_patterns() if cfg.use_default_patterns else None,
             trust_declared_kinds=cfg.trust_tool_kinds,
             max_retry_after_s=cfg.max_retry_after_seconds,
+            budget_s=cfg.pattern_budget(),
+            clock=self._monotonic,
         )
         limit, clock = cfg.pattern_timeout_seconds, self._monotonic
         self._global = _scope("config", cfg, limit, clock)
