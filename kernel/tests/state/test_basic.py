@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from toolwire.state import ANY, MAX_TTL_S, Entry, MemoryStore, StateStore, StateStoreError
+from toolwire.state import (
+    ANY,
+    MAX_TTL_S,
+    Entry,
+    MemoryStore,
+    StateNotAppliedError,
+    StateStore,
+    StateStoreError,
+)
 
 if TYPE_CHECKING:
     from conftest import Backend
@@ -409,8 +417,10 @@ async def test_close_then_reopen(store: StateStore) -> None:
     await store.set("life", 1)
     await store.close()
     await store.close()  # idempotent
-    with pytest.raises(StateStoreError, match=r"is closed; .* open\(\) it again"):
+    with pytest.raises(StateNotAppliedError, match=r"is closed; .* open\(\) it again"):
         await store.get("life")
+    with pytest.raises(StateNotAppliedError, match="is closed"):
+        await store.set_if_absent("life", 2)
     await store.open()
     await store.open()  # idempotent
     assert await store.get("life") == 1

@@ -14,7 +14,14 @@ import anyio
 import anyio.abc
 import pytest
 
-from toolwire.state import Entry, RedisStore, StateDataError, StateStoreError, open_store
+from toolwire.state import (
+    Entry,
+    RedisStore,
+    StateDataError,
+    StateNotAppliedError,
+    StateStoreError,
+    open_store,
+)
 from toolwire.state._redis import CHANNEL_PREFIX, redact_url
 from toolwire.testing import _skip_or_fail
 
@@ -44,7 +51,7 @@ async def raw_client(url: str) -> AsyncIterator[Any]:
 async def test_dead_redis_names_the_url(free_tcp_port: int) -> None:
     url = f"redis://127.0.0.1:{free_tcp_port}/0"  # nothing listens there
     store = RedisStore(url)
-    with pytest.raises(StateStoreError) as info:
+    with pytest.raises(StateNotAppliedError) as info:  # a refused connection sent nothing
         await store.open()
     message = str(info.value)
     assert f"redis state store at {url} is unreachable" in message
@@ -52,7 +59,7 @@ async def test_dead_redis_names_the_url(free_tcp_port: int) -> None:
     assert info.value.__cause__ is not None
 
     # lazily opened stores fail the same way, on any operation
-    with pytest.raises(StateStoreError, match="is unreachable"):
+    with pytest.raises(StateNotAppliedError, match="is unreachable"):
         await open_store(url).set("k", 1)
 
 
@@ -357,6 +364,9 @@ async def test_redis_dying_mid_use(fresh_redis_url: str) -> None:
             with pytest.raises(StateStoreError) as info:
                 await store.get("k")
             assert f"redis state store at {redact_url(url)} is unreachable" in str(info.value)
+            # refused: nothing was sent, and a write says so
+            with pytest.raises(StateNotAppliedError, match="is unreachable"):
+                await store.set_if_absent("claim", 1, owner="me")
 
 
 class ReplyCutter(Proxy):
@@ -421,6 +431,7 @@ async def test_a_script_whose_reply_is_lost_is_not_sent_again(fresh_redis_url: s
                 message = str(info.value)
                 assert "after the command on key 'n' was sent" in message
                 assert "may or may not have been applied" in message
+                assert not isinstance(info.value, StateNotAppliedError)
                 assert await store.get("n") == 1  # applied once
 
                 proxy.armed = True

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from toolwire.state import SQLiteStore, StateStoreError
+from toolwire.state import SQLiteStore, StateNotAppliedError, StateStoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -39,7 +39,7 @@ async def test_locked_database_beyond_busy_timeout(tmp_path: Path) -> None:
         blocker = sqlite3.connect(path, isolation_level=None)
         try:
             blocker.execute("BEGIN IMMEDIATE")  # holds the write lock
-            with pytest.raises(StateStoreError) as info:
+            with pytest.raises(StateNotAppliedError) as info:  # rolled back: not applied
                 await store.set("k", 2)
             message = str(info.value)
             assert str(path) in message

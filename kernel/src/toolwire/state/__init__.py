@@ -22,7 +22,15 @@ import time
 from collections.abc import Callable
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from ._base import ANY, MAX_TTL_S, Entry, StateDataError, StateStore, StateStoreError
+from ._base import (
+    ANY,
+    MAX_TTL_S,
+    Entry,
+    StateDataError,
+    StateNotAppliedError,
+    StateStore,
+    StateStoreError,
+)
 from ._memory import MemoryStore
 from ._redis import RedisStore, redact_url
 from ._sqlite import SQLiteStore
@@ -37,6 +45,7 @@ __all__ = [
     "STORE_SCHEMES",
     "SQLiteStore",
     "StateDataError",
+    "StateNotAppliedError",
     "StateStore",
     "StateStoreError",
     "open_store",

@@ -75,6 +75,18 @@ class StateStoreError(Exception):
     """
 
 
+class StateNotAppliedError(StateStoreError):
+    """A backend failed before the operation could take effect: nothing was written.
+
+    Raised where the backend can tell: a closed store; SQLite, whose failed
+    transaction is rolled back; a single Redis server that could not be reached
+    (connection refused, or every pooled connection busy), the request never
+    sent. Any other ``StateStoreError`` from a write may or may not have been
+    applied (on Redis, a connection that broke after the request was sent, a
+    timeout, any failure of a Redis Cluster): read the key before acting on it.
+    """
+
+
 #: What to do about a closed store (the kernel that owns it closes it in ``kernel.close()``).
 CLOSED_HINT = (
     "its kernel closed it (kernel.close()), or close() was called; open() it again "
@@ -340,7 +352,7 @@ def _encode(key: str, value: Any) -> str:
             what = "contains a float NaN/Infinity"
         else:
             what = f"({type(value).__qualname__}) cannot be stored: {exc}"
-        raise StateStoreError(
+        raise StateNotAppliedError(
             f"value for state key {key!r} is not JSON-compatible: it {what}; "
             "store dicts, lists, str, int, float, bool or None"
         ) from exc
@@ -381,7 +393,7 @@ def _not_int_error(key: str, value: Any) -> StateStoreError:
     shown = json.dumps(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    return StateStoreError(
+    return StateNotAppliedError(
         f"cannot incr state key {key!r}: its value is {kind} ({shown}), not an integer"
     )
 

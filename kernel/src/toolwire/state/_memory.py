@@ -15,8 +15,8 @@ from ._base import (
     ANY,
     CLOSED_HINT,
     Entry,
+    StateNotAppliedError,
     StateStore,
-    StateStoreError,
     _changed,
     _check_amount,
     _check_expected,
@@ -82,7 +82,7 @@ class MemoryStore(StateStore):
     # -- internals ---------------------------------------------------------
     def _check_open(self) -> None:
         if self._closed:
-            raise StateStoreError(f"memory state store is closed; {CLOSED_HINT}")
+            raise StateNotAppliedError(f"memory state store is closed; {CLOSED_HINT}")
 
     def _live(self, key: str, now: float) -> _Record | None:
         rec = self._data.get(key)

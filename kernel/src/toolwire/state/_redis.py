@@ -48,6 +48,7 @@ from ._base import (
     CLOSED_HINT,
     Entry,
     StateDataError,
+    StateNotAppliedError,
     StateStore,
     StateStoreError,
     _changed,
@@ -666,7 +667,7 @@ class RedisStore(StateStore):
         try:
             import redis.asyncio  # noqa: F401  (fail early, not at first use)
         except ImportError as exc:
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"state store {redact_url(url)} needs the redis client library, which is "
                 f"not installed: {_INSTALL_HINT}"
             ) from exc
@@ -692,7 +693,7 @@ class RedisStore(StateStore):
         try:
             return asyncio.get_running_loop()
         except RuntimeError:
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"redis state store at {self.safe_url} needs asyncio (redis.asyncio does not "
                 "run under trio or without an event loop); use the sqlite:// or memory:// "
                 "state store under trio"
@@ -745,7 +746,7 @@ class RedisStore(StateStore):
                 else:
                     client = _client(_fast_pool(self.url, options))
             except (ValueError, TypeError) as exc:
-                raise StateStoreError(
+                raise StateNotAppliedError(
                     f"redis state store URL {self.safe_url} is invalid: {exc}; "
                     "fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
                 ) from exc
@@ -757,7 +758,7 @@ class RedisStore(StateStore):
                         # redis-py hands unknown ?options= to the connection as keywords
                         if "unexpected keyword argument" not in str(exc):
                             raise
-                        raise StateStoreError(
+                        raise StateNotAppliedError(
                             f"redis state store URL {self.safe_url} is invalid: an option in "
                             f"its query is not a Redis connection option ({exc}); fix the "
                             "state URL (`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
@@ -765,7 +766,7 @@ class RedisStore(StateStore):
                     except rx.ResponseError as exc:
                         if "DB index is out of range" not in str(exc):
                             raise
-                        raise StateStoreError(
+                        raise StateNotAppliedError(
                             f"redis state store at {self.safe_url}: the server has no such "
                             f"database ({exc}); use a database number below the server's "
                             "`databases` setting (16 by default: /0 to /15) in the state URL"
@@ -816,7 +817,7 @@ class RedisStore(StateStore):
                 await asyncio.wait({ping, probe}, return_when=asyncio.FIRST_COMPLETED)
                 if not ping.done() and probe.result():
                     scheme = self.url.partition("://")[0]
-                    raise StateStoreError(
+                    raise StateNotAppliedError(
                         f"redis state store at {self.safe_url}: the server does not speak "
                         f"TLS (the URL says {scheme}://): its port answers Redis in plain "
                         f"text and left the TLS handshake unanswered; use "
@@ -849,7 +850,7 @@ class RedisStore(StateStore):
 
         if not hasattr(redis.asyncio.RedisCluster, "pubsub"):
             # asyncio cluster pub/sub (which wait_for_change uses) came with redis-py 8
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"redis state store at {self.safe_url}: Redis Cluster needs redis-py >= 8.0 "
                 f"(installed: {getattr(redis, '__version__', 'unknown')}); "
                 "pip install -U 'redis>=8'"
@@ -897,7 +898,9 @@ class RedisStore(StateStore):
         if self._state == "new" or (self._state == "open" and self._loop is not loop):
             await self.open()
         if self._state != "open" or self._client is None:
-            raise StateStoreError(f"redis state store at {self.safe_url} is closed; {CLOSED_HINT}")
+            raise StateNotAppliedError(
+                f"redis state store at {self.safe_url} is closed; {CLOSED_HINT}"
+            )
         return self._client
 
     def _lacks_password(self) -> bool:
@@ -910,13 +913,16 @@ class RedisStore(StateStore):
             return False
 
     def _missing_password(self, exc: BaseException) -> StateStoreError:
-        return StateStoreError(
+        # the server refused the connection's commands: nothing was applied
+        return StateNotAppliedError(
             f"redis state store at {self.safe_url}: the server requires a password and the "
             f"state URL gives none ({exc}); put it in the URL: redis://:PASSWORD@host:6379/0, "
             "or redis://USER:PASSWORD@host:6379/0 for an ACL user"
         )
 
-    def _unreachable(self, exc: BaseException) -> StateStoreError:
+    def _unreachable(self, exc: BaseException, *, sent: bool = True) -> StateStoreError:
+        """``exc`` (no connection, a timeout) as an error naming the server and what to do;
+        a ``StateNotAppliedError`` when ``sent`` is false (the request never went out)."""
         text = str(exc)
         if self.url.lower().startswith("rediss") and (
             isinstance(exc, TimeoutError) or "Timeout" in text or "SSL" in text
@@ -932,9 +938,8 @@ class RedisStore(StateStore):
                 "start redis-server or fix the state URL "
                 "(`state` in toolwire.toml, or TOOLWIRE_STATE / REDIS_URL)"
             )
-        return StateStoreError(
-            f"redis state store at {self.safe_url} is unreachable: {exc}; {hint}"
-        )
+        error = StateStoreError if sent else StateNotAppliedError
+        return error(f"redis state store at {self.safe_url} is unreachable: {exc}; {hint}")
 
     @contextlib.contextmanager
     def _errors(self, key: str | None) -> Iterator[None]:
@@ -949,7 +954,7 @@ class RedisStore(StateStore):
             # already authenticated..."; a user without a password: "invalid username-password"
             if self._lacks_password():
                 raise self._missing_password(exc) from exc
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"redis state store at {self.safe_url} refused the credentials: {exc}; check "
                 "the user and password in the state URL (redis://user:password@host:6379/0)"
             ) from exc
@@ -957,7 +962,7 @@ class RedisStore(StateStore):
             # pool exhausted: MaxConnectionsError (a ConnectionError, redis-py >= 6)
             # or, from the blocking pool, ConnectionError("No connection available.")
             if type(exc).__name__ == "MaxConnectionsError" or "No connection available" in str(exc):
-                raise StateStoreError(
+                raise StateNotAppliedError(
                     f"redis state store at {self.safe_url}: every pooled connection stayed "
                     f"busy ({exc}); "
                     + (
@@ -968,7 +973,10 @@ class RedisStore(StateStore):
                         "concurrency"
                     )
                 ) from exc
-            raise self._unreachable(exc) from exc
+            # A single server's client fails a write script that was sent with ReplyLost
+            # (see _client): a ConnectionError here came before the request went out. The
+            # cluster client has no such guard: its error may come after.
+            raise self._unreachable(exc, sent=self.cluster) from exc
         except (rx.TimeoutError, OSError) as exc:
             raise self._unreachable(exc) from exc
         except (rx.ClusterDownError, rx.RedisClusterException) as exc:
@@ -1197,7 +1205,7 @@ class RedisStore(StateStore):
         _check_amount(amount)
         ttl = _check_ttl(ttl)
         if not -(2**63) <= amount < 2**63:  # else a new key would store it and fail later
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"cannot incr state key {key!r} by {amount}: the amount does not fit in the "
                 "64-bit integers Redis counts with"
             )
@@ -1211,7 +1219,7 @@ class RedisStore(StateStore):
                 )
             raise _not_int_error(key, _decode(text, key))
         if status == "overflow":
-            raise StateStoreError(
+            raise StateNotAppliedError(
                 f"cannot incr state key {key!r} by {amount}: the result does not fit in the "
                 "64-bit integers Redis counts with"
             )

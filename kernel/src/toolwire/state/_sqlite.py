@@ -18,6 +18,7 @@ from ._base import (
     ANY,
     CLOSED_HINT,
     Entry,
+    StateNotAppliedError,
     StateStore,
     StateStoreError,
     _changed,
@@ -102,7 +103,7 @@ def _create_private(path: str) -> None:
         return
     except OSError as exc:
         parent = os.path.dirname(os.path.abspath(path))
-        raise StateStoreError(
+        raise StateNotAppliedError(
             f"sqlite state store at {path}: cannot create the database file in {parent}: "
             f"{exc.strerror or exc}; make that directory writable for this process, or fix "
             "the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
@@ -254,7 +255,7 @@ class SQLiteStore(StateStore):
             try:
                 os.makedirs(parent, exist_ok=True)
             except OSError as exc:
-                raise StateStoreError(
+                raise StateNotAppliedError(
                     f"sqlite state store at {self.path}: cannot create directory {parent}: "
                     f"{exc}; fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
                 ) from exc
@@ -312,31 +313,33 @@ class SQLiteStore(StateStore):
         if self._state == "open":
             return
         if self._state == "closed":
-            raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
+            raise StateNotAppliedError(
+                f"sqlite state store at {self.path} is closed; {CLOSED_HINT}"
+            )
         await self.open()
 
     # -- plumbing ----------------------------------------------------------
     def _error(self, exc: sqlite3.Error) -> StateStoreError:
         if _is_locked(exc):
-            return StateStoreError(
+            return StateNotAppliedError(
                 f"sqlite state store at {self.path} is locked: another connection kept it "
                 f"busy longer than the {self._busy_timeout:g}s busy timeout ({exc}); look for "
                 "a stuck process using that file, or put each deployment on its own file"
             )
         name = getattr(exc, "sqlite_errorname", "")
         if name == "SQLITE_FULL":
-            return StateStoreError(
+            return StateNotAppliedError(
                 f"sqlite state store at {self.path} failed: {exc}: free space on the file "
                 f"system holding {os.path.dirname(os.path.abspath(self.path))}"
             )
         if name.startswith("SQLITE_READONLY"):
-            return StateStoreError(
+            return StateNotAppliedError(
                 f"sqlite state store at {self.path} failed: {exc}: this process may not "
                 "write the file, or its -wal and -shm files beside it; make them and their "
                 "directory writable, or fix the state URL (`state` in toolwire.toml, or "
                 "TOOLWIRE_STATE)"
             )
-        return StateStoreError(
+        return StateNotAppliedError(
             f"sqlite state store at {self.path} failed: {exc}; check that the file is a "
             "writable toolwire state database, or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
         )
@@ -345,7 +348,9 @@ class SQLiteStore(StateStore):
         """The open connection (call with ``_thread_lock`` held)."""
         conn = self._conn
         if conn is None:
-            raise StateStoreError(f"sqlite state store at {self.path} is closed; {CLOSED_HINT}")
+            raise StateNotAppliedError(
+                f"sqlite state store at {self.path} is closed; {CLOSED_HINT}"
+            )
         return conn
 
     def _call(self, conn: sqlite3.Connection, fn: Callable[[sqlite3.Connection], T]) -> T:

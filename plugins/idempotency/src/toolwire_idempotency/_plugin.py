@@ -47,7 +47,14 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
-from toolwire.state import MAX_TTL_S, Entry, StateDataError, StateStore, StateStoreError
+from toolwire.state import (
+    MAX_TTL_S,
+    Entry,
+    StateDataError,
+    StateNotAppliedError,
+    StateStore,
+    StateStoreError,
+)
 
 from ._canonical import UnencodableArgumentError, hashes, record_hash
 from ._config import IdempotencyConfig, apply_env
@@ -450,10 +457,13 @@ class IdempotencyPlugin:
                 return self._replay(call, value, waited=False)
             return await self._existing(call, ctx, key, req, read_only, pending, owner, entry)
         except StateStoreError as exc:
-            if not isinstance(exc, StateDataError):
+            if not isinstance(exc, (StateDataError, StateNotAppliedError)):
                 # A claim whose answer was lost may stand (Redis: "may or may not have been
                 # applied"): take it back, else this call's retry, told the tool did not
                 # run, would find it and answer "outcome unknown" once its lease lapsed.
+                # Not when the store says nothing was written (a refused connection, a
+                # rolled-back SQLite transaction): in an outage that is one more failing
+                # round per call.
                 await self._undo(store, key, owner)
             self._store_failed(call, store, exc)  # raises unless fail_open
             ctx.state[UNPROTECTED_KEY] = str(exc)  # after_call tells the caller
