@@ -65,6 +65,27 @@ log = logging.getLogger("toolwire.ratelimit")
 WARN_EVERY_S = 60.0
 
 
+class _QuietLog:
+    """A WARNING logged at most once per ``WARN_EVERY_S`` seconds of ``clock``; the next
+    one says how many were left out."""
+
+    __slots__ = ("_last", "_quiet", "clock")
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self._last: float | None = None
+        self._quiet = 0
+
+    def warning(self, msg: str, *args: object) -> None:
+        """Log ``msg % args`` plus ``%s`` (the count left out, or nothing), or count it."""
+        now = self.clock()
+        if self._last is not None and now - self._last < WARN_EVERY_S:
+            self._quiet += 1
+            return
+        quiet, self._quiet, self._last = self._quiet, 0, now
+        log.warning(msg, *args, f" ({quiet} more times since the last warning)" if quiet else "")
+
+
 class PatternBudget:
     """The time the configured patterns may spend together on one failure.
 
@@ -102,9 +123,7 @@ class TextRegex:
 
     __slots__ = (
         "_compiled",
-        "_last_warned",
-        "_quiet",
-        "clock",
+        "_warn",
         "pattern",
         "pattern_id",
         "timed_out_matches",
@@ -124,10 +143,17 @@ class TextRegex:
         self.pattern_id = pattern_id
         self.timeout_s = timeout_s
         self.timed_out_matches = timed_out_matches
-        self.clock = clock
         self._compiled: Any = regex.compile(pattern, regex.IGNORECASE | regex.VERSION0)
-        self._last_warned: float | None = None
-        self._quiet = 0
+        self._warn = _QuietLog(clock)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of the warnings' rate limit."""
+        return self._warn.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._warn.clock = clock
 
     def __repr__(self) -> str:
         return f"TextRegex({self.pattern!r}, timeout_s={self.timeout_s!r})"
@@ -162,12 +188,7 @@ class TextRegex:
             budget.left -= time.monotonic() - t0
 
     def _timed_out(self, length: int) -> None:
-        now = self.clock()
-        if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
-            self._quiet += 1
-            return
-        quiet, self._quiet, self._last_warned = self._quiet, 0, now
-        log.warning(
+        self._warn.warning(
             "pattern %r gave up after %g s searching %d characters of error text, counted "
             "as %s; bound its repetitions (rate.{0,40}limit, not rate.*limit) or raise "
             "[plugins.ratelimit] pattern_timeout_seconds%s",
@@ -177,7 +198,6 @@ class TextRegex:
             "a match (a deny pattern: the failure is terminal)"
             if self.timed_out_matches
             else "no match (the failure is terminal unless another pattern matches)",
-            f" ({quiet} more times since the last warning)" if quiet else "",
         )
 
 
@@ -456,9 +476,16 @@ class Classifier:
         self.max_retry_after_s = max_retry_after_s
         #: time the configured patterns may spend on one failure (None: no budget)
         self.budget_s = budget_s
-        self.clock = clock
-        self._last_warned: float | None = None
-        self._quiet = 0
+        self._warn = _QuietLog(clock)
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of the budget warnings' rate limit."""
+        return self._warn.clock
+
+    @clock.setter
+    def clock(self, clock: Callable[[], float]) -> None:
+        self._warn.clock = clock
 
     def classify(self, ev: Evidence, scopes: Sequence[PatternSet], *, now: float) -> Classification:
         """Classify ``ev``. ``scopes``: tool, provider and global pattern sets, in that order."""
@@ -498,12 +525,7 @@ class Classifier:
         )
 
     def _budget_spent(self, budget: PatternBudget, length: int) -> None:
-        now = self.clock()
-        if self._last_warned is not None and now - self._last_warned < WARN_EVERY_S:
-            self._quiet += 1
-            return
-        quiet, self._quiet, self._last_warned = self._quiet, 0, now
-        log.warning(
+        self._warn.warning(
             "the configured patterns spent their %g s on one failure (%d characters of error "
             "text): %d search(es) cut short and %d pattern(s) not searched, each counted as no "
             "match (a deny pattern: as a match); bound their repetitions (rate.{0,40}limit, "
@@ -512,7 +534,6 @@ class Classifier:
             length,
             budget.cut,
             budget.skipped,
-            f" ({quiet} more times since the last warning)" if quiet else "",
         )
 
     @staticmethod
