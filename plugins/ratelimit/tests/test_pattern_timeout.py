@@ -316,7 +316,7 @@ def test_the_budget_must_be_a_positive_number_of_at_most_600_s(tmp_path: Path, v
         Kernel.from_config(load_config(path, env={"TOOLWIRE_LOAD_PLUGINS": "ratelimit"}))
 
 
-def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
+async def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCaptureFixture) -> None:
     clock = FakeClock()
     cfg = RateLimitConfig(
         pattern_timeout_seconds=0.01,
@@ -324,13 +324,13 @@ def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCaptureFix
         rate_limit_patterns=slow_patterns(3),
     )
     plugin = RateLimitPlugin(cfg)
-    plugin.classifier.clock = clock.monotonic
     exc = hostile("b")
-    with caplog.at_level(logging.WARNING, logger=LOGGER):
-        for _ in range(3):
+    async with Kernel(plugins=[plugin], clock=clock):
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            for _ in range(3):
+                plugin.classify(exc)
+            assert len(budget_warnings(caplog)) == 1
+            clock.advance(60)
             plugin.classify(exc)
-        assert len(budget_warnings(caplog)) == 1
-        clock.advance(60)
-        plugin.classify(exc)
-        msgs = budget_warnings(caplog)
+            msgs = budget_warnings(caplog)
     assert len(msgs) == 2 and "2 more times since the last warning" in msgs[1]

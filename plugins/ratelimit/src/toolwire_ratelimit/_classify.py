@@ -146,15 +146,6 @@ class TextRegex:
         self._compiled: Any = regex.compile(pattern, regex.IGNORECASE | regex.VERSION0)
         self._warn = _QuietLog(clock)
 
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The clock of the warnings' rate limit."""
-        return self._warn.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self._warn.clock = clock
-
     def __repr__(self) -> str:
         return f"TextRegex({self.pattern!r}, timeout_s={self.timeout_s!r})"
 
@@ -477,15 +468,6 @@ class Classifier:
         #: time the configured patterns may spend on one failure (None: no budget)
         self.budget_s = budget_s
         self._warn = _QuietLog(clock)
-
-    @property
-    def clock(self) -> Callable[[], float]:
-        """The clock of the budget warnings' rate limit."""
-        return self._warn.clock
-
-    @clock.setter
-    def clock(self, clock: Callable[[], float]) -> None:
-        self._warn.clock = clock
 
     def classify(self, ev: Evidence, scopes: Sequence[PatternSet], *, now: float) -> Classification:
         """Classify ``ev``. ``scopes``: tool, provider and global pattern sets, in that order."""
