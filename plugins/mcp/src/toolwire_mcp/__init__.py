@@ -18,9 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from ._config import (
     DEFAULT_IMAGE_MAX_BYTES,
+    BearerAuth,
+    ClientConfig,
     MCPConfig,
     ServeConfig,
     ServerConfig,
+    resolve_auth,
     resolve_auth_token,
 )
 from ._keys import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
@@ -36,6 +39,8 @@ __all__ = [
     "CALL_ID_META_KEY",
     "ERROR_META_KEY",
     "RESULT_META_KEY",
+    "BearerAuth",
+    "ClientConfig",
     "MCPConfig",
     "MCPPlugin",
     "ServeConfig",
@@ -43,6 +48,7 @@ __all__ = [
     "__version__",
     "create_http_app",
     "create_server",
+    "resolve_auth",
     "resolve_auth_token",
     "run_server",
     "timed_http_protocol",
@@ -55,14 +61,15 @@ def create_server(
     *,
     name: str = "toolwire",
     instructions: str | None = None,
-    auth_token: str | None = None,
+    auth_token: str | BearerAuth | None = None,
     image_roots: Sequence[str | os.PathLike[str]] | None = None,
     image_max_bytes: int = DEFAULT_IMAGE_MAX_BYTES,
 ) -> FastMCP:
     """A FastMCP server offering ``kernel``'s live catalog; every call goes through ``kernel.call``.
 
     ``auth_token``: HTTP clients must send ``Authorization: Bearer <token>``
-    (HTTP 401 otherwise; compared in constant time). ``image_roots`` /
+    (HTTP 401 otherwise; compared in constant time); a ``BearerAuth`` gives
+    several, each client's calls running as its tenant. ``image_roots`` /
     ``image_max_bytes``: which image files ``{"img_path": ...}`` results may
     send (default: the system temp directory and the working directory; 10 MiB).
     The kernel starts on first use; closing it is the caller's job.
@@ -76,19 +83,23 @@ def create_server(
 
 
 def create_http_app(
-    kernel: Kernel, config: ServeConfig | None = None, *, auth_token: str | None = None
+    kernel: Kernel,
+    config: ServeConfig | None = None,
+    *,
+    auth_token: str | BearerAuth | None = None,
 ) -> Starlette:
     """The ASGI app ``toolwire serve --transport http`` runs, to mount in your own ASGI server.
 
     The MCP endpoint at ``config.path`` (default ``/mcp``), the plugins' HTTP
-    routes and the Host/Origin guard, behind the bearer token: ``auth_token``,
-    else what ``config`` and ``TOOLS_AUTH_*`` say (as ``toolwire serve``).
+    routes and the Host/Origin guard, behind the bearer tokens: ``auth_token``
+    (one token, or a ``BearerAuth``), else what ``config`` (``auth_token``,
+    ``clients``) and ``TOOLS_AUTH_*`` say (as ``toolwire serve``).
     Run the app's lifespan (uvicorn and Starlette's ``Mount`` do).
     """
     from ._serve import create_http_app as impl
 
     config = config or ServeConfig(transport="http")
-    token = auth_token if auth_token is not None else resolve_auth_token(config)
+    token = auth_token if auth_token is not None else resolve_auth(config)
     return impl(kernel, config, auth_token=token)
 
 

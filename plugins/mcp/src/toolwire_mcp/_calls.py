@@ -173,6 +173,22 @@ def call_id_from_meta(
     return str(cid)
 
 
+#: The ``AccessToken.claims`` key holding the tenant of a client's calls.
+TENANT_CLAIM = "io.toolwire/tenant"
+
+
+def tenant_of(scope: Mapping[str, Any]) -> str | None:
+    """The tenant of the HTTP client that sent the request of ``scope``: the one its bearer
+    token was given (``[server.clients.<name>]``), or None (the shared token, no auth)."""
+    user = scope.get("user")
+    grant = getattr(user, "access_token", None)
+    claims = getattr(grant, "claims", None)
+    if not claims:
+        return None
+    tenant = claims.get(TENANT_CLAIM)
+    return tenant if isinstance(tenant, str) else None
+
+
 async def run_call(
     kernel: Kernel,
     gate: ServeGate,
@@ -182,6 +198,7 @@ async def run_call(
     call_id: str | None,
     request_id: str | int | None,
     session_id: str | None = None,
+    tenant: str | None = None,
     progress: ProgressSender | None = None,
     extensions: dict[str, Any] | None = None,
     scope: anyio.CancelScope | None = None,
@@ -208,6 +225,7 @@ async def run_call(
                 arguments,
                 call_id=call_id,
                 session_id=session_id,
+                tenant=tenant,
                 metadata=metadata,
                 progress=progress,
                 extensions=extensions,

@@ -9,7 +9,8 @@ import os
 import re
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
@@ -19,9 +20,12 @@ DEFAULT_IMAGE_MAX_BYTES = 10 * 1024 * 1024
 __all__ = [
     "AUTH_ENABLED_ENV",
     "AUTH_TOKEN_ENV",
+    "BearerAuth",
+    "ClientConfig",
     "MCPConfig",
     "ServeConfig",
     "ServerConfig",
+    "resolve_auth",
     "resolve_auth_token",
 ]
 
@@ -292,6 +296,28 @@ class MCPConfig(BaseModel):
         return self.name_template.format(server=ns, tool=tool)
 
 
+#: A client's name in ``[server.clients.<name>]``.
+CLIENT_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$"
+
+
+class ClientConfig(BaseModel):
+    """``[server.clients.<name>]``: one HTTP client with its own bearer token, whose calls
+    run as its tenant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    token: SecretStr = Field(
+        description='the bearer token this client sends; write {"$secretRef" = "NAME"}'
+    )
+    tenant: str | None = Field(
+        None,
+        min_length=1,
+        max_length=128,
+        description="the tenant of this client's calls (default: the client's name); "
+        "clients given one tenant share its idempotency records, approvals and quotas",
+    )
+
+
 class ServeConfig(BaseModel):
     """The ``[server]`` table: settings of ``toolwire serve`` (CLI flags override them)."""
 
@@ -310,6 +336,11 @@ class ServeConfig(BaseModel):
         None,
         description="require the bearer token (default: when a token is configured); "
         "TOOLS_AUTH_ENABLED overrides",
+    )
+    clients: dict[Annotated[str, Field(pattern=CLIENT_NAME_RE)], ClientConfig] = Field(
+        default_factory=dict,
+        description="HTTP clients with tokens of their own, by name; each one's calls run "
+        "as its tenant (default: its name), kept apart from the other clients'",
     )
     allowed_hosts: list[str] = Field(
         default_factory=list, description="extra Host header values accepted (reverse proxies)"
@@ -393,14 +424,34 @@ def _truthy(raw: str, var: str) -> bool:
     raise ValueError(f"{var}={raw!r}: expected true or false")
 
 
-def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
-    """The bearer token HTTP clients must present, or None when auth is off.
+@dataclass(frozen=True)
+class BearerAuth:
+    """The bearer tokens HTTP clients of ``toolwire serve`` may present.
+
+    ``token``: the shared token (``[server] auth_token`` or ``TOOLS_AUTH_TOKEN``;
+    its calls have no tenant). ``clients``: name -> (token, tenant), from
+    ``[server.clients.<name>]``; a client's calls run as its tenant.
+    """
+
+    token: str | None = None
+    clients: Mapping[str, tuple[str, str]] = field(default_factory=dict)
+
+    def tokens(self) -> list[str]:
+        """Every token that opens the server."""
+        shared = [self.token] if self.token else []
+        return shared + [t for t, _ in self.clients.values()]
+
+
+def resolve_auth(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> BearerAuth | None:
+    """The bearer tokens HTTP clients must present, or None when auth is off.
 
     Auth is on when ``TOOLS_AUTH_ENABLED`` is true, or (when that variable is
     unset) when ``[server] auth_enabled`` is true, or when a token is configured
-    (``[server] auth_token`` or ``TOOLS_AUTH_TOKEN``). The config's token wins
-    over ``TOOLS_AUTH_TOKEN``. Raises ``ValueError`` when auth is on without a
-    token, naming what to set.
+    (``[server] auth_token``, ``TOOLS_AUTH_TOKEN`` or a ``[server.clients.<name>]``
+    entry). The config's shared token wins over ``TOOLS_AUTH_TOKEN``. Raises
+    ``ValueError`` when auth is on without a token, when no client could send a
+    token, and when two entries share one token, naming what to fix (never the
+    token).
     """
     env = os.environ if env is None else env
     token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
@@ -414,14 +465,36 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
     elif cfg.auth_enabled is not None:
         enabled = cfg.auth_enabled
     else:
-        enabled = token is not None
+        enabled = token is not None or bool(cfg.clients)
     if not enabled:
         return None
-    if not token:
+    if not token and not cfg.clients:
         raise ValueError(
             f"bearer auth is enabled but no token is set: export {AUTH_TOKEN_ENV}=<token> or "
             f'set [server] auth_token = {{"$secretRef" = "NAME"}} in toolwire.toml'
         )
+    owners: dict[str, str] = {}
+    if token:
+        _check_token(token, source)
+        owners[token] = source
+    clients: dict[str, tuple[str, str]] = {}
+    for name, client in cfg.clients.items():
+        where = f"[server.clients.{name}] token"
+        secret = client.token.get_secret_value()
+        if not secret:
+            raise ValueError(f"the bearer token ({where}) is empty; give the client a token")
+        _check_token(secret, where)
+        if secret in owners:
+            raise ValueError(
+                f"{where} is the same token as {owners[secret]}: the server could not tell "
+                "the two apart; give each client a token of its own"
+            )
+        owners[secret] = where
+        clients[name] = (secret, client.tenant or name)
+    return BearerAuth(token or None, clients)
+
+
+def _check_token(token: str, source: str) -> None:
     if token != token.strip() or any(c in token for c in _BREAKS):
         # No client can send it (header values lose surrounding whitespace): every request
         # would get 401. The value is never quoted.
@@ -430,7 +503,13 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
             "break or NUL, which no client can send (a secret read with its trailing "
             "newline?); remove it"
         )
-    return token
+
+
+def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
+    """The shared bearer token HTTP clients may present, or None when auth is off or only
+    ``[server.clients]`` give tokens (see ``resolve_auth``, which this checks the same way)."""
+    auth = resolve_auth(cfg, env)
+    return auth.token if auth is not None else None
 
 
 def auth_switched_off(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
@@ -439,8 +518,10 @@ def auth_switched_off(cfg: ServeConfig, env: Mapping[str, str] | None = None) ->
 
     The token is never quoted."""
     env = os.environ if env is None else env
-    configured = (cfg.auth_token is not None and bool(cfg.auth_token.get_secret_value())) or bool(
-        env.get(AUTH_TOKEN_ENV)
+    configured = (
+        (cfg.auth_token is not None and bool(cfg.auth_token.get_secret_value()))
+        or bool(env.get(AUTH_TOKEN_ENV))
+        or bool(cfg.clients)
     )
     if not configured:
         return None

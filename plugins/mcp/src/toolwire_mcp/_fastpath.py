@@ -61,7 +61,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from toolwire import Kernel, Tool, ToolResult
 
-from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
+from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call, tenant_of
 from ._convert import content_blocks, render_text, result_meta, utf8_safe, wire_blocks
 
 __all__ = ["FastCallPath", "install_fast_path", "wire_result"]
@@ -371,7 +371,7 @@ class FastCallPath:
             return None  # MCP elicitation (approval prompts) runs in FastMCP's request context
         if self._needs_param_headers(name):
             return None
-        return _Call(rid, name, arguments, meta, token, session_id)
+        return _Call(rid, name, arguments, meta, token, session_id, tenant_of(scope))
 
     def _needs_param_headers(self, name: str) -> bool:
         """The tool's schema declares ``Mcp-Param-*`` headers (FastMCP validates those)."""
@@ -453,6 +453,7 @@ class FastCallPath:
                 call_id=call_id,
                 request_id=call.rid,
                 session_id=call.session_id,
+                tenant=call.tenant,
                 progress=progress,
                 scope=scope,
             )
@@ -486,7 +487,7 @@ class FastCallPath:
 
 
 class _Call:
-    __slots__ = ("arguments", "meta", "name", "rid", "session_id", "token")
+    __slots__ = ("arguments", "meta", "name", "rid", "session_id", "tenant", "token")
 
     def __init__(
         self,
@@ -496,6 +497,7 @@ class _Call:
         meta: dict[str, Any],
         token: str | int | None,
         session_id: str | None,
+        tenant: str | None,
     ) -> None:
         self.rid = rid
         self.name = name
@@ -503,6 +505,7 @@ class _Call:
         self.meta = meta
         self.token = token
         self.session_id = session_id
+        self.tenant = tenant
 
 
 def _progress_sender(reply: _Reply, token: str | int) -> ProgressSender:

@@ -22,7 +22,7 @@ import stat
 import sys
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import anyio
@@ -52,8 +52,8 @@ from starlette.types import Receive, Scope, Send
 import toolwire
 from toolwire import ConfigError, Kernel, Tool, ToolResult, export_tool
 
-from ._calls import ProgressSender, ServeGate, call_id_from_meta, run_call
-from ._config import ServeConfig, auth_switched_off, resolve_auth_token
+from ._calls import TENANT_CLAIM, ProgressSender, ServeGate, call_id_from_meta, run_call, tenant_of
+from ._config import BearerAuth, ServeConfig, auth_switched_off, resolve_auth
 from ._convert import content_blocks, result_meta, utf8_safe
 from ._fastpath import install_fast_path
 from ._guard import remember_guard_verdicts
@@ -301,6 +301,7 @@ class KernelTool(MCPTool):
             call_id=call_id,
             request_id=rc.request_id if rc is not None else None,
             session_id=_session_id(ctx, rc),
+            tenant=tenant_of(rc.request.scope) if rc is not None and rc.request else None,
             progress=progress,
             extensions={ELICIT_EXTENSION: elicit} if elicit is not None else None,
         )
@@ -414,21 +415,69 @@ class KernelProvider(Provider):
         return self._view(tool)
 
 
-class BearerTokenVerifier(TokenVerifier):
-    """Accepts exactly one bearer token, compared in constant time."""
+#: ``AccessToken.client_id`` of the shared token (``[server] auth_token``, ``TOOLS_AUTH_TOKEN``).
+SHARED_CLIENT_ID = "toolwire-bearer"
 
-    def __init__(self, token: str) -> None:
+
+class BearerTokenVerifier(TokenVerifier):
+    """Accepts the configured bearer tokens, compared in constant time.
+
+    ``token``: the shared token (its calls have no tenant). ``clients``: name ->
+    (token, tenant); a client's ``AccessToken`` has its name as ``client_id`` and
+    its tenant in ``claims["io.toolwire/tenant"]``, which the calls it makes run as.
+    Every token is compared (SHA-256 digests through ``hmac.compare_digest``), so
+    the time taken does not tell which one, or how much of one, matched.
+    """
+
+    def __init__(
+        self, token: str | None = None, *, clients: Mapping[str, tuple[str, str]] | None = None
+    ) -> None:
         super().__init__()
-        if not token:
+        entries: list[tuple[bytes, AccessToken]] = []
+        if token:
+            entries.append(
+                (_digest(token), AccessToken(token="***", client_id=SHARED_CLIENT_ID, scopes=[]))
+            )
+        for name, (secret, tenant) in (clients or {}).items():
+            if not secret:
+                raise ValueError(f"the bearer token of client {name!r} must not be empty")
+            grant = AccessToken(
+                token="***", client_id=name, scopes=[], claims={TENANT_CLAIM: tenant}
+            )
+            entries.append((_digest(secret), grant))
+        if not entries:
             raise ValueError("the bearer token must not be empty")
-        self._digest = hashlib.sha256(token.encode()).digest()
+        self._entries = entries
+
+    @classmethod
+    def of(cls, auth: str | BearerAuth) -> BearerTokenVerifier:
+        """The verifier of a shared token, or of every token of ``auth``."""
+        if isinstance(auth, str):
+            return cls(auth)
+        return cls(auth.token, clients=auth.clients)
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The access granted to ``token``, or None (HTTP 401)."""
-        given = hashlib.sha256(token.encode()).digest()
-        if not hmac.compare_digest(given, self._digest):
-            return None
-        return AccessToken(token="***", client_id="toolwire-bearer", scopes=[])
+        given = _digest(token)
+        found: AccessToken | None = None
+        for digest, grant in self._entries:
+            if hmac.compare_digest(given, digest):
+                found = grant
+        return found
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def _tokens(auth: str | BearerAuth | None) -> list[str]:
+    if auth is None or isinstance(auth, str):
+        return [auth] if auth else []
+    return auth.tokens()
+
+
+def _verifier(auth: str | BearerAuth | None) -> BearerTokenVerifier | None:
+    return BearerTokenVerifier.of(auth) if auth is not None and _tokens(auth) else None
 
 
 def create_server(
@@ -436,14 +485,14 @@ def create_server(
     *,
     name: str = "toolwire",
     instructions: str | None = None,
-    auth_token: str | None = None,
+    auth_token: str | BearerAuth | None = None,
     gate: ServeGate | None = None,
 ) -> FastMCP:
     """A FastMCP server offering ``kernel``'s catalog; every call goes through ``kernel.call``.
 
     ``auth_token``: HTTP clients must send ``Authorization: Bearer <token>``
-    (401 otherwise). The kernel is started on first use; closing it is the
-    caller's job.
+    (401 otherwise); a ``BearerAuth`` gives several, a client's calls running as
+    its tenant. The kernel is started on first use; closing it is the caller's job.
     """
     changes = ListChanged(kernel)
     provider = KernelProvider(kernel, gate, changes)
@@ -451,7 +500,7 @@ def create_server(
         name,
         instructions=instructions,
         version=toolwire.__version__,
-        auth=BearerTokenVerifier(auth_token) if auth_token else None,
+        auth=_verifier(auth_token),
         providers=[provider],
         mask_error_details=True,
     )
@@ -497,7 +546,7 @@ class _GuardedRoute(BaseRoute):
 
 
 def plugin_http_routes(
-    kernel: Kernel, *, auth_token: str | None = None, reserved: Sequence[str] = ()
+    kernel: Kernel, *, auth_token: str | BearerAuth | None = None, reserved: Sequence[str] = ()
 ) -> list[BaseRoute]:
     """The HTTP routes the kernel's plugins offer, behind ``auth_token`` when given.
 
@@ -512,7 +561,8 @@ def plugin_http_routes(
     ``ConfigError``: every MCP client holds that token (the approval API's
     token, say, must be the approvers' own).
     """
-    verifier = BearerTokenVerifier(auth_token) if auth_token else None
+    verifier = _verifier(auth_token)
+    tokens = _tokens(auth_token)
     out: list[BaseRoute] = []
     for info in kernel.plugins.ordered():
         fn = getattr(info.plugin, "http_routes", None)
@@ -530,10 +580,10 @@ def plugin_http_routes(
             if own_auth is None:
                 out.append(_GuardedRoute(route, verifier))
                 continue
-            if auth_token and own_auth(auth_token):
+            if any(own_auth(t) for t in tokens):
                 raise ConfigError(
-                    f"plugin {info.name!r} serves the HTTP route {path!r} to holders of the "
-                    "server's bearer token, which every MCP client holds; give the plugin a "
+                    f"plugin {info.name!r} serves the HTTP route {path!r} to holders of a "
+                    "bearer token of the server, which MCP clients hold; give the plugin a "
                     "token of its own (for the approval plugin: [plugins.approval] http_token)",
                     key=f"plugins.{info.name}",
                 )
@@ -710,7 +760,7 @@ def create_http_app(
     kernel: Kernel,
     cfg: ServeConfig | None = None,
     *,
-    auth_token: str | None = None,
+    auth_token: str | BearerAuth | None = None,
     gate: ServeGate | None = None,
 ) -> Starlette:
     """The ASGI app ``toolwire serve --transport http`` runs, to mount in your own server.
@@ -802,7 +852,7 @@ async def run_server(
             "FastMCP's server, uvicorn and the stdio reader run on asyncio, not trio; run it "
             "under asyncio (anyio.run(main) or asyncio.run(main))"
         )
-    token = resolve_auth_token(cfg) if cfg.transport == "http" else None
+    token = resolve_auth(cfg) if cfg.transport == "http" else None
     if cfg.transport == "http" and token is None:
         switched_off = auth_switched_off(cfg)
         if switched_off is not None:

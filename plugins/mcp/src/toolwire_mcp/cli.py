@@ -13,7 +13,7 @@ import pydantic
 from toolwire import ConfigError, ToolwireConfig, warn_plain_secrets
 from toolwire.cli import add_config_option, build_cli_kernel, load_cli_config, unknown_key
 
-from ._config import ServeConfig, auth_switched_off, resolve_auth_token
+from ._config import ServeConfig, auth_switched_off, resolve_auth
 
 __all__ = ["register"]
 
@@ -69,9 +69,10 @@ def serve_config(data: dict[str, Any], file: str | None, args: argparse.Namespac
         raise ConfigError("; ".join(msgs), file=where) from exc
     if cfg.transport == "http":
         try:
-            resolve_auth_token(cfg)
+            resolve_auth(cfg)
         except ValueError as exc:
-            raise ConfigError(str(exc), file=file, key="server.auth_token") from exc
+            key = "server.clients" if "[server.clients." in str(exc) else "server.auth_token"
+            raise ConfigError(str(exc), file=file, key=key) from exc
     return cfg
 
 
@@ -86,7 +87,7 @@ def check_server_table(
     if config is not None:
         warn_plain_secrets(cfg, "server", config)  # a plain auth_token in the file
     loop_options(cfg.loop, file)
-    if cfg.transport == "http" and resolve_auth_token(cfg) is None:
+    if cfg.transport == "http" and resolve_auth(cfg) is None:
         switched_off = auth_switched_off(cfg)
         if switched_off is not None:
             logging.getLogger("toolwire.serve").warning("%s", switched_off)
