@@ -314,7 +314,7 @@ class ClientConfig(BaseModel):
         min_length=1,
         max_length=128,
         description="the tenant of this client's calls (default: the client's name); "
-        "clients given one tenant share its idempotency records, approvals and quotas",
+        "clients given one tenant share its idempotency records and approvals",
     )
 
 
