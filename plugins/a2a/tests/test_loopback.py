@@ -18,6 +18,9 @@ from toolwire_a2a_testkit import Agent, eventually, make_agent
 
 from toolwire import ErrorKind, Kernel
 from toolwire.state import Entry, MemoryStore
+from toolwire_a2a import A2AConfig, A2APlugin
+from toolwire_ratelimit import RateLimitPlugin
+from toolwire_retry import RetryConfig, RetryPlugin
 
 pytestmark = pytest.mark.anyio
 
@@ -470,3 +473,102 @@ async def test_a_stream_cut_after_an_artifact_keeps_the_artifact(
     assert details["artifacts"] == [{"name": "report", "text": "part one;"}]
     assert "agent_loopback_specialist_task" in res.error.message
     assert "do not send the message again" in res.error.message
+
+
+class TaskReadFailsOnce:
+    """Wraps an agent: its first ``GetTask`` answers HTTP 503 (a proxy restarting) and
+    lets the agent's ``wait`` tasks finish; with ``end_stream`` the first SSE answer ends
+    (no error) right after its first artifact event, before the task did."""
+
+    def __init__(self, end_stream: bool = False) -> None:
+        self.end_stream = end_stream
+        self.failed = 0
+        self.agent: Agent | None = None
+
+    def __call__(self, inner: Any) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] != "http" or scope["path"] != "/a2a/jsonrpc":
+                await inner(scope, receive, send)
+                return
+            chunks = []
+            while True:
+                msg = await receive()
+                chunks.append(msg.get("body", b""))
+                if not msg.get("more_body"):
+                    break
+            body = b"".join(chunks)
+            replayed = False
+
+            async def again() -> Any:
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            if b'"GetTask"' in body and not self.failed:
+                self.failed += 1
+                assert self.agent is not None
+                self.agent.executor.release()
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+                await send({"type": "http.response.body", "body": b"restarting"})
+                return
+            if not (self.end_stream and b'"SendStreamingMessage"' in body and not self.failed):
+                await inner(scope, again, send)
+                return
+            ended = False
+
+            async def ending_send(msg: Any) -> None:
+                nonlocal ended
+                if ended:
+                    return
+                await send(msg)
+                if msg["type"] == "http.response.body" and b"artifactUpdate" in msg["body"]:
+                    ended = True
+
+            await inner(scope, again, ending_send)
+            if ended:
+                await send({"type": "http.response.body", "body": b""})
+
+        return app
+
+
+@pytest.mark.parametrize("way", ["polled", "stream ended"])
+async def test_a_failed_task_read_after_the_agent_took_the_task_is_not_sent_again(
+    way: str,
+) -> None:
+    """Before: a blocking call that polls its task (no stream, a timeout) failed on one
+    503 of a GetTask with an `unavailable` that named no task and did not say the agent
+    had the message, and so did a stream that ended before its task when the task read
+    failed: the retry plugin (with ratelimit classifying) sent the message again, and the
+    agent did the work twice. Now the error is `in_flight` and carries the task id."""
+    polled = way == "polled"
+    wrap = TaskReadFailsOnce(end_stream=not polled)
+    agent = LoopbackAgent(wrap=wrap)
+    wrap.agent = agent.agent
+    agent.start()
+    query = "wait" if polled else "stream"
+    if polled:
+        agent.agent.executor.hold()
+    try:
+        cfg = A2AConfig(
+            agents=[agent.url],
+            streaming=not polled,
+            timeout_s=30 if polled else None,
+            poll_interval_s=0.05,
+            refresh_interval_s=0,
+        )
+        plugins = [A2APlugin(cfg), RateLimitPlugin(), RetryPlugin(RetryConfig(base_s=0.01))]
+        async with Kernel(plugins=plugins) as kernel:
+            res = await kernel.call("agent_loopback_specialist", {"query": query})
+    finally:
+        agent.stop()
+    assert wrap.failed == 1
+    assert [s["text"] for s in agent.agent.executor.seen] == [query]  # sent once
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE
+    task_id = agent.agent.executor.seen[0]["task"]
+    assert res.error.details["task_id"] == task_id
+    assert res.error.details["in_flight"] is True
+    assert "do not send the message again" in res.error.message
+    assert f"agent_loopback_specialist_task and task_id={task_id!r}" in res.error.message

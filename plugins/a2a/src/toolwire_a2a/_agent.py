@@ -496,7 +496,7 @@ class AgentHandle:
             )
             return await self._after_broken_stream(agg, ended)
         if poll and agg.task_id and agg.state in RUNNING:
-            return await self._until_settled(agg.task_id)
+            return await self._until_settled(agg.task_id, agg.context_id, agg.state)
         try:
             result = agg.result(nick)
         except ValueError as exc:
@@ -525,6 +525,7 @@ class AgentHandle:
                 "artifacts": got["artifacts"],
                 "partial_text": got["text"],
             }
+            details["in_flight"] = True  # the agent has the message: not to be sent again
             raise ToolError(
                 f"{err}; the agent had already taken the task {task_id!r} (state "
                 f"{got['state']!r}, {len(got['artifacts'])} artifact(s) received: in details) "
@@ -654,13 +655,37 @@ class AgentHandle:
         await self._remember(ctx.kernel, result)
         return result
 
-    async def _until_settled(self, task_id: str) -> dict[str, Any]:
-        """Poll ``task_id`` until it is done or interrupted (the caller's deadline bounds it)."""
+    async def _until_settled(
+        self, task_id: str, context_id: str | None, state: str
+    ) -> dict[str, Any]:
+        """Poll ``task_id`` until it is done or interrupted (the caller's deadline bounds it).
+
+        A read that fails is the call's error, saying that the agent has the task (its
+        ``task_id``, ``details.in_flight``): sending the message again would start a
+        second task, so neither the retry plugin nor the caller should.
+        """
+        nick = str(self.nickname)
         while True:
             await anyio.sleep(self.config.poll_interval_s)
-            result = task_result(
-                str(self.nickname), _to_dict(await self._get(task_id, "reading the task"))
-            )
+            try:
+                task = await self._get(task_id, "reading the task")
+            except ToolError as err:
+                raise ToolError(
+                    f"{err}; the agent had already taken the task {task_id!r} (state "
+                    f"{state!r}): do not send the message again: get its outcome later with "
+                    f"agent_{nick}_task and task_id={task_id!r}",
+                    kind=err.kind,
+                    retry_after_s=err.retry_after_s,
+                    details={
+                        **err.details,
+                        "task_id": task_id,
+                        "context_id": context_id,
+                        "state": state,
+                        "in_flight": True,
+                    },
+                ) from err
+            result = task_result(nick, _to_dict(task))
+            state = result["state"]
             if result["done"] or result["interrupted"]:
                 return self._check_outcome(result)
 
