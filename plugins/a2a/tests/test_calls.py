@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+from starlette.applications import Starlette
 from toolwire_a2a_testkit import (
     BLOB,
     NUMBERS,
@@ -19,7 +20,10 @@ from toolwire_a2a_testkit import (
     make_agent,
 )
 
-from toolwire import ErrorKind
+from toolwire import ErrorKind, Kernel
+from toolwire_a2a import A2AConfig, A2APlugin
+from toolwire_ratelimit import RateLimitPlugin
+from toolwire_retry import RetryConfig, RetryPlugin
 
 pytestmark = pytest.mark.anyio
 
@@ -389,6 +393,66 @@ async def test_rest_binding_agent(make_kernel: KernelFactory, router: Router) ->
     assert not res.is_error, res.content
     assert res.content["text"] == "Findings on: ping"
     assert any(h.path == "/message:send" for h in router.hits if h.host == "rest.test")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_rest_binding_errors_are_the_agents_a2a_errors(
+    make_kernel: KernelFactory, router: Router, streaming: bool
+) -> None:
+    """Before: over HTTP+JSON the HTTP status of an A2A error decided its kind: an unknown
+    task was `unavailable` ("the agent's endpoint is not available; try again later"), a
+    task that cannot be canceled a bare "HTTP 400", and a stale remembered task blocked
+    the conversation (no `details.code`, so no new task was started)."""
+    rest = make_agent("http://rest.test", name="Rest Agent", rest=True)
+    router.hosts["rest.test"] = rest.app
+    kernel, _ = await make_kernel({"agents": {"rest": "http://rest.test"}, "streaming": streaming})
+
+    unknown = await kernel.call("agent_rest_task", {"task_id": "no-such-task"})
+    assert unknown.is_error and unknown.error is not None
+    assert unknown.error.kind == ErrorKind.NOT_FOUND, unknown.error
+    assert unknown.error.details["code"] == -32001 and "no such task" in unknown.error.message
+
+    done = await kernel.call("agent_rest", {"query": "report"})
+    assert not done.is_error, done.content
+    cancel = await kernel.call(
+        "agent_rest_task", {"task_id": done.content["task_id"], "cancel": True}
+    )
+    assert cancel.is_error and cancel.error is not None
+    assert cancel.error.kind == ErrorKind.CONFLICT, cancel.error
+    assert cancel.error.details["code"] == -32002
+
+    ask = await kernel.call("agent_rest", {"query": "ask"})
+    context_id = ask.content["context_id"]
+    # the task remembered for the conversation has ended meanwhile
+    await kernel.state.set(f"a2a:interrupted:rest:{context_id}", done.content["task_id"])
+    res = await kernel.call("agent_rest", {"query": "again", "context_id": context_id})
+    assert not res.is_error, res.content
+    assert res.content["text"] == "Findings on: again"
+
+    router.hosts["rest.test"] = Starlette(routes=[])  # a bare 404: the endpoint is gone
+    gone = await kernel.call("agent_rest", {"query": "x"})
+    assert gone.is_error and gone.error is not None
+    assert gone.error.kind == ErrorKind.UNAVAILABLE and gone.error.details["status"] == 404
+
+
+async def test_a_rest_agent_that_crashes_is_not_sent_the_message_twice(router: Router) -> None:
+    """Before: the HTTP 500 a REST agent answers when its executor raises was `unavailable`,
+    which the ratelimit plugin classifies as retryable: the retry plugin sent the message
+    again. It is the agent's failure, `tool_error` with code -32603, as over JSON-RPC."""
+    rest = make_agent("http://rest.test", name="Rest Agent", rest=True)
+    router.hosts["rest.test"] = rest.app
+    cfg = A2AConfig(agents=["http://rest.test"], refresh_interval_s=0)
+    plugins = [
+        A2APlugin(cfg, transport=router),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(base_s=0.01)),
+    ]
+    async with Kernel(plugins=plugins) as kernel:
+        res = await kernel.call("agent_rest_agent", {"query": "crash"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.TOOL_ERROR, res.error
+    assert res.error.details["code"] == -32603 and "the agent failed" in res.error.message
+    assert [s["text"] for s in rest.executor.seen] == ["crash"]
 
 
 async def test_legacy_v0_3_agent_is_called_with_v0_3_methods(

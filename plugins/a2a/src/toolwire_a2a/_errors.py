@@ -13,6 +13,7 @@ from a2a.utils.errors import (
     InternalError,
     InvalidParamsError,
     InvalidRequestError,
+    MethodNotFoundError,
     TaskNotCancelableError,
     TaskNotFoundError,
     VersionNotSupportedError,
@@ -44,6 +45,23 @@ def _cause(exc: BaseException, kind: type[BaseException]) -> BaseException | Non
         cur = cur.__cause__
         seen += 1
     return None
+
+
+def _internal_error(response: httpx.Response) -> str | None:
+    """The message of an HTTP 500 that is the agent's own ``google.rpc.Status`` with
+    status ``INTERNAL`` (how an A2A REST server answers when its executor raised), or None
+    (any other answer: a proxy's page, an outage)."""
+    if response.status_code != 500:
+        return None
+    try:
+        body = response.json()
+    except (ValueError, httpx.ResponseNotRead):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    if not isinstance(error, dict) or error.get("status") != "INTERNAL":
+        return None
+    message = error.get("message")
+    return message if isinstance(message, str) and message else "no reason given"
 
 
 def _status_error(exc: httpx.HTTPStatusError, agent: str, action: str) -> ToolError:
@@ -83,6 +101,45 @@ def _status_error(exc: httpx.HTTPStatusError, agent: str, action: str) -> ToolEr
     )
 
 
+def _a2a_error(exc: A2AError, agent: str, where: str, details: dict[str, Any]) -> ToolError:
+    """The ``ToolError`` for an A2A error the agent answered (JSON-RPC, or REST's
+    ``google.rpc.Status`` the SDK maps back to the same errors)."""
+    code = JSON_RPC_ERROR_CODE_MAP.get(type(exc))
+    if code is not None:
+        details["code"] = code
+    if exc.data:
+        details["data"] = exc.data
+    text = exc.message or str(exc)
+    if isinstance(exc, TaskNotFoundError):
+        return ToolError(
+            f"{where}: the agent has no such task ({text}); it may have expired — start a "
+            f"new one with agent_{agent}",
+            kind=ErrorKind.NOT_FOUND,
+            details=details,
+        )
+    if isinstance(exc, TaskNotCancelableError):
+        return ToolError(
+            f"{where}: the task cannot be canceled ({text})",
+            kind=ErrorKind.CONFLICT,
+            details=details,
+        )
+    if isinstance(exc, (InvalidParamsError, InvalidRequestError)):
+        return ToolError(
+            f"{where}: the agent rejected the request as invalid: {text}",
+            kind=ErrorKind.INVALID_ARGS,
+            details=details,
+        )
+    if isinstance(exc, InternalError):
+        return ToolError(f"{where}: the agent failed: {text}", details=details)
+    if isinstance(exc, VersionNotSupportedError):
+        return ToolError(
+            f"{where}: the agent does not speak the protocol version its card announced "
+            f"({text}); check the card's supportedInterfaces",
+            details=details,
+        )
+    return ToolError(f"{where}: the agent answered an error: {text}", details=details)
+
+
 def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     """The ``ToolError`` for ``exc``, raised while doing ``action`` with ``agent``.
 
@@ -95,7 +152,9 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
     ``rate_limit``; JSON-RPC -32001 TaskNotFound -> ``not_found``; -32002
     TaskNotCancelable -> ``conflict``; -32600/-32602 -> ``invalid_args``;
     -32603 from the agent -> ``tool_error`` carrying the agent's text; any
-    other A2A error -> ``tool_error`` with its code in ``details``.
+    other A2A error -> ``tool_error`` with its code in ``details``. Over HTTP+JSON
+    the A2A error in the body decides, not the HTTP status it came with; an HTTP 500
+    with the agent's ``google.rpc.Status`` ``INTERNAL`` is -32603.
     """
     where = f"agent {agent!r}: {action}"
     details: dict[str, Any] = {"agent": agent}
@@ -145,7 +204,24 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             details=details,
         )
     http_err = _cause(exc, httpx.HTTPStatusError)
+    # Over REST an A2A error comes with an HTTP status (TaskNotFound: 404,
+    # TaskNotCancelable: 400, ...), which the SDK maps back to the A2A error: that error
+    # is the answer, not the status. A bare 404 (no A2A error in the body: the SDK's
+    # MethodNotFound) is a missing endpoint.
+    if (
+        isinstance(exc, A2AError)
+        and not isinstance(exc, A2AClientError)
+        and not (isinstance(exc, MethodNotFoundError) and http_err is not None)
+    ):
+        if isinstance(http_err, httpx.HTTPStatusError):
+            details["status"] = http_err.response.status_code
+        return _a2a_error(exc, agent, where, details)
     if isinstance(http_err, httpx.HTTPStatusError):
+        internal = _internal_error(http_err.response)
+        if internal is not None:  # the agent's own failure, as JSON-RPC's -32603
+            details["code"] = JSON_RPC_ERROR_CODE_MAP[InternalError]
+            details["status"] = http_err.response.status_code
+            return ToolError(f"{where}: the agent failed: {internal}", details=details)
         return _status_error(http_err, agent, action)
     req_err = _cause(exc, httpx.RequestError)
     if isinstance(req_err, httpx.RequestError):
@@ -155,41 +231,6 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             kind=ErrorKind.UNAVAILABLE,
             details=details,
         )
-    if isinstance(exc, A2AError) and not isinstance(exc, A2AClientError):
-        code = JSON_RPC_ERROR_CODE_MAP.get(type(exc))
-        if code is not None:
-            details["code"] = code
-        if exc.data:
-            details["data"] = exc.data
-        text = exc.message or str(exc)
-        if isinstance(exc, TaskNotFoundError):
-            return ToolError(
-                f"{where}: the agent has no such task ({text}); it may have expired — start a "
-                f"new one with agent_{agent}",
-                kind=ErrorKind.NOT_FOUND,
-                details=details,
-            )
-        if isinstance(exc, TaskNotCancelableError):
-            return ToolError(
-                f"{where}: the task cannot be canceled ({text})",
-                kind=ErrorKind.CONFLICT,
-                details=details,
-            )
-        if isinstance(exc, (InvalidParamsError, InvalidRequestError)):
-            return ToolError(
-                f"{where}: the agent rejected the request as invalid: {text}",
-                kind=ErrorKind.INVALID_ARGS,
-                details=details,
-            )
-        if isinstance(exc, InternalError):
-            return ToolError(f"{where}: the agent failed: {text}", details=details)
-        if isinstance(exc, VersionNotSupportedError):
-            return ToolError(
-                f"{where}: the agent does not speak the protocol version its card announced "
-                f"({text}); check the card's supportedInterfaces",
-                details=details,
-            )
-        return ToolError(f"{where}: the agent answered an error: {text}", details=details)
     if isinstance(exc, A2AClientError):
         text = exc.message or str(exc)
         m = _RPC_CODE.match(text)
