@@ -99,6 +99,27 @@ async def test_registry_listing_with_selector_yields_the_expected_tools(
 
 
 @pytest.mark.parametrize(
+    ("selector", "query"),
+    [
+        ({}, "team=core&key=k1"),
+        ({"tags": ["specialist"]}, "team=core&key=k1&tag=specialist&match=all"),
+    ],
+)
+async def test_a_registry_url_keeps_its_own_query(
+    make_kernel: KernelFactory, router: Router, selector: dict[str, object], query: str
+) -> None:
+    """Before: the selector's query parameters replaced the query of the registry's URL
+    (httpx's ``params`` do), even an empty selector's: ``/agents?team=core&key=k1`` was
+    read as ``/agents``, another listing (or a 401 when the key is in the query)."""
+    registry = Registry({"agents": fixture("registry_listing_proposed.json")["agents"]})
+    router.hosts["registry.test"] = registry.app()
+    url = "http://registry.test/agents?team=core&key=k1"
+    kernel, _ = await make_kernel({"registry": {"url": url, "selector": selector}})
+    assert registry.queries == [query]
+    assert kernel.get_tool("agent_research") is not None
+
+
+@pytest.mark.parametrize(
     ("selector", "expected"),
     [
         ({"tags": ["specialist", "research"]}, ["agent_research"]),

@@ -89,15 +89,17 @@ async def fetch_json(
 
     The whole answer must come within ``timeout_s`` (httpx times each read alone: a
     server sending a byte now and then would hold the read for as long as it liked).
+    ``params`` are added to the query the URL has (httpx's ``params`` would replace it).
     Returns ``(body, etag)``, or None when the server answered 304 Not Modified.
     Raises ``CardFetchError`` saying what went wrong.
     """
     hdrs = {"Accept": "application/json", **headers}
     if etag:
         hdrs["If-None-Match"] = etag
+    target = httpx.URL(url).copy_merge_params(params) if params else url
     try:
         with anyio.fail_after(timeout_s):
-            r = await http.get(url, headers=hdrs, params=params, timeout=timeout_s)
+            r = await http.get(target, headers=hdrs, timeout=timeout_s)
     except (httpx.TimeoutException, TimeoutError):
         raise CardFetchError(
             f"GET {url} timed out: no complete answer within {timeout_s:g}s (request_timeout_s)"
