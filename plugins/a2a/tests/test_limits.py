@@ -22,6 +22,10 @@ import httpx
 import pytest
 from a2a.client.transports.http_helpers import parse_sse_stream
 from google.protobuf.json_format import MessageToDict
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 from toolwire_a2a_testkit import (
     FIXTURES,
     RESEARCH,
@@ -869,3 +873,45 @@ async def test_an_answer_toolwire_cannot_read_says_why_and_the_next_call_works(
         ok = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
         assert ok.error is None, ok.error
         assert ok.content["text"] == "Findings on: solid-state batteries"
+
+
+async def test_json_nested_too_deeply_is_a_failed_read_not_a_recursion_error(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    """Before: a registry listing of 400 KB of nested brackets (well under the cap) raised
+    RecursionError out of the refresh, before any card was read: the configured agents got
+    no tools at startup and never did, and ``plugin.refresh()`` raised it."""
+    deep = "[" * 200_000 + "]" * 200_000
+
+    async def listing(_: Request) -> Response:
+        return Response(deep, media_type="application/json")
+
+    async def answer(_: Request) -> Response:
+        body = '{"jsonrpc": "2.0", "id": 1, "result": ' + deep + "}"
+        return Response(body, media_type="application/json")
+
+    router.hosts["registry.test"] = Starlette(routes=[Route("/agents", listing)])
+    router.hosts["deep.test"] = Starlette(
+        routes=[
+            Route("/.well-known/agent-card.json", listing),
+            Route("/a2a/jsonrpc", answer, methods=["POST"]),
+        ]
+    )
+    config = {
+        "agents": {"research": RESEARCH, "deep": "http://deep.test"},
+        "registry": {"url": "http://registry.test/agents"},
+        "streaming": False,
+    }
+    kernel, plugin = await make_kernel(config)
+    assert kernel.get_tool("agent_research") is not None
+    assert "nested too deeply" in str(plugin._registry_error)
+    deep_card = plugin.agents()["http://deep.test/.well-known/agent-card.json"]
+    assert "answered JSON nested too deeply to read" in deep_card["last_error"]
+    assert await plugin.refresh() is False
+
+    # an agent whose answer is nested so deeply: the call fails as a malformed answer
+    router.hosts["research.test"] = router.hosts["deep.test"]
+    res = await kernel.call("agent_research", {"query": "x"})
+    assert res.is_error and res.error is not None
+    assert res.error.details["reason"] == "malformed_answer", res.error
+    assert "nested too deeply" in res.error.message

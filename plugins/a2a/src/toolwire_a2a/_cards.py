@@ -124,6 +124,8 @@ async def fetch_json(
         body = r.json()
     except ValueError:
         raise CardFetchError(f"GET {url} did not answer JSON") from None
+    except RecursionError:  # within the size cap, but too deep for Python's JSON parser
+        raise CardFetchError(f"GET {url} answered JSON nested too deeply to read") from None
     return body, r.headers.get("etag")
 
 

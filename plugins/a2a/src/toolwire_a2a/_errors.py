@@ -241,6 +241,12 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             return ToolError(f"{where}: {text}", details=details)
         details["reason"] = "malformed_answer"
         return ToolError(f"{where}: {text}; {_MALFORMED_HINT}", details=details)
+    if isinstance(exc, RecursionError):  # JSON nested too deeply for Python's parser
+        details["reason"] = "malformed_answer"
+        return ToolError(
+            f"{where}: the answer is JSON nested too deeply to read; {_MALFORMED_HINT}",
+            details=details,
+        )
     if isinstance(exc, ValueError):  # the SDK could not make sense of what the agent sent
         details["reason"] = "malformed_answer"
         return ToolError(
