@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 import uvicorn
-from toolwire_a2a_testkit import Agent, eventually, make_agent
+from toolwire_a2a_testkit import Agent, Registry, eventually, make_agent
 
 from toolwire import ErrorKind, Kernel
 from toolwire.state import Entry, MemoryStore
@@ -572,3 +572,44 @@ async def test_a_failed_task_read_after_the_agent_took_the_task_is_not_sent_agai
     assert res.error.details["in_flight"] is True
     assert "do not send the message again" in res.error.message
     assert f"agent_loopback_specialist_task and task_id={task_id!r}" in res.error.message
+
+
+async def test_an_agent_leaving_the_registry_mid_call_still_answers_that_call() -> None:
+    """Before: a refresh that found the agent gone from the listing closed its HTTP client
+    at once, under the calls in flight: they failed with "the agent is unreachable
+    (ReadError)", the answer the agent computed was lost, and the error pointed at a task
+    tool about to disappear. Now the client is closed once those calls have ended."""
+    agent = LoopbackAgent().start()
+    registry = Registry({"agents": [{"nickname": "lb", "card_url": agent.url}]})
+    listing = LoopbackAgent(wrap=lambda _: registry.app()).start()
+    try:
+        cfg = A2AConfig(registry={"url": listing.url + "/agents"}, refresh_interval_s=0)
+        plugin = A2APlugin(cfg)
+        async with Kernel(plugins=[plugin]) as kernel:
+            handle = plugin._handles[agent.url + "/.well-known/agent-card.json"]
+            agent.agent.executor.hold()
+            working = anyio.Event()
+            out: dict[str, Any] = {}
+
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                working.set()
+
+            async def call() -> None:
+                out["res"] = await kernel.call("agent_lb", {"query": "wait"}, progress=progress)
+
+            with anyio.fail_after(15):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    await working.wait()
+                    registry.listing = {"agents": []}
+                    assert await plugin.refresh() is True  # its tools are gone
+                    assert kernel.get_tool("agent_lb") is None
+                    assert not handle.http.is_closed  # a call still runs on it
+                    agent.agent.executor.release()
+            res = out["res"]
+            assert not res.is_error, res.error
+            assert res.content["text"] == "Findings on: wait"
+            assert handle.http.is_closed  # closed after the last call
+    finally:
+        agent.stop()
+        listing.stop()

@@ -206,6 +206,9 @@ class AgentHandle:
         self._unusable: str | None = None
         #: CancelTasks sent in the background for abandoned calls, each set when it ends
         self._cancelling: set[anyio.Event] = set()
+        #: calls running on this agent's client; ``_retired``: close it when they end
+        self._in_use = 0
+        self._retired = False
 
     # ------------------------------------------------------------- setup
     @property
@@ -288,6 +291,32 @@ class AgentHandle:
         )
         return [call, task]
 
+    async def retire(self) -> None:
+        """Close the HTTP client once the calls running on it have ended (an agent that
+        left the registry listing: its calls in flight still get their answers)."""
+        self._retired = True
+        if not self._in_use:
+            await self.aclose()
+
+    @contextlib.asynccontextmanager
+    async def _using(self) -> AsyncIterator[None]:
+        """Counts a call on this agent's client, which ``retire`` closes after the last."""
+        if self._retired and not self._in_use:
+            raise ToolError(
+                f"agent {self.nickname!r} is no longer offered (it left the registry "
+                "listing); find another agent for this",
+                kind=ErrorKind.UNAVAILABLE,
+                details={"agent": self.nickname},
+            )
+        self._in_use += 1
+        try:
+            yield
+        finally:
+            self._in_use -= 1
+            if self._retired and not self._in_use:
+                with anyio.CancelScope(shield=True):
+                    await self.aclose()
+
     async def aclose(self) -> None:
         """Let the CancelTasks of abandoned calls finish (at most 5 s), close the HTTP client."""
         pending = list(self._cancelling)
@@ -321,6 +350,10 @@ class AgentHandle:
 
     async def call(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         """``agent_<nickname>``: send ``query`` and return the answer (or the handed-off task)."""
+        async with self._using():  # enters without a checkpoint: the attempt's cut stands
+            return await self._call(args, ctx)
+
+    async def _call(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         # First, before anything awaits: the kernel armed the attempt's cut just before it
         # called this, and a cancellation near that time is taken for the cut.
         limit = _attempt_limit(ctx)
@@ -607,6 +640,10 @@ class AgentHandle:
 
     async def get_task(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         """``agent_<nickname>_task``: the task's state and outcome; optionally wait or cancel."""
+        async with self._using():
+            return await self._get_task(args, ctx)
+
+    async def _get_task(self, args: dict[str, Any], ctx: CallContext) -> dict[str, Any]:
         nick = str(self.nickname)
         task_id: str = args["task_id"]
         ctx.meta.extra["a2a"] = {"agent": nick, "task_id": task_id}

@@ -337,7 +337,8 @@ class A2APlugin:
                 known.add(spec.card_url)
                 specs.append((spec, card))
         for url in [u for u in self._handles if u not in known]:
-            await self._handles.pop(url).aclose()  # delisted from the registry
+            # delisted from the registry: closed once its calls in flight have ended
+            await self._handles.pop(url).retire()
         inline: dict[str, dict[str, Any]] = {}
         for spec, card in specs:
             h = self._handles.get(spec.card_url)
