@@ -11,7 +11,7 @@ import httpx
 import pytest
 from a2a.client.errors import A2AClientError
 from a2a.utils.errors import InternalError, TaskNotFoundError
-from toolwire_a2a_testkit import FIXTURES, fixture
+from toolwire_a2a_testkit import FIXTURES, KernelFactory, Router, fixture, make_agent, make_card
 
 from toolwire import ConfigError, ErrorKind, Kernel
 from toolwire_a2a import A2AConfig, A2APlugin, card_url_for
@@ -172,6 +172,27 @@ def test_description_is_cut_to_the_limit_but_keeps_the_usage_line() -> None:
     text = describe_card(card, "research", limit=800)
     assert len(text) <= 900
     assert "more skills" in text and text.endswith("answer the agent's question).")
+
+
+async def test_a_card_with_huge_names_still_gives_descriptions_within_the_limit(
+    make_kernel: KernelFactory, router: Router
+) -> None:
+    """Before: the card's name, provider and version went into the descriptions (and the
+    titles) whole: a card named with 5000 characters gave a 13 000-character
+    description, past ``max_description_chars = 2000``, in every tool listing."""
+    card = make_card("http://huge.test", name="Huge " + "N" * 5000)
+    card.provider.organization = "O" * 5000
+    card.provider.url = "http://huge.test"
+    card.version = "V" * 3000
+    router.hosts["huge.test"] = make_agent("http://huge.test", card=card).app
+    kernel, _ = await make_kernel({"agents": {"huge": "http://huge.test"}})
+    call, task = kernel.get_tool("agent_huge"), kernel.get_tool("agent_huge_task")
+    assert call is not None and task is not None
+    assert len(call.description) <= 2000, len(call.description)
+    assert "Huge NNN" in call.description and "agent_huge_task" in call.description
+    assert len(task.description) <= 400, len(task.description)
+    for tool in (call, task):
+        assert tool.annotations.title is not None and len(tool.annotations.title) <= 120
 
 
 def test_broken_cards_are_rejected_with_a_reason() -> None:

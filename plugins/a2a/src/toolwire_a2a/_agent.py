@@ -31,7 +31,7 @@ from a2a.utils.constants import TransportProtocol
 
 from toolwire import CallContext, ErrorKind, Tool, ToolAnnotations, ToolError
 
-from ._cards import CardEntry, describe_card
+from ._cards import CardEntry, card_name, describe_card
 from ._config import A2AConfig
 from ._errors import map_error
 from ._limits import capped_client
@@ -263,6 +263,7 @@ class AgentHandle:
         tags = {"a2a"} | {t.lower() for s in card.skills for t in s.tags}
         source = f"a2a:{nick}"
         timeout = self.spec.timeout_s if self.spec.timeout_s is not None else self.config.timeout_s
+        name = card_name(card)
         meta = {"agent": nick, "card_url": self.card_url, "agent_name": card.name}
         call = Tool(
             name=f"agent_{nick}",
@@ -271,7 +272,7 @@ class AgentHandle:
             executor=self.call,
             tags=frozenset(tags),
             source=source,
-            annotations=ToolAnnotations(title=card.name, openWorldHint=True),
+            annotations=ToolAnnotations(title=name, openWorldHint=True),
             timeout_s=timeout,
             settings={**self.spec.settings, "a2a": {**meta, "role": "call"}},
         )
@@ -279,14 +280,14 @@ class AgentHandle:
             name=f"agent_{nick}_task",
             description=(
                 f"Get the state and the outcome of a task handed to the A2A agent "
-                f"{card.name!r} with agent_{nick} (hands_off=true); optionally wait for it "
+                f"{name!r} with agent_{nick} (hands_off=true); optionally wait for it "
                 f"(wait_s) or cancel it."
             ),
             input_schema=copy.deepcopy(TASK_SCHEMA),
             executor=self.get_task,
             tags=frozenset({"a2a"}),
             source=source,
-            annotations=ToolAnnotations(title=f"{card.name}: task", openWorldHint=True),
+            annotations=ToolAnnotations(title=f"{name}: task", openWorldHint=True),
             settings={"a2a": {**meta, "role": "task"}},
         )
         return [call, task]

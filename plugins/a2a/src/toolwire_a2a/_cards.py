@@ -21,6 +21,7 @@ from ._limits import AnswerTooLarge, AnswerUndecodable, RedirectRefused
 __all__ = [
     "CardEntry",
     "CardFetchError",
+    "card_name",
     "card_skills",
     "describe_card",
     "fetch_json",
@@ -169,18 +170,29 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1].rstrip() + "…"
 
 
+#: The longest card name (and provider) put in tool descriptions and titles.
+_MAX_NAME = 100
+
+
+def card_name(card: AgentCard) -> str:
+    """The card's name as tools show it: on one line, at most 100 characters (a card's
+    fields are the agent's to write, of any length)."""
+    return _clip(card.name, _MAX_NAME)
+
+
 def describe_card(card: AgentCard, nickname: str, *, limit: int) -> str:
     """The ``agent_<nickname>`` tool description: what the agent does, its skills and examples.
 
     Everything a search for the agent's abilities should find is in here
     (``find_tools`` ranks on names, tags and descriptions).
     """
-    head = card.description.strip() or f"The A2A agent {card.name!r}."
-    about = f"Remote A2A agent {card.name!r}"
+    name = card_name(card)
+    head = card.description.strip() or f"The A2A agent {name!r}."
+    about = f"Remote A2A agent {name!r}"
     if card.provider.organization:
-        about += f" by {card.provider.organization}"
+        about += f" by {_clip(card.provider.organization, _MAX_NAME)}"
     if card.version:
-        about += f", version {card.version}"
+        about += f", version {_clip(card.version, 40)}"
     tail = (
         f"Ask in natural language with `query`. Set `hands_off` to true to delegate and get "
         f"the outcome later with agent_{nickname}_task; pass the returned `context_id` to "
