@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import socket
@@ -14,7 +15,8 @@ from typing import Any
 import anyio
 import pytest
 import uvicorn
-from toolwire_a2a_testkit import Agent, Registry, eventually, make_agent
+from google.protobuf.json_format import MessageToDict
+from toolwire_a2a_testkit import Agent, Registry, eventually, make_agent, make_card
 
 from toolwire import ErrorKind, Kernel
 from toolwire.state import Entry, MemoryStore
@@ -613,3 +615,61 @@ async def test_an_agent_leaving_the_registry_mid_call_still_answers_that_call() 
     finally:
         agent.stop()
         listing.stop()
+
+
+async def test_a_call_finding_every_connection_busy_says_nothing_was_sent() -> None:
+    """Before: with 100 calls to one agent running (httpx's connection limit), the next
+    waited 60 s for a connection, then failed as "sending the message timed out; the
+    agent may still be working" — although nothing had been sent, and a `timeout` without
+    ``in_flight = false`` is an unknown outcome that the retry plugin does not repeat. Now
+    the wait is ``request_timeout_s`` and the error says the message was not sent."""
+    posts = 0
+    done = asyncio.Event()
+    card: dict[str, Any] = {}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal posts
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            path = head[0].split(" ")[1]
+            length = next(
+                (int(h.split(":")[1]) for h in head if h.lower().startswith("content-length")), 0
+            )
+            await reader.readexactly(length)
+            if path.endswith("agent-card.json"):
+                body = json.dumps(card).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close"
+                    b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+                await writer.drain()
+                return
+            posts += 1
+            await done.wait()  # the agent never answers
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    card.update(MessageToDict(make_card(url, streaming=False)))
+    cfg = A2AConfig(agents=[{"url": url, "nickname": "busy"}], request_timeout_s=0.5)
+    try:
+        async with Kernel(plugins=[A2APlugin(cfg)]) as kernel, anyio.create_task_group() as tg:
+            for i in range(100):
+                tg.start_soon(kernel.call, "agent_busy", {"query": f"call {i}"})
+            await eventually(lambda: posts == 100, within=30)
+            with anyio.fail_after(30):  # bounds a hang, not a speed
+                res = await kernel.call("agent_busy", {"query": "one more"})
+            tg.cancel_scope.cancel()
+    finally:
+        done.set()
+        server.close()
+        await server.wait_closed()
+    assert posts == 100  # the 101st message never went out
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.TIMEOUT
+    assert res.error.details["in_flight"] is False
+    assert "every connection to the agent stayed busy" in res.error.message
+    assert "the request was not sent" in res.error.message

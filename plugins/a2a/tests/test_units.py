@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from a2a.client.errors import A2AClientError
+from a2a.client.errors import A2AClientError, A2AClientTimeoutError
 from a2a.utils.errors import InternalError, TaskNotFoundError
 from toolwire_a2a_testkit import FIXTURES, KernelFactory, Router, fixture, make_agent, make_card
 
@@ -383,6 +383,24 @@ def test_error_kinds(exc: Exception, kind: str, retry_after: float | None) -> No
     assert err.kind == kind
     assert err.retry_after_s == retry_after
     assert str(err).startswith("agent 'research': sending the message")
+
+
+@pytest.mark.parametrize(
+    ("cause", "words"),
+    [
+        (httpx.PoolTimeout("all busy"), "every connection to the agent stayed busy"),
+        (httpx.ConnectTimeout("no answer to SYN"), "no connection to the agent could be opened"),
+    ],
+)
+def test_a_timeout_before_the_request_went_out_says_it_was_not_sent(
+    cause: Exception, words: str
+) -> None:
+    try:
+        raise A2AClientTimeoutError("Client Request timed out") from cause
+    except A2AClientTimeoutError as exc:
+        err = map_error(exc, "research", "sending the message")
+    assert err.kind == ErrorKind.TIMEOUT and err.details["in_flight"] is False
+    assert words in str(err) and "the request was not sent" in str(err)
 
 
 def test_retry_after_as_an_http_date() -> None:

@@ -196,8 +196,12 @@ class AgentHandle:
             setting=setting,
             transport=transport,
             headers=spec.headers,
+            # waiting for a free connection (all busy with calls) is bounded like connecting
             timeout=httpx.Timeout(
-                connect=config.request_timeout_s, read=None, write=60.0, pool=60.0
+                connect=config.request_timeout_s,
+                read=None,
+                write=60.0,
+                pool=config.request_timeout_s,
             ),
         )
         self._plain: Client | None = None

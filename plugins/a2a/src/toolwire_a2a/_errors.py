@@ -194,6 +194,22 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             kind=ErrorKind.TOOL_ERROR,
             details={**details, "reason": "redirect_refused", "location": str(redirect.target)},
         )
+    if isinstance(_cause(exc, httpx.PoolTimeout), httpx.PoolTimeout):
+        return ToolError(
+            f"{where}: every connection to the agent stayed busy (httpx's limit: 100 per "
+            f"agent) for request_timeout_s; the request was not sent: try again once "
+            f"fewer calls to this agent are running, or raise plugins.a2a.request_timeout_s",
+            kind=ErrorKind.TIMEOUT,
+            details={**details, "in_flight": False},
+        )
+    if isinstance(_cause(exc, httpx.ConnectTimeout), httpx.ConnectTimeout):
+        return ToolError(
+            f"{where}: no connection to the agent could be opened within "
+            f"request_timeout_s; the request was not sent: try again later or check the "
+            f"agent's URL",
+            kind=ErrorKind.TIMEOUT,
+            details={**details, "in_flight": False},
+        )
     if isinstance(exc, A2AClientTimeoutError) or isinstance(
         _cause(exc, httpx.TimeoutException), httpx.TimeoutException
     ):
