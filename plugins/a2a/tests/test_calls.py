@@ -254,6 +254,31 @@ async def test_input_required_is_surfaced_and_context_id_continues(
     assert "taskId" not in sent and sent["contextId"] == c["context_id"]
 
 
+async def test_another_task_of_the_conversation_ending_keeps_the_interrupted_one(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    """Before: any result of the conversation that was not interrupted forgot its
+    interrupted task: reading a hands-off task of the same context that had completed
+    made the answer to the agent's question start a new task instead of continuing the
+    one that asked it."""
+    kernel, _ = await make_kernel(AGENTS)
+    handed = await kernel.call("agent_research", {"query": "wait", "hands_off": True})
+    context_id = handed.content["context_id"]
+    asked = await kernel.call("agent_research", {"query": "ask", "context_id": context_id})
+    assert asked.content["state"] == "input-required", asked.content
+    research.executor.release()
+    done = await kernel.call(
+        "agent_research_task", {"task_id": handed.content["task_id"], "wait_s": 10}
+    )
+    assert done.content["state"] == "completed", done.content
+    answer = await kernel.call("agent_research", {"query": "Paris", "context_id": context_id})
+    assert not answer.is_error, answer.content
+    assert answer.content["task_id"] == asked.content["task_id"]
+    assert answer.content["text"] == "Weather in Paris: sunny"
+    key = f"a2a:interrupted:research:{context_id}"
+    assert await kernel.state.get(key) is None  # answered: forgotten
+
+
 async def test_explicit_task_id_answers_an_auth_required_task(
     make_kernel: KernelFactory,
 ) -> None:

@@ -394,7 +394,7 @@ class AgentHandle:
             if started and not hands_off and anyio.current_time() < cut_at - _CUT_TOLERANCE_S:
                 self._cancel_abandoned(info, ctx.kernel)
             raise
-        await self._remember(ctx.kernel, result)
+        await self._remember(ctx.kernel, result, answered=task_id)
         return result
 
     def _cancel_abandoned(self, info: dict[str, Any], kernel: Kernel) -> None:
@@ -776,18 +776,27 @@ class AgentHandle:
         except Exception as exc:
             log.warning("plugin 'a2a': cannot update the state store: %s", exc)
 
-    async def _remember(self, kernel: Kernel, result: dict[str, Any]) -> None:
-        """Keep the interrupted task of a conversation, so context_id alone continues it."""
+    async def _remember(
+        self, kernel: Kernel, result: dict[str, Any], *, answered: str | None = None
+    ) -> None:
+        """Keep the interrupted task of a conversation, so context_id alone continues it.
+
+        A result that is not interrupted forgets the conversation's task only when it is
+        that task (``result``'s, or ``answered``: the one the message was sent to): another
+        task of the same conversation that ended (a hands-off one read with
+        ``agent_<nickname>_task``) leaves the interrupted one waiting for its answer.
+        """
         context_id, task_id = result.get("context_id"), result.get("task_id")
         if not context_id:
             return
+        key = self._key(context_id)
         try:
             if result["state"] in INTERRUPTED and task_id:
-                await kernel.state.set(
-                    self._key(context_id), task_id, ttl=self.config.interrupted_ttl_s
-                )
+                await kernel.state.set(key, task_id, ttl=self.config.interrupted_ttl_s)
             else:
-                await kernel.state.delete(self._key(context_id))
+                held = await kernel.state.get(key)
+                if held is not None and held in (task_id, answered):
+                    await kernel.state.delete(key)
         except Exception as exc:
             log.warning("plugin 'a2a': cannot update the state store: %s", exc)
 
