@@ -8,6 +8,8 @@ from typing import Any
 
 import anyio
 import pytest
+from a2a.helpers import new_task_from_user_message, new_text_part
+from a2a.server.tasks import TaskUpdater
 from starlette.applications import Starlette
 from toolwire_a2a_testkit import (
     BLOB,
@@ -103,6 +105,37 @@ async def test_streaming_reports_progress_and_merges_artifact_chunks(
     rpc = [h for h in router.hits if h.path == "/a2a/jsonrpc"]
     assert rpc and rpc[-1].headers.get("accept") == "text/event-stream"  # SendStreamingMessage
     assert rpc[-1].headers.get("a2a-version") == "1.0"
+
+
+async def test_progress_notes_are_one_short_line_whatever_the_agent_sends(
+    make_kernel: KernelFactory, research: Agent
+) -> None:
+    """Before: the agent's status text went whole into every progress note (here 200 000
+    characters on several lines, to the caller and, through a gateway, to its MCP client
+    on each event)."""
+    long = "step one\n" + "x" * 200_000
+
+    async def execute(context: Any, event_queue: Any) -> None:
+        assert context.message is not None
+        task = new_task_from_user_message(context.message)
+        await event_queue.enqueue_event(task)
+        up = TaskUpdater(event_queue, task.id, task.context_id)
+        await up.start_work(up.new_agent_message([new_text_part(long)]))
+        await up.add_artifact([new_text_part("done")], name="r" * 5000)
+        await up.complete()
+
+    research.executor.execute = execute  # type: ignore[method-assign]
+    kernel, _ = await make_kernel(AGENTS)
+    notes: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        notes.append(message or "")
+
+    res = await kernel.call("agent_research", {"query": "go"}, progress=progress)
+    assert not res.is_error, res.content
+    assert res.content["text"] == "done"
+    assert any(n.startswith("research: working: step one xxx") for n in notes), notes
+    assert all(len(n) <= 300 and "\n" not in n for n in notes), [len(n) for n in notes]
 
 
 async def test_streaming_off_uses_blocking_send_message(

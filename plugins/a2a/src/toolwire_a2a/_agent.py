@@ -31,7 +31,7 @@ from a2a.utils.constants import TransportProtocol
 
 from toolwire import CallContext, ErrorKind, Tool, ToolAnnotations, ToolError
 
-from ._cards import CardEntry, card_name, describe_card
+from ._cards import CardEntry, _clip, card_name, describe_card
 from ._config import A2AConfig
 from ._errors import map_error
 from ._limits import capped_client
@@ -49,6 +49,8 @@ log = logging.getLogger("toolwire.a2a")
 _CUT_TOLERANCE_S = max(0.01, 2 * time.get_clock_info("monotonic").resolution)
 #: Upper bound of the CancelTask sent for an abandoned task (shutdown waits for it).
 _ABANDON_CANCEL_S = 5.0
+#: The longest progress note of a streamed call (one line).
+_MAX_NOTE_CHARS = 300
 
 CALL_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -499,7 +501,10 @@ class AgentHandle:
                         if agg.context_id:
                             info["context_id"] = agg.context_id
                         if streaming and note:
-                            await ctx.report_progress(float(agg.events), None, f"{nick}: {note}")
+                            # a note, not the answer: the agent's status text is the
+                            # agent's to size, and goes to the caller on every event
+                            note = _clip(f"{nick}: {note}", _MAX_NOTE_CHARS)
+                            await ctx.report_progress(float(agg.events), None, note)
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
