@@ -493,6 +493,32 @@ async def test_rest_binding_errors_are_the_agents_a2a_errors(
     assert gone.error.kind == ErrorKind.UNAVAILABLE and gone.error.details["status"] == 404
 
 
+@pytest.mark.parametrize(
+    "task_id", ["../admin/users", "x/../../admin", "x?role=admin", "a#b", ".."]
+)
+async def test_a_task_id_cannot_reach_another_path_of_a_rest_agents_host(
+    make_kernel: KernelFactory, router: Router, task_id: str
+) -> None:
+    """Before: HTTP+JSON puts the task id in the URL path as it is, so a task_id of
+    ``../admin/users`` (a model's argument) sent GET /admin/users and POST
+    /admin/users:cancel to the agent's host, with the agent's bearer token."""
+    rest = make_agent("http://rest.test", name="Rest Agent", rest=True)
+    router.hosts["rest.test"] = rest.app
+    agents = {"rest": {"url": "http://rest.test", "bearer_token": "s3cret"}}
+    kernel, _ = await make_kernel({"agents": agents})
+    before = len(router.hits)
+    for args in ({"task_id": task_id}, {"task_id": task_id, "cancel": True}):
+        res = await kernel.call("agent_rest_task", args)
+        assert res.is_error and res.error is not None
+        assert res.error.kind == ErrorKind.INVALID_ARGS, res.error
+        assert res.error.details["reason"] == "unsafe_task_id"
+    assert router.hits[before:] == []  # nothing was sent
+    # over JSON-RPC the id travels in the body: any string is asked for as it is
+    kernel2, _ = await make_kernel(AGENTS)
+    res = await kernel2.call("agent_research_task", {"task_id": task_id})
+    assert res.error is not None and res.error.kind == ErrorKind.NOT_FOUND, res.error
+
+
 async def test_a_rest_agent_that_crashes_is_not_sent_the_message_twice(router: Router) -> None:
     """Before: the HTTP 500 a REST agent answers when its executor raises was `unavailable`,
     which the ratelimit plugin classifies as retryable: the retry plugin sent the message

@@ -7,6 +7,7 @@ import copy
 import importlib
 import logging
 import math
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,8 @@ import anyio
 import httpx
 from a2a.client import ClientConfig, ClientFactory
 from a2a.client.client import Client, ClientCallContext
+from a2a.client.transports.rest import RestTransport
+from a2a.compat.v0_3.rest_transport import CompatRestTransport
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -110,6 +113,8 @@ TASK_SCHEMA: dict[str, Any] = {
 }
 
 _BINDINGS = [TransportProtocol.JSONRPC.value, TransportProtocol.HTTP_JSON.value]
+#: What a task id must not hold where HTTP+JSON puts it in the URL path (``/tasks/{id}``).
+_UNSAFE_PATH_ID = re.compile(r"[/\\?#%\s\x00-\x1f\x7f]")
 _INTERRUPTED_KEY = "a2a:interrupted:{agent}:{context}"
 #: JSON-RPC errors meaning "that task cannot take this message": TaskNotFound,
 #: UnsupportedOperation (terminal task), InvalidRequest, InvalidParams.
@@ -344,6 +349,30 @@ class AgentHandle:
             )
         return client
 
+    def _task_client(self, task_id: str, action: str) -> Client:
+        """The client for ``GetTask`` / ``CancelTask`` of ``task_id``.
+
+        Over HTTP+JSON the SDK puts the id in the URL path as it is (``/tasks/{id}``):
+        ``../admin`` or ``x?y`` would send the request, with the agent's credentials, to
+        another path of its host. Such an id is refused there (JSON-RPC carries it in
+        the body, where any string is fine).
+        """
+        client = self._require(False)
+        transport = getattr(client, "_transport", None)
+        transport = getattr(transport, "_base", transport)  # under a tenant decorator
+        if isinstance(transport, (RestTransport, CompatRestTransport)) and (
+            task_id in (".", "..") or _UNSAFE_PATH_ID.search(task_id)
+        ):
+            raise ToolError(
+                f"agent {self.nickname!r}: {action} {task_id!r}: this agent's HTTP+JSON "
+                "binding puts the task id in the URL path, where '/', '\\', '?', '#', '%', "
+                "spaces and control characters, or an id of '.' or '..', would reach "
+                "another path of its host: pass the task_id an agent tool returned",
+                kind=ErrorKind.INVALID_ARGS,
+                details={"agent": self.nickname, "task_id": task_id, "reason": "unsafe_task_id"},
+            )
+        return client
+
     def _message(self, query: str, context_id: str | None, task_id: str | None) -> Message:
         msg = Message(role=Role.ROLE_USER, message_id=str(uuid.uuid4()), parts=[Part(text=query)])
         if context_id:
@@ -424,7 +453,7 @@ class AgentHandle:
         try:
             with anyio.move_on_after(bound) as scope:
                 try:
-                    client = self._require(False)
+                    client = self._task_client(task_id, "canceling task")
                     await client.cancel_task(
                         CancelTaskRequest(id=task_id), context=ClientCallContext(timeout=bound)
                     )
@@ -632,7 +661,7 @@ class AgentHandle:
         )
 
     async def _get(self, task_id: str, action: str) -> Task:
-        client = self._require(False)
+        client = self._task_client(task_id, action)
         try:
             with anyio.fail_after(self.config.request_timeout_s):  # the whole answer
                 task = await client.get_task(
@@ -658,7 +687,7 @@ class AgentHandle:
         task_id: str = args["task_id"]
         ctx.meta.extra["a2a"] = {"agent": nick, "task_id": task_id}
         if args.get("cancel"):
-            client = self._require(False)
+            client = self._task_client(task_id, "canceling task")
             try:
                 with anyio.fail_after(self.config.request_timeout_s):  # the whole answer
                     task = await client.cancel_task(
