@@ -598,6 +598,37 @@ async def test_a_crash_while_answering_is_not_sent_twice(
     assert [s["text"] for s in research.executor.seen].count("crash") == 1
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize(
+    "text", ["upstream answered 503 Service Unavailable", "connection reset by peer"]
+)
+async def test_an_agent_that_failed_while_acting_is_not_sent_the_message_again(
+    router: Router, research: Agent, text: str, streaming: bool
+) -> None:
+    """Before: an agent whose executor raised (-32603) with words like these had its
+    error reclassified `unavailable` by the ratelimit plugin from the text, and the
+    retry plugin sent the message again: the agent ran twice. The error now says the
+    agent had the message (``in_flight``), which the retry plugin does not repeat."""
+    runs: list[str] = []
+
+    async def execute(context: Any, event_queue: Any) -> None:
+        runs.append(context.get_user_input())
+        raise RuntimeError(text)
+
+    research.executor.execute = execute  # type: ignore[method-assign]
+    cfg = A2AConfig(agents=[RESEARCH], refresh_interval_s=0, streaming=streaming)
+    plugins = [
+        A2APlugin(cfg, transport=router),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(base_s=0.01)),
+    ]
+    async with Kernel(plugins=plugins) as kernel:
+        res = await kernel.call("agent_research_specialist", {"query": "book it"})
+    assert runs == ["book it"]
+    assert res.is_error and res.error is not None
+    assert res.error.details["code"] == -32603 and res.error.details["in_flight"] is True
+
+
 async def test_a_card_offering_only_grpc_answers_unavailable(
     make_kernel: KernelFactory, router: Router
 ) -> None:

@@ -11,6 +11,7 @@ from a2a.utils.errors import (
     JSON_RPC_ERROR_CODE_MAP,
     A2AError,
     InternalError,
+    InvalidAgentResponseError,
     InvalidParamsError,
     InvalidRequestError,
     MethodNotFoundError,
@@ -129,7 +130,10 @@ def _a2a_error(exc: A2AError, agent: str, where: str, details: dict[str, Any]) -
             kind=ErrorKind.INVALID_ARGS,
             details=details,
         )
-    if isinstance(exc, InternalError):
+    if isinstance(exc, (InternalError, InvalidAgentResponseError)):
+        # The agent had the request and failed while carrying it out: it may have acted
+        # (``in_flight``: not to be repeated, whatever its text suggests to a classifier).
+        details["in_flight"] = True
         return ToolError(f"{where}: the agent failed: {text}", details=details)
     if isinstance(exc, VersionNotSupportedError):
         return ToolError(
@@ -175,7 +179,12 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             f"the agent's side: check before asking again; raise max_answer_bytes if answers "
             f"this large are expected",
             kind=ErrorKind.TOOL_ERROR,
-            details={**details, "answer_too_large": True, "max_answer_bytes": too_large.limit},
+            details={
+                **details,
+                "answer_too_large": True,
+                "max_answer_bytes": too_large.limit,
+                "in_flight": True,
+            },
         )
     undecodable = _cause(exc, AnswerUndecodable)
     if isinstance(undecodable, AnswerUndecodable):
@@ -185,7 +194,7 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
             f"{where}: the answer could not be read: {undecodable}. What was asked may "
             f"have taken effect on the agent's side: check before asking again",
             kind=ErrorKind.TOOL_ERROR,
-            details={**details, "reason": "undecodable_answer"},
+            details={**details, "reason": "undecodable_answer", "in_flight": True},
         )
     redirect = _cause(exc, RedirectRefused)
     if isinstance(redirect, RedirectRefused):
@@ -237,6 +246,7 @@ def map_error(exc: BaseException, agent: str, action: str) -> ToolError:
         if internal is not None:  # the agent's own failure, as JSON-RPC's -32603
             details["code"] = JSON_RPC_ERROR_CODE_MAP[InternalError]
             details["status"] = http_err.response.status_code
+            details["in_flight"] = True
             return ToolError(f"{where}: the agent failed: {internal}", details=details)
         return _status_error(http_err, agent, action)
     req_err = _cause(exc, httpx.RequestError)
