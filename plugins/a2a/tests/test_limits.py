@@ -135,6 +135,10 @@ def _head(status: int, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+_CHUNKED = {"transfer-encoding": "chunked"}
+_KEEPALIVE = b": keep-alive\n\n"
+
+
 def _whole(body: bytes, ctype: str, **extra: str) -> bytes:
     return _head(200, {"content-type": ctype, "content-length": str(len(body)), **extra}) + body
 
@@ -149,6 +153,12 @@ def _task_answer(rid: Any) -> bytes:
 def _events() -> bytes:
     """The fixture's SSE answer: a task, its progress, its artifact, completed."""
     return (FIXTURES / "sendstreamingmessage_v1.sse.txt").read_bytes()
+
+
+def _first_event() -> bytes:
+    """The first event of the fixture's SSE answer (the task, submitted), with its end
+    (the fixture's lines end with CRLF)."""
+    return _events().split(b"\r\n\r\n")[0] + b"\r\n\r\n"
 
 
 def _big(value: Any) -> bytes:
@@ -315,6 +325,18 @@ class HostileAgent:
                 task = {**fixture("gettask_response_v1.json"), "id": rid}
                 return await self._slow_or_sent_on(mode, json.dumps(task).encode(), writer)
             return await self._slow_or_sent_on(mode, _task_answer(rid), writer)
+        if mode == "linger":  # the whole answer, then the stream stays open (keep-alives)
+            writer.write(_head(200, {"content-type": "text/event-stream", **_CHUNKED}))
+            events = _events()
+            writer.write(b"%x\r\n%s\r\n" % (len(events), events))
+            try:
+                while True:
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                    writer.write(b"%x\r\n%s\r\n" % (len(_KEEPALIVE), _KEEPALIVE))
+            except ConnectionError:
+                self.cut += 1
+                return False
         if mode == "charset":  # a proper UTF-8 stream, declared UTF-16
             writer.write(_whole(_events(), "text/event-stream; charset=utf-16-le"))
             return True
@@ -375,7 +397,7 @@ class HostileAgent:
             )
             return True
         if mode == "gzip-event":
-            stream = _events().split(b"\n\n")[0] + b"\n\ndata: " + b"x" * BOMB_TEXT + b"\n\n"
+            stream = _first_event() + b"data: " + b"x" * BOMB_TEXT + b"\n\n"
             writer.write(
                 _whole(gzip.compress(stream), "text/event-stream", **{"content-encoding": "gzip"})
             )
@@ -383,7 +405,7 @@ class HostileAgent:
         # endless: a chunked body (or one SSE event, after the task event) that goes on
         ctype = "text/event-stream" if mode == "event" else "application/json"
         writer.write(_head(200, {"content-type": ctype, "transfer-encoding": "chunked"}))
-        first = _events().split(b"\n\n")[0] + b"\n\ndata: " if mode == "event" else b"["
+        first = _first_event() + b"data: " if mode == "event" else b"["
         writer.write(b"%x\r\n%s\r\n" % (len(first), first))
         part = b"x" * (256 * 1024)
         try:
@@ -455,6 +477,23 @@ async def test_a_hostile_answer_fails_with_the_typed_error_and_the_next_call_wor
         assert ok.content["text"] == "Findings on: solid-state batteries"
         assert plugin.agents()[hostile.url + "/.well-known/agent-card.json"]["status"] == "up"
     assert all(h["accept-encoding"] == "identity" for _, _, h in hostile.requests)
+
+
+async def test_a_stream_left_open_after_the_answer_does_not_hold_the_result(
+    hostile: HostileAgent,
+) -> None:
+    """Before: the call read the stream until the agent closed it: one that stayed open
+    after the task completed (keep-alives) held the finished result until the call's
+    timeout, then gave a `timeout` — or, without one, held it for ever."""
+    kernel, _ = hostile_kernel(hostile)
+    async with kernel:
+        hostile.rpc = "linger"
+        with anyio.fail_after(30):  # bounds a hang, not a speed
+            res = await kernel.call("agent_hostile", {"query": "solid-state batteries"})
+        assert res.error is None, res.error
+        assert res.content["state"] == "completed"
+        assert res.content["text"] == "Findings on: solid-state batteries"
+        await eventually(lambda: hostile.cut == 1)  # the client hung up on the stream
 
 
 @pytest.mark.parametrize("mode", ["declared", "endless", "gzip"])

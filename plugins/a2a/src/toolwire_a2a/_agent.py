@@ -534,6 +534,11 @@ class AgentHandle:
                             # agent's to size, and goes to the caller on every event
                             note = _clip(f"{nick}: {note}", _MAX_NOTE_CHARS)
                             await ctx.report_progress(float(agg.events), None, note)
+                        if agg.state not in RUNNING:
+                            # the answer is complete (a reply, a task ended or
+                            # interrupted): a stream left open after it (a proxy's
+                            # keep-alives) would hold the result until the call's cut
+                            break
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
