@@ -20,6 +20,7 @@ from toolwire_a2a_testkit import (
     Router,
     fixture,
     make_agent,
+    make_card,
 )
 
 from toolwire import ErrorKind, Kernel
@@ -420,6 +421,32 @@ async def test_unreachable_agent_is_unavailable(make_kernel: KernelFactory, rout
     assert res.error.kind == ErrorKind.UNAVAILABLE
     assert "unreachable" in res.error.message
     assert plugin.agents()[RESEARCH + "/.well-known/agent-card.json"]["status"] == "down"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "local"),
+    [
+        ("http://localhost:9999/a2a", True),
+        ("http://0.0.0.0:9999/a2a", True),
+        ("http://gone.test/a2a", False),
+    ],
+)
+async def test_an_unreachable_endpoint_is_named_and_a_card_naming_localhost_said(
+    make_kernel: KernelFactory, router: Router, endpoint: str, local: bool
+) -> None:
+    """Before: "the agent is unreachable ...; check the agent's URL", although the URL
+    configured worked (the card was read from it): the card named another endpoint,
+    often the agent's bind address (localhost, 0.0.0.0), which the error did not say."""
+    card = make_card("http://bound.test")
+    card.supported_interfaces[0].url = endpoint
+    router.hosts["bound.test"] = make_agent("http://bound.test", card=card).app
+    kernel, _ = await make_kernel({"agents": {"bound": "http://bound.test"}})
+    res = await kernel.call("agent_bound", {"query": "x"})
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE
+    assert res.error.details["endpoint"] == endpoint
+    assert f"the endpoint its card names: {endpoint}" in res.error.message
+    assert ("an address of the agent's own machine" in res.error.message) is local
 
 
 async def test_auth_is_refused_without_credentials_and_works_with_them(

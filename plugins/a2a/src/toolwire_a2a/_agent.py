@@ -36,7 +36,7 @@ from toolwire import CallContext, ErrorKind, Tool, ToolAnnotations, ToolError
 
 from ._cards import CardEntry, _clip, card_name, describe_card
 from ._config import A2AConfig
-from ._errors import map_error
+from ._errors import _cause, map_error
 from ._limits import capped_client
 from ._results import INTERRUPTED, RUNNING, StreamAggregator, task_result
 
@@ -113,6 +113,8 @@ TASK_SCHEMA: dict[str, Any] = {
 }
 
 _BINDINGS = [TransportProtocol.JSONRPC.value, TransportProtocol.HTTP_JSON.value]
+#: Hosts that name the machine itself: a card naming one is only reachable there.
+_LOCAL_HOSTS = frozenset({"localhost", "0.0.0.0", "::", "::1"})
 #: What a task id must not hold where HTTP+JSON puts it in the URL path (``/tasks/{id}``).
 _UNSAFE_PATH_ID = re.compile(r"[/\\?#%\s\x00-\x1f\x7f]")
 _INTERRUPTED_KEY = "a2a:interrupted:{agent}:{context}"
@@ -789,9 +791,42 @@ class AgentHandle:
         self.last_error = str(err)
         return err
 
+    def _endpoint(self) -> str | None:
+        """The URL calls go to: the endpoint the card names (not the card's URL)."""
+        transport = getattr(self._plain, "_transport", None)
+        transport = getattr(transport, "_base", transport)  # under a tenant decorator
+        url = getattr(transport, "url", None)
+        return url if isinstance(url, str) else None
+
+    def _unreachable(self, err: ToolError) -> ToolError:
+        """``err`` (no connection to the endpoint) naming the endpoint the card names, and
+        saying so when that is an address of the agent's own machine (``localhost``,
+        ``0.0.0.0``) while the card came from elsewhere: a card published with the
+        agent's bind address, which no other machine reaches."""
+        endpoint = self._endpoint()
+        if endpoint is None:
+            return err
+        host, card_host = httpx.URL(endpoint).host, httpx.URL(self.card_url).host
+        local = host in _LOCAL_HOSTS or host.startswith("127.")
+        hint = (
+            f"; the card (read from {card_host}) names an address of the agent's own "
+            "machine, which toolwire cannot reach there: the agent's owner should publish "
+            "its reachable URL in the card's supportedInterfaces"
+            if local and card_host != host
+            else ""
+        )
+        return ToolError(
+            f"{err} (the endpoint its card names: {endpoint}{hint})",
+            kind=err.kind,
+            retry_after_s=err.retry_after_s,
+            details={**err.details, "endpoint": endpoint},
+        )
+
     def _fail(self, exc: BaseException, action: str) -> ToolError:
         """The ToolError for ``exc``; remembers whether the agent looked down."""
         err = map_error(exc, str(self.nickname), action)
+        if isinstance(_cause(exc, httpx.ConnectError), httpx.ConnectError):
+            err = self._unreachable(err)
         self.last_error = str(err)
         if err.kind == ErrorKind.UNAVAILABLE:
             self.status = "down"
