@@ -391,6 +391,52 @@ async def test_waiting_for_a_task_answers_in_time_when_the_agent_reads_slowly(
     research.executor.gate.set()
 
 
+async def test_a_task_read_cut_by_a_gateway_is_retried(router: Router, research: Agent) -> None:
+    """Before: `agent_<nickname>_task` carried no idempotent hint, so a GetTask that a
+    gateway answered 502 (in flight: the outcome unknown) was "not retried: may have side
+    effects", though reading (or canceling) a task twice does no harm."""
+    inner, failed = research.app, []
+
+    async def gateway(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/a2a/jsonrpc" or failed:
+            await inner(scope, receive, send)
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if b'"GetTask"' in body:
+            failed.append(body)
+            await send({"type": "http.response.start", "status": 502, "headers": []})
+            await send({"type": "http.response.body", "body": b"bad gateway"})
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def again() -> Any:
+            return replay.pop() if replay else await receive()
+
+        await inner(scope, again, send)
+
+    router.hosts["research.test"] = gateway
+    cfg = A2AConfig(agents=AGENTS["agents"], refresh_interval_s=0)
+    plugins = [
+        A2APlugin(cfg, transport=router),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(base_s=0.01)),
+    ]
+    async with Kernel(plugins=plugins) as kernel:
+        done = await kernel.call("agent_research", {"query": "report"})
+        res = await kernel.call("agent_research_task", {"task_id": done.content["task_id"]})
+        tool = kernel.get_tool("agent_research_task")
+    assert len(failed) == 1
+    assert not res.is_error, res.error
+    assert res.content["text"] == "Findings on: report"
+    assert res.meta.attempts[0].decision == "retry"
+    assert tool is not None and tool.annotations.idempotentHint is True
+
+
 async def test_cancel_a_handed_off_task(make_kernel: KernelFactory, research: Agent) -> None:
     kernel, _ = await make_kernel(AGENTS)
     res = await kernel.call("agent_research", {"query": "wait", "hands_off": True})

@@ -300,7 +300,11 @@ class AgentHandle:
             executor=self.get_task,
             tags=frozenset({"a2a"}),
             source=source,
-            annotations=ToolAnnotations(title=f"{name}: task", openWorldHint=True),
+            # GetTask and CancelTask are idempotent: a read cut by a gateway's 502 or a
+            # timeout may be repeated (the retry plugin reads this hint)
+            annotations=ToolAnnotations(
+                title=f"{name}: task", idempotentHint=True, openWorldHint=True
+            ),
             settings={"a2a": {**meta, "role": "task"}},
         )
         return [call, task]
