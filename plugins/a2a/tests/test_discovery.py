@@ -9,6 +9,8 @@ from pathlib import Path
 import anyio
 import pytest
 from a2a.types import AgentSkill
+from starlette.applications import Starlette
+from starlette.routing import Mount, Route
 from toolwire_a2a_testkit import (
     RESEARCH,
     Agent,
@@ -175,6 +177,33 @@ async def test_registry_entries_without_inline_cards_are_fetched(
     assert router.card_hits("plain.test") and router.card_hits("research.test")
     status = plugin.agents()["http://plain.test/.well-known/agent-card.json"]
     assert status["name"] == "Plain Helper" and status["offered"] is False
+
+
+async def test_a_relative_card_url_in_the_listing_is_read_from_the_listings_host(
+    make_kernel: KernelFactory, router: Router, research: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: a listing entry whose card_url was relative (as links in a REST listing
+    often are) was skipped, with a warning that it had "neither a card_url nor a card"."""
+    registry = Registry(
+        {
+            "agents": [
+                {"nickname": "research", "card_url": "/.well-known/agent-card.json"},
+                {"nickname": "odd", "card_url": "ftp://files.test/card.json"},
+            ]
+        }
+    )
+    router.hosts["research.test"] = Starlette(
+        routes=[Route("/agents", registry.app()), Mount("/", research.app)]
+    )
+    config = {"registry": {"url": RESEARCH + "/agents", "send_selector": False}}
+    with caplog.at_level(logging.WARNING, logger="toolwire.a2a"):
+        kernel, plugin = await make_kernel(config)
+    assert kernel.get_tool("agent_research") is not None
+    assert CARD_URL in plugin.agents()
+    res = await kernel.call("agent_research", {"query": "batteries"})
+    assert res.content["text"] == "Findings on: batteries", res.content
+    warned = [r.getMessage() for r in caplog.records]
+    assert any("entry 1 has a card_url that is not an http(s) URL" in w for w in warned), warned
 
 
 async def test_unreachable_agent_at_start_appears_once_reachable(

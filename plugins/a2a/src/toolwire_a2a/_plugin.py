@@ -35,6 +35,18 @@ _REGISTRY_KEY = "a2a:registry:"
 CACHE_TTL_S = 30 * 86400.0
 
 
+def _resolve(base: str, url: Any) -> str | None:
+    """``url`` (a listing entry's card URL, maybe relative) against ``base``, the
+    listing's URL; None unless that gives an http(s) URL."""
+    if not isinstance(url, str) or not url:
+        return None
+    try:
+        resolved = str(httpx.URL(base).join(url))
+    except (httpx.InvalidURL, ValueError):
+        return None
+    return resolved if resolved.startswith(("http://", "https://")) else None
+
+
 class _BorrowedTransport(httpx.AsyncBaseTransport):
     """A transport the caller owns: our clients use it but never close it."""
 
@@ -307,15 +319,19 @@ class A2APlugin:
                 continue
             url = e.get("card_url") or e.get("cardUrl") or e.get("url")
             card = e.get("card") if isinstance(e.get("card"), dict) else None
-            if isinstance(url, str) and url.startswith(("http://", "https://")):
-                card_url = card_url_for(url)
+            resolved = _resolve(reg.url, url)  # relative to the listing, as links are
+            if resolved is not None:
+                card_url = card_url_for(resolved)
             elif card is not None:
                 card_url = f"{reg.url}#agents/{i}"  # identity of a card known only inline
             else:
                 log.warning(
-                    "plugin 'a2a': registry %s: entry %d has neither a card_url nor a card",
+                    "plugin 'a2a': registry %s: entry %d has %s and no card",
                     reg.url,
                     i,
+                    f"a card_url that is not an http(s) URL ({url!r})"
+                    if isinstance(url, str) and url
+                    else "neither a card_url",
                 )
                 continue
             nick = e.get("nickname")
