@@ -45,6 +45,22 @@ def test_agents_accept_urls_tables_and_a_table_keyed_by_nickname() -> None:
     assert "zq9" not in repr(b)
 
 
+def test_a_disabled_entry_is_ignored_by_the_duplicate_checks() -> None:
+    """Before: a disabled entry still counted for the nickname check: replacing an agent
+    by disabling its old entry and adding a new one with the same nickname was refused
+    ("two agents use the nickname 'research'")."""
+    cfg = A2AConfig.model_validate(
+        {
+            "agents": [
+                {"url": "http://old.test", "nickname": "research", "enabled": False},
+                {"url": "http://new.test", "nickname": "research"},
+                {"url": "http://new.test/", "enabled": False},
+            ]
+        }
+    )
+    assert [a.url for a in cfg.agents if a.enabled] == ["http://new.test"]
+
+
 def test_card_url_for_keeps_card_urls_and_queries() -> None:
     assert card_url_for("http://h:8/base/") == "http://h:8/base/.well-known/agent-card.json"
     assert card_url_for("http://h/x.json?v=1") == "http://h/x.json?v=1"

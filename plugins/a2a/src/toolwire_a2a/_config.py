@@ -352,7 +352,7 @@ class A2AConfig(BaseModel):
             cards[a.card_url] = a.url
         seen: dict[str, str] = {}
         for a in agents:
-            if a.nickname is None:
+            if a.nickname is None or not a.enabled:  # a disabled entry is ignored
                 continue
             if a.nickname in seen:
                 raise ValueError(
