@@ -10,6 +10,7 @@ import pytest
 from toolwire_search_testkit import B1, B2, E1, headers_of, load, make_kernel
 
 from toolwire_ratelimit.testing import FakeProvider, Reply
+from toolwire_search import SearchPlugin
 
 pytestmark = pytest.mark.anyio
 
@@ -83,3 +84,42 @@ async def test_a_backend_that_never_answers_times_out_and_falls_over(
         res = await kernel.call("web_search", {"query": "q"})
     assert [a.error_kind for a in res.meta.attempts] == ["timeout", None]
     assert res.content["served_by"] == "exa" and brave.count() == 1
+
+
+async def test_a_key_an_http_header_cannot_carry_is_set_aside_at_startup(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A key copied with curly quotes or a no-break space, or keys on lines instead of
+    comma-separated. Before, every call failed with a bare ``UnicodeEncodeError``
+    (``tool_error``: no other key, no other backend) or spent its attempts on
+    ``LocalProtocolError``s that never reached the provider."""
+    brave, exa, _ = servers
+    brave.script(Reply(200, json=load("brave_web_search_200.json")))
+    exa.script(Reply(200, json=load("exa_search_200.json")))
+    quoted, nbsp, lines = "\u201cBSA-secret-1\u201d", "BSA-secret\u00a02", "BSA-secret-3\nBSA-4"
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": f"{quoted},{nbsp}", "EXA_API_KEY": f"{lines},{E1}"},
+        search={"brave": {"base_url": brave.url}, "exa": {"base_url": exa.url}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        forced = await kernel.call("web_search_brave", {"query": "q"})
+        status = SearchPlugin.of(kernel).status()
+    # brave has no usable key: web_search starts with exa, whose good key serves
+    assert res.error is None and res.content["served_by"] == "exa"
+    assert [a.error_kind for a in res.meta.attempts] == [None]
+    assert brave.count() == 0 and [r.key for r in exa.requests] == [E1]
+    assert forced.error is not None and forced.error.kind == "config_error"
+    assert "BRAVE_API_KEY: brave-1 holds U+201C at position 1" in forced.error.message
+    assert status["backends"]["brave"]["problems"] == [
+        "BRAVE_API_KEY: brave-1 holds U+201C at position 1, which an HTTP header cannot "
+        "carry (a copied quote or space? several keys are comma-separated); fix the key "
+        "(ignored)",
+        "BRAVE_API_KEY: brave-2 holds U+00A0 at position 11, which an HTTP header cannot "
+        "carry (a copied quote or space? several keys are comma-separated); fix the key "
+        "(ignored)",
+    ]
+    assert status["backends"]["exa"]["keys"] == ["exa-2"]
+    assert "exa-1 holds U+000A at position 13" in caplog.text
+    text = json.dumps([res.to_dict(), forced.to_dict(), status]) + caplog.text
+    assert "secret" not in text.replace("$secretRef", "")

@@ -306,7 +306,18 @@ class SearchPlugin:
             if b.key_is_base_url and not secret.startswith(("http://", "https://")):
                 problems.append(f"{origin}: {alias} is not an http:// or https:// URL (ignored)")
                 continue
+            if not b.key_is_base_url and (bad := _unsendable(secret)) is not None:
+                # sent, it fails every request with a bare UnicodeEncodeError, before any
+                # fallback; the character is named, never the key
+                problems.append(
+                    f"{origin}: {alias} holds {bad}, which an HTTP header cannot carry (a "
+                    "copied quote or space? several keys are comma-separated); fix the key "
+                    "(ignored)"
+                )
+                continue
             keys.append(ApiKey(str(alias), secret, weight))
+        for problem in problems:
+            log.warning("plugin 'search': backend %s: %s", b.name, problem)
         if not keys:
             return
         try:
@@ -901,6 +912,15 @@ def _trail(ctx: CallContext) -> list[str]:
         key = f", key {d['key']}" if d.get("key") else ""
         out.append(f"attempt {i + 1}: {who} failed ({a.error_kind}{key})")
     return out
+
+
+def _unsendable(secret: str) -> str | None:
+    """The first character of ``secret`` an HTTP header value cannot carry (non-ASCII
+    or a control character), described by code point and position; None if there is none."""
+    for i, ch in enumerate(secret):
+        if not (" " <= ch <= "~" or ch == "\t"):
+            return f"U+{ord(ch):04X} at position {i + 1}"
+    return None
 
 
 def _within_dates(
