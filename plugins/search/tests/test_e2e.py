@@ -123,3 +123,42 @@ async def test_a_key_an_http_header_cannot_carry_is_set_aside_at_startup(
     assert "exa-1 holds U+000A at position 13" in caplog.text
     text = json.dumps([res.to_dict(), forced.to_dict(), status]) + caplog.text
     assert "secret" not in text.replace("$secretRef", "")
+
+
+async def test_an_instance_url_that_cannot_be_requested_is_set_aside_at_startup(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before, an instance URL with a bad port (or no host) was registered: each call it
+    served failed with a bare ``InvalidURL`` (``tool_error``: no other instance, no
+    fallback)."""
+    _, exa, searx = servers
+    searx.script(Reply(200, json=load("searxng_search_200.json")))
+    exa.script(Reply(200, json=load("exa_search_200.json")))
+    bad = ["https://bob:pw-secret-9@searx.test:abc", "https://:443", "http://searx.test:70000"]
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": ",".join([*bad, searx.url])},
+        search={"chain_order": ["searxng"]},
+    )
+    async with kernel:
+        results = [await kernel.call("web_search", {"query": "q"}) for _ in range(3)]
+        status = SearchPlugin.of(kernel).status()
+    assert [(r.error, r.content["served_by"]) for r in results] == [(None, "searxng")] * 3
+    assert searx.count() == 3
+    assert status["backends"]["searxng"]["keys"] == ["searxng-4"]
+    assert status["backends"]["searxng"]["problems"] == [
+        "SEARXNG_URL: searxng-1 is not a valid URL: Invalid port: 'abc' (ignored)",
+        "SEARXNG_URL: searxng-2 is not a valid URL: it has no host (ignored)",
+        "SEARXNG_URL: searxng-3 is not a valid URL: port 70000 is out of range (ignored)",
+    ]
+    assert "pw-secret-9" not in json.dumps([r.to_dict() for r in results]) + caplog.text
+    # the only instance unusable: web_search goes on with the next backend
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": bad[0], "EXA_API_KEY": E1},
+        search={"chain_order": ["searxng", "exa"], "exa": {"base_url": exa.url}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        forced = await kernel.call("web_search_searxng", {"query": "q"})
+    assert res.error is None and res.content["served_by"] == "exa"
+    assert forced.error is not None and forced.error.kind == "config_error"
+    assert "searxng-1 is not a valid URL: Invalid port: 'abc'" in forced.error.message
