@@ -162,3 +162,44 @@ async def test_an_instance_url_that_cannot_be_requested_is_set_aside_at_startup(
     assert res.error is None and res.content["served_by"] == "exa"
     assert forced.error is not None and forced.error.kind == "config_error"
     assert "searxng-1 is not a valid URL: Invalid port: 'abc'" in forced.error.message
+
+
+@pytest.mark.parametrize("depth", [300, 5000])
+async def test_an_answer_nested_too_deep_is_a_broken_answer_and_falls_over(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider], depth: int
+) -> None:
+    """A stranger's SearXNG instance answering a few KB of brackets. Before: 5000 levels
+    raised a bare ``RecursionError``, 300 levels gave a result the kernel could not
+    serialize; both a terminal ``tool_error``, with Exa never asked."""
+    _, exa, searx = servers
+    body = json.dumps(load("searxng_search_200.json"))
+    nested = body.replace('"infoboxes": []', '"infoboxes": ' + "[" * depth + "]" * depth)
+    assert nested != body
+    searx.script(Reply(200, body=nested, headers={"Content-Type": "application/json"}))
+    exa.script(Reply(200, json=load("exa_search_200.json")))
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": searx.url, "EXA_API_KEY": E1},
+        search={"chain_order": ["searxng", "exa"], "exa": {"base_url": exa.url}},
+        retry={"max_provider_attempts": 1},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        forced = await kernel.call("web_search_searxng", {"query": "q"})
+    assert res.error is None and res.content["served_by"] == "exa"
+    assert [a.error_kind for a in res.meta.attempts] == ["unavailable", None]
+    assert forced.error is not None and forced.error.kind == "unavailable"
+    assert forced.error.message == (
+        "searxng (searxng-1): unexpected answer: JSON nested deeper than 64 levels"
+    )
+
+
+async def test_an_answer_nested_as_deep_as_allowed_is_kept() -> None:
+    """64 levels of a native field are still an answer (the limit is not off by one)."""
+    with FakeProvider("searxng") as searx:
+        data = load("searxng_search_200.json")
+        data["infoboxes"] = json.loads("[" * 63 + "]" * 63)  # 64 with the answer itself
+        searx.script(Reply(200, json=data))
+        kernel = make_kernel(environ={"SEARXNG_URL": searx.url})
+        async with kernel:
+            res = await kernel.call("web_search_searxng", {"query": "q"})
+    assert res.error is None and res.content["served_by"] == "searxng"

@@ -65,6 +65,8 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (BraveBackend, ExaBackend, Searxng
 DEFAULT_CHAIN: tuple[str, ...] = ("brave", "exa", "searxng")
 _BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _MAX_WARNINGS = 20
+#: A decoded answer nested deeper is a broken one (real answers nest some 6 levels).
+MAX_ANSWER_DEPTH = 64
 
 
 class _BorrowedTransport(httpx.AsyncBaseTransport):
@@ -597,7 +599,22 @@ class SearchPlugin:
                         pattern=f"search.{b.name}.key_exhausted",
                     )
                 raise err
-            page = b.parse(b.decode(resp, alias), q)
+            try:
+                data = b.decode(resp, alias)
+            except RecursionError:  # json: nested deeper than the interpreter's stack
+                data = None
+                too_deep = True
+            else:
+                too_deep = _deeper_than(data, MAX_ANSWER_DEPTH)
+            if too_deep:
+                # a broken (or hostile) answer: not a crash, nor a result the kernel cannot
+                # serialize (its limit is some 250 levels), but the provider's fault
+                raise ToolError(
+                    f"{who}: unexpected answer: JSON nested deeper than {MAX_ANSWER_DEPTH} levels",
+                    kind=ErrorKind.UNAVAILABLE,
+                    details={"backend": b.name},
+                )
+            page = b.parse(data, q)
             exhausted = b.exhaustion(resp, now)
         if exhausted is not None and alias is not None:
             # bookkeeping after the answer came: neither a store outage nor a cancellation
@@ -933,6 +950,24 @@ def _bad_url(url: str) -> str | None:
         userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
         return "it cannot be parsed" if userinfo and userinfo in why else why
     return None
+
+
+def _deeper_than(data: Any, limit: int) -> bool:
+    """Whether the JSON value ``data`` nests lists and objects more than ``limit`` deep
+    (iterative: the value may be nested deeper than the stack)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
 
 
 def _unsendable(secret: str) -> str | None:
