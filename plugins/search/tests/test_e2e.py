@@ -203,3 +203,26 @@ async def test_an_answer_nested_as_deep_as_allowed_is_kept() -> None:
         async with kernel:
             res = await kernel.call("web_search_searxng", {"query": "q"})
     assert res.error is None and res.content["served_by"] == "searxng"
+
+
+@pytest.mark.parametrize("score", ["1" + "0" * 400, "NaN", "Infinity", "1e999"])
+async def test_a_score_that_is_no_finite_number_is_none(score: str) -> None:
+    """Python's json reads these. Before: a 400-digit score raised a bare ``OverflowError``
+    (a terminal ``tool_error``: the answer lost), NaN and Infinity came out as the strings
+    "NaN" and "Infinity", against the output schema (a number or null)."""
+    with FakeProvider("searxng") as searx:
+        data = load("searxng_search_200.json")
+        first_score = data["results"][0]["score"]
+        body = json.dumps(data).replace(f'"score": {first_score}', '"score": SCORE', 1)
+        assert "SCORE" in body
+        searx.script(
+            Reply(
+                200, body=body.replace("SCORE", score), headers={"Content-Type": "application/json"}
+            )
+        )
+        kernel = make_kernel(environ={"SEARXNG_URL": searx.url})
+        async with kernel:
+            res = await kernel.call("web_search_searxng", {"query": "q"})
+    assert res.error is None, res.error
+    scores = [r["score"] for r in res.content["results"]]
+    assert scores[0] is None and scores[1] == data["results"][1]["score"]

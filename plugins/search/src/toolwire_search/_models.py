@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any, Literal
@@ -214,13 +215,13 @@ def make_result(
     decorations and entities (non-strings become ``""``/None); ``snippet`` is
     cut at ``max_snippet`` characters; ``published_date`` is kept as the
     provider wrote it (None unless a non-empty string); ``score`` stays
-    provider-native (None unless a number). ``native`` — the provider's whole
+    provider-native (None unless a finite number). ``native`` — the provider's whole
     result — goes to ``provider_metadata[engine]``, untouched.
     """
     text = strip_html(snippet)
     if len(text) > max_snippet:
         text = text[: max_snippet - 1] + "…"
-    num = score if isinstance(score, (int, float)) and not isinstance(score, bool) else None
+    num = _finite(score)
     return {
         "title": strip_html(title),
         "url": url,
@@ -229,11 +230,23 @@ def make_result(
         if isinstance(published_date, str) and published_date
         else None,
         "author": strip_html(author) or None,
-        "score": float(num) if num is not None else None,
+        "score": num,
         "highlights": [h for h in (strip_html(x) for x in highlights or ()) if h],
         "engine": engine,
         "provider_metadata": {engine: dict(native)},
     }
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float; None for anything else (a bool, NaN, Infinity, or an
+    integer too large for a float: JSON has no such numbers, the output schema neither)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        num = float(value)
+    except OverflowError:
+        return None
+    return num if math.isfinite(num) else None
 
 
 def cut_long_text(obj: Any, limit: int, *, _depth: int = 0) -> tuple[Any, int]:
