@@ -226,3 +226,27 @@ async def test_a_score_that_is_no_finite_number_is_none(score: str) -> None:
     assert res.error is None, res.error
     scores = [r["score"] for r in res.content["results"]]
     assert scores[0] is None and scores[1] == data["results"][1]["score"]
+
+
+@pytest.mark.parametrize(("status", "kind"), [(503, "unavailable"), (429, "rate_limit")])
+@pytest.mark.parametrize(
+    "body", ["[" * 4000 + "]" * 4000, '{"error": ' + "[" * 2000 + "]" * 2000 + "}"]
+)
+async def test_an_error_answer_nested_too_deep_is_still_classified(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider], status: int, kind: str, body: str
+) -> None:
+    """The first 8 KiB of an error answer are parsed when they are JSON. Before: a body of
+    nested brackets raised a bare ``RecursionError`` (a terminal ``tool_error``: the
+    instance not cooled down, the next backend never asked)."""
+    _, exa, searx = servers
+    searx.script(Reply(status, body=body, headers={"Content-Type": "application/json"}))
+    exa.script(Reply(200, json=load("exa_search_200.json")))
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": searx.url, "EXA_API_KEY": E1},
+        search={"chain_order": ["searxng", "exa"], "exa": {"base_url": exa.url}},
+        retry={"max_provider_attempts": 1},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+    assert res.error is None and res.content["served_by"] == "exa"
+    assert [a.error_kind for a in res.meta.attempts] == [kind, None]

@@ -43,6 +43,8 @@ MAX_ERROR_BODY = 8192
 #: The largest answer taken from a backend by default, decompressed (``max_answer_bytes``):
 #: a page of results is some 10-200 KiB, and 4 MiB leaves room for native fields.
 DEFAULT_MAX_ANSWER_BYTES = 4 * 1024 * 1024
+#: A decoded answer nested deeper is a broken one (real answers nest some 6 levels).
+MAX_ANSWER_DEPTH = 64
 
 
 @dataclass(slots=True)
@@ -121,14 +123,34 @@ def relevant_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def deeper_than(data: Any, limit: int) -> bool:
+    """Whether the JSON value ``data`` nests lists and objects more than ``limit`` deep
+    (iterative: the value may be nested deeper than the stack)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children: Any = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
+
+
 def _body(response: httpx.Response) -> Any:
     raw = response.content[:MAX_ERROR_BODY]
     text = raw.decode(response.encoding or "utf-8", "replace")
     if len(response.content) <= MAX_ERROR_BODY and text.lstrip()[:1] in ("{", "["):
         try:
-            return json.loads(text)
-        except ValueError:
-            pass
+            data = json.loads(text)
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than the stack
+            return text
+        # a body nested too deep is kept as the text it is: it is evidence, not structure
+        return text if deeper_than(data, MAX_ANSWER_DEPTH) else data
     return text
 
 

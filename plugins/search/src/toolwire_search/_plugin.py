@@ -38,7 +38,7 @@ from toolwire_ratelimit import ApiKey, RateLimitPlugin
 from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
 
 from ._answer import ACCEPT_ENCODING, AnswerTooLarge, UndecodableAnswer, read_answer, with_body
-from ._backend import MAX_ERROR_BODY, Backend, KeyExhausted
+from ._backend import MAX_ANSWER_DEPTH, MAX_ERROR_BODY, Backend, KeyExhausted, deeper_than
 from ._brave import BraveBackend
 from ._config import KeyEntry, SearchConfig
 from ._exa import ExaBackend
@@ -65,8 +65,6 @@ BUILTIN_BACKENDS: tuple[type[Backend], ...] = (BraveBackend, ExaBackend, Searxng
 DEFAULT_CHAIN: tuple[str, ...] = ("brave", "exa", "searxng")
 _BACKEND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 _MAX_WARNINGS = 20
-#: A decoded answer nested deeper is a broken one (real answers nest some 6 levels).
-MAX_ANSWER_DEPTH = 64
 
 
 class _BorrowedTransport(httpx.AsyncBaseTransport):
@@ -605,7 +603,7 @@ class SearchPlugin:
                 data = None
                 too_deep = True
             else:
-                too_deep = _deeper_than(data, MAX_ANSWER_DEPTH)
+                too_deep = deeper_than(data, MAX_ANSWER_DEPTH)
             if too_deep:
                 # a broken (or hostile) answer: not a crash, nor a result the kernel cannot
                 # serialize (its limit is some 250 levels), but the provider's fault
@@ -950,24 +948,6 @@ def _bad_url(url: str) -> str | None:
         userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
         return "it cannot be parsed" if userinfo and userinfo in why else why
     return None
-
-
-def _deeper_than(data: Any, limit: int) -> bool:
-    """Whether the JSON value ``data`` nests lists and objects more than ``limit`` deep
-    (iterative: the value may be nested deeper than the stack)."""
-    stack: list[tuple[Any, int]] = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Any = value.values()
-        elif isinstance(value, list):
-            children = value
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    return False
 
 
 def _unsendable(secret: str) -> str | None:
