@@ -250,3 +250,22 @@ async def test_an_error_answer_nested_too_deep_is_still_classified(
         res = await kernel.call("web_search", {"query": "q"})
     assert res.error is None and res.content["served_by"] == "exa"
     assert [a.error_kind for a in res.meta.attempts] == [kind, None]
+
+
+@pytest.mark.parametrize("tag", [["API_KEY_BUDGET_EXCEEDED"], {"code": "NO_MORE_CREDITS"}])
+async def test_an_exa_error_tag_of_another_type_is_classified(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider], tag: object
+) -> None:
+    """Before: a 402 whose ``tag`` was a list or an object raised a bare ``TypeError``
+    (unhashable) in the adapter: a terminal ``tool_error``, SearXNG never asked."""
+    _, exa, searx = servers
+    exa.script(Reply(402, json={"requestId": "r1", "error": "budget exceeded", "tag": tag}))
+    searx.script(Reply(200, json=load("searxng_search_200.json")))
+    kernel = make_kernel(
+        environ={"EXA_API_KEY": E1, "SEARXNG_URL": searx.url},
+        search={"chain_order": ["exa", "searxng"], "exa": {"base_url": exa.url}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+    assert res.error is None and res.content["served_by"] == "searxng"
+    assert [a.error_kind for a in res.meta.attempts] == ["quota", None]

@@ -127,7 +127,9 @@ class ExaBackend(Backend):
         tag, message = body.get("tag"), body.get("error")
         summary = " ".join(str(x) for x in (tag, message) if x)
         extra = {"tag": tag, "request_id": body.get("requestId")}
-        cls = KeyExhausted if response.status_code == 402 and tag in KEY_SCOPED_TAGS else ToolError
+        # untrusted JSON: a tag of another type (a list...) is no known tag, not a TypeError
+        scoped = isinstance(tag, str) and tag in KEY_SCOPED_TAGS
+        cls = KeyExhausted if response.status_code == 402 and scoped else ToolError
         return http_error(
             self.name,
             response,
