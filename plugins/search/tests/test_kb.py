@@ -347,3 +347,26 @@ async def test_invalid_collection_arguments(tmp_path: Path) -> None:
         extra = await kernel.call("search_docs", {"query": "alpha", "backend": "brave"})
     for r in (res, extra):
         assert r.error is not None and r.error.kind == "invalid_args"
+
+
+async def test_a_byte_order_mark_is_not_text(tmp_path: Path) -> None:
+    """Windows editors start UTF-8 files with a BOM. Before, it stuck to the first line:
+    the title heading and the front matter were not recognised (the title became the file
+    name, the heading line and the front matter went into the text)."""
+    bom = b"\xef\xbb\xbf"
+    write(
+        tmp_path,
+        {
+            "keys.md": bom + b"# Rotating keys\n\nThe pool rotates keys by weight.\n",
+            "notes.md": bom + b"---\nowner: platform team\n---\nBackups run nightly.\n",
+        },
+    )
+    kernel = docs_kernel(tmp_path)
+    async with kernel:
+        res = await kernel.call("search_docs", {"query": "pool weight"})
+        front = await kernel.call("search_docs", {"query": "platform team"})
+    assert not res.is_error, res.error
+    (hit,) = res.content["results"]
+    assert hit["title"] == "Rotating keys"
+    assert hit["snippet"] == "The pool rotates keys by weight."
+    assert front.content["results"] == []

@@ -381,7 +381,9 @@ def load_collection(
         if b"\x00" in raw[:8192]:
             skipped.append(f"{rel}: binary file")
             continue
-        text = raw.decode("utf-8", "replace")
+        # utf-8-sig: a byte order mark (Windows editors write one) is not text; left in, it
+        # hid the first heading and the front matter
+        text = raw.decode("utf-8-sig", "replace")
         chunks.extend(
             chunk_document(rel, text, chunk_words=chunk_words, overlap_words=overlap_words)
         )
