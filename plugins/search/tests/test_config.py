@@ -45,6 +45,10 @@ pytestmark = pytest.mark.anyio
         ({"brave": {"api_key": "k", "colour": "red"}}, "colour"),
         # failed at startup before, with "ValueError: Unknown scheme for proxy URL"
         ({"proxy": "proxy.internal:3128"}, "proxy\n.*http://, https:// or socks5://"),
+        # before: a bare UnicodeEncodeError at startup naming no key; a line break failed
+        # every request instead (LocalProtocolError), each retried and fallen over
+        ({"user_agent": "acme-bot/1.0 (équipe)"}, "user_agent\n.*printable ASCII.*U\\+00E9"),
+        ({"user_agent": "acme\r\nX-Evil: 1"}, "user_agent\n.*printable ASCII.*U\\+000D"),
     ],
 )
 def test_invalid_configuration_names_the_key(data: dict[str, Any], message: str) -> None:

@@ -234,6 +234,19 @@ class SearchConfig(BaseModel):
             raise ValueError(f"must be 0 (keep text whole) or at least 100 characters, not {v}")
         return v
 
+    @field_validator("user_agent")
+    @classmethod
+    def _user_agent(cls, v: str) -> str:
+        """Checked here: the HTTP client opening at startup failed on it with a bare
+        UnicodeEncodeError (a header value is printable ASCII)."""
+        for i, ch in enumerate(v):
+            if not (" " <= ch <= "~" or ch == "\t"):
+                raise ValueError(
+                    f"must be printable ASCII (an HTTP header value): U+{ord(ch):04X} at "
+                    f"position {i + 1} is not, in {v!r}"
+                )
+        return v
+
     @field_validator("proxy")
     @classmethod
     def _proxy(cls, v: str | None) -> str | None:
