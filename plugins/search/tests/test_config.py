@@ -45,6 +45,13 @@ pytestmark = pytest.mark.anyio
         ({"brave": {"api_key": "k", "colour": "red"}}, "colour"),
         # failed at startup before, with "ValueError: Unknown scheme for proxy URL"
         ({"proxy": "proxy.internal:3128"}, "proxy\n.*http://, https:// or socks5://"),
+        # before: accepted; every call failed with "invalid URL (InvalidURL)", saying
+        # neither what nor where, and web_search did not go on to the next backend
+        (
+            {"brave": {"base_url": "https://api.search.brave.com:abc/res/v1"}},
+            "brave.base_url\n.*not a valid URL: Invalid port: 'abc'",
+        ),
+        ({"exa": {"base_url": "https://:443"}}, "exa.base_url\n.*not a valid URL: it has no host"),
         # before: a bare UnicodeEncodeError at startup naming no key; a line break failed
         # every request instead (LocalProtocolError), each retried and fallen over
         ({"user_agent": "acme-bot/1.0 (équipe)"}, "user_agent\n.*printable ASCII.*U\\+00E9"),

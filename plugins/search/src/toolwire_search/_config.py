@@ -6,6 +6,7 @@ import importlib.util
 import re
 from typing import Annotated, Any
 
+import httpx
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -31,6 +32,23 @@ ALIAS_RE = r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$"
 #: Collection names become tool names: ``search_<name>``.
 COLLECTION_RE = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
 _ENV_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+def url_problem(url: str) -> str | None:
+    """Why the base URL ``url`` cannot be requested (``{url}/...``); None if it can.
+    Never quotes the URL's credentials."""
+    try:
+        parsed = httpx.URL(url)
+        if not parsed.host:
+            return "it has no host"
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            return f"port {parsed.port} is out of range"
+        httpx.URL(f"{url.rstrip('/')}/search")
+    except httpx.InvalidURL as exc:
+        why = str(exc)
+        userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
+        return "it cannot be parsed" if userinfo and userinfo in why else why
+    return None
 
 
 class KeyEntry(BaseModel):
@@ -115,6 +133,9 @@ class BackendConfig(_BackendBase):
     def _url(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith(("http://", "https://")):
             raise ValueError(f"must start with http:// or https://, got {v!r}")
+        if v is not None and (bad := url_problem(v)) is not None:
+            # checked here: at call time it failed every request with "invalid URL"
+            raise ValueError(f"is not a valid URL: {bad}")
         return v.rstrip("/") if v else v
 
     def entries(self) -> list[SecretStr | KeyEntry]:

@@ -40,7 +40,7 @@ from toolwire_retry import EmptyResult, FallbackSpec, RetryPlugin
 from ._answer import ACCEPT_ENCODING, AnswerTooLarge, UndecodableAnswer, read_answer, with_body
 from ._backend import MAX_ANSWER_DEPTH, MAX_ERROR_BODY, Backend, KeyExhausted, deeper_than
 from ._brave import BraveBackend
-from ._config import KeyEntry, SearchConfig
+from ._config import KeyEntry, SearchConfig, url_problem
 from ._exa import ExaBackend
 from ._kb import (
     Collection,
@@ -306,7 +306,7 @@ class SearchPlugin:
             if b.key_is_base_url and not secret.startswith(("http://", "https://")):
                 problems.append(f"{origin}: {alias} is not an http:// or https:// URL (ignored)")
                 continue
-            if b.key_is_base_url and (bad := _bad_url(secret)) is not None:
+            if b.key_is_base_url and (bad := url_problem(secret)) is not None:
                 # sent, it fails every request with a bare InvalidURL, before any fallback
                 problems.append(f"{origin}: {alias} is not a valid URL: {bad} (ignored)")
                 continue
@@ -931,23 +931,6 @@ def _trail(ctx: CallContext) -> list[str]:
         key = f", key {d['key']}" if d.get("key") else ""
         out.append(f"attempt {i + 1}: {who} failed ({a.error_kind}{key})")
     return out
-
-
-def _bad_url(url: str) -> str | None:
-    """Why ``url`` (an instance base URL) cannot be requested; None if it can. Never
-    quotes the URL's credentials."""
-    try:
-        parsed = httpx.URL(url)
-        if not parsed.host:
-            return "it has no host"
-        if parsed.port is not None and not 0 < parsed.port < 65536:
-            return f"port {parsed.port} is out of range"
-        httpx.URL(f"{url.rstrip('/')}/search")
-    except httpx.InvalidURL as exc:
-        why = str(exc)
-        userinfo = url.partition("://")[2].partition("/")[0].rpartition("@")[0]
-        return "it cannot be parsed" if userinfo and userinfo in why else why
-    return None
 
 
 def _unsendable(secret: str) -> str | None:
