@@ -269,3 +269,23 @@ async def test_an_exa_error_tag_of_another_type_is_classified(
         res = await kernel.call("web_search", {"query": "q"})
     assert res.error is None and res.content["served_by"] == "searxng"
     assert [a.error_kind for a in res.meta.attempts] == ["quota", None]
+
+
+async def test_searxng_list_params_are_sent_comma_separated(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider],
+) -> None:
+    """``params = {engines = ["google", "bing"]}``: SearXNG reads ``engines=google,bing``
+    (``webadapter.parse_generic`` splits on commas) and keeps only the first value of a
+    repeated parameter (``webapp.pre_request`` makes a plain dict of the query). Before,
+    the list went out as ``engines=google&engines=bing``: only Google was searched."""
+    _, _, searx = servers
+    searx.script(Reply(200, json=load("searxng_search_200.json")))
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": searx.url},
+        search={"searxng": {"params": {"engines": ["google", "bing"], "categories": "news"}}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search_searxng", {"query": "q"})
+    assert res.error is None
+    (sent,) = searx.requests
+    assert sent.query["engines"] == ["google,bing"] and sent.query["categories"] == ["news"]

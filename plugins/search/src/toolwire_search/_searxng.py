@@ -90,7 +90,12 @@ class SearxngBackend(Backend):
             params["safesearch"] = _SAFESEARCH[q.safesearch]
         if q.include_domains or q.exclude_domains:
             warnings.append("searxng: domains are applied by filtering the results")
-        params.update(self.params)
+        # SearXNG keeps the first value of a repeated parameter (webapp's pre_request makes
+        # a plain dict of the query) and reads lists comma-separated (engines=a,b): a list
+        # sent as engines=a&engines=b searched engine a alone
+        params.update(
+            {k: ",".join(map(str, v)) if isinstance(v, list) else v for k, v in self.params.items()}
+        )
         headers = {"Accept": "application/json"}
         url = httpx.URL(f"{base_url}/search")
         if url.userinfo:  # credentials go in a header, never in logged URLs
