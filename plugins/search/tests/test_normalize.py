@@ -217,12 +217,31 @@ def test_searxng_request_uses_the_instance_url_and_json_format() -> None:
         "q": "solid state battery",
         "format": "json",
         "pageno": 1,
-        "time_range": "month",
+        "time_range": "week",
         "language": "en-US",
         "safesearch": 1,
         "engines": "duckduckgo",
     }
-    assert req.filter_dates and any("week" in w for w in req.warnings)
+    # SearXNG has a week range (webadapter.parse_time_range: day, week, month, year); before,
+    # a month was searched with a warning that SearXNG had none, and undated results of
+    # the last month came back as "the last week"
+    assert not req.filter_dates and req.warnings == []
+
+
+def test_searxng_date_range_uses_the_narrowest_time_range() -> None:
+    b = SearxngBackend(SearxngConfig())
+    today = dt.datetime.fromtimestamp(NOW, dt.UTC).date()
+    ranges = {}
+    for days in (1, 5, 20, 200, 900):
+        req = b.build_request(
+            q(start_date=today - dt.timedelta(days=days)),
+            secret="https://searx.example.org",
+            base_url="https://searx.example.org",
+            now=NOW,
+        )
+        ranges[days] = req.params.get("time_range")
+        assert req.filter_dates
+    assert ranges == {1: "day", 5: "week", 20: "month", 200: "year", 900: None}
 
 
 # ------------------------------------------------------------------- errors

@@ -32,10 +32,8 @@ _JSON_DISABLED = (
 
 def _time_range(q: SearchQuery, now: float) -> tuple[str | None, str | None]:
     """(SearXNG time_range, a warning) for freshness or a date range."""
-    if q.freshness in ("day", "month", "year"):
+    if q.freshness is not None:  # day, week, month, year: SearXNG's own time ranges
         return q.freshness, None
-    if q.freshness == "week":
-        return "month", "searxng: no 'week' time range; searched the last month"
     if not q.has_date_range:
         return None, None
     today = dt.datetime.fromtimestamp(now, dt.UTC).date()
@@ -43,7 +41,8 @@ def _time_range(q: SearchQuery, now: float) -> tuple[str | None, str | None]:
     if start is None:
         return None, "searxng: end_date is applied by filtering dated results only"
     age = (today - start).days
-    rng = "day" if age <= 1 else "month" if age <= 31 else "year" if age <= 366 else None
+    bounds = (("day", 1), ("week", 7), ("month", 31), ("year", 366))
+    rng = next((name for name, days in bounds if age <= days), None)
     return rng, (
         "searxng: no exact date range; "
         + (f"searched time_range={rng} and " if rng else "")
@@ -109,7 +108,7 @@ class SearxngBackend(Backend):
             headers=headers,
             warnings=warnings,
             filter_domains=bool(q.include_domains or q.exclude_domains),
-            filter_dates=q.has_date_range or q.freshness == "week",
+            filter_dates=q.has_date_range,
         )
 
     def decode(self, response: httpx.Response, alias: str | None) -> Any:
