@@ -370,3 +370,31 @@ async def test_a_byte_order_mark_is_not_text(tmp_path: Path) -> None:
     assert hit["title"] == "Rotating keys"
     assert hit["snippet"] == "The pool rotates keys by weight."
     assert front.content["results"] == []
+
+
+async def test_url_prefix_links_percent_encode_the_path(tmp_path: Path) -> None:
+    """Before: the relative path was pasted into the URL as it is: "c#.md" linked to
+    ".../c" (the rest a fragment), "q?.md" to a query, spaces made no URL at all."""
+    write(
+        tmp_path,
+        {
+            "langs/c#.md": "# C sharp\n\nDelegates and events.\n",
+            "how to/rotate keys?.md": "# Rotation\n\nRotate the signing keys yearly.\n",
+        },
+    )
+    kernel = docs_kernel(tmp_path, url_prefix="https://git.example/blob/main/docs/")
+    async with kernel:
+        csharp = await kernel.call("search_docs", {"query": "delegates"})
+        rotate = await kernel.call("search_docs", {"query": "signing keys"})
+    urls = [res.content["results"][0]["url"] for res in (csharp, rotate)]
+    assert urls == [
+        "https://git.example/blob/main/docs/langs/c%23.md#L3-L3",
+        "https://git.example/blob/main/docs/how%20to/rotate%20keys%3F.md#L3-L3",
+    ]
+    for url in urls:
+        parsed = httpx.URL(url)
+        assert parsed.path.startswith("/blob/main/docs/") and parsed.path.endswith(".md")
+        assert parsed.fragment == "L3-L3" and not parsed.query
+    # the path itself stays as it is in the metadata
+    meta = rotate.content["results"][0]["provider_metadata"]["collection"]
+    assert meta["path"] == "how to/rotate keys?.md"

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from toolwire import looked_for
 
@@ -424,7 +425,10 @@ def result_of(
     """A SearchResult dict for one passage."""
     snippet, highlights = excerpt(chunk, terms)
     anchor = f"#L{chunk.line_start}-L{chunk.line_end}"
-    url = (url_prefix or "") + chunk.path + anchor
+    # under url_prefix the path is part of a URL: a space, '#' or '?' in a file name
+    # made a link to another page ("c#.md" -> ".../c" with a fragment)
+    path = quote(chunk.path, safe="/") if url_prefix else chunk.path
+    url = (url_prefix or "") + path + anchor
     return {
         "title": chunk.heading_path,
         "url": url,
