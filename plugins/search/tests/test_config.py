@@ -52,6 +52,21 @@ pytestmark = pytest.mark.anyio
             "brave.base_url\n.*not a valid URL: Invalid port: 'abc'",
         ),
         ({"exa": {"base_url": "https://:443"}}, "exa.base_url\n.*not a valid URL: it has no host"),
+        # before: the kernel failed to start, "discover failed: ValueError: Invalid pattern:
+        # '**' can only be an entire path component", naming no key
+        (
+            {"collections": {"docs": {"path": "d", "include": ["**.md"]}}},
+            "include\n.*'\\*\\*.md': '\\*\\*' must be a whole path component.*'\\*\\*/\\*.md'",
+        ),
+        (
+            {"collections": {"docs": {"path": "d", "include": ["/srv/docs/*.md"]}}},
+            "include\n.*is absolute; patterns are relative to path",
+        ),
+        ({"collections": {"docs": {"path": "d", "include": [""]}}}, "include\n.*empty pattern"),
+        (
+            {"collections": {"docs": {"path": "d", "include": ["../*.md"]}}},
+            "include\n.*leaves the folder",
+        ),
         # before: a bare UnicodeEncodeError at startup naming no key; a line break failed
         # every request instead (LocalProtocolError), each retried and fallen over
         ({"user_agent": "acme-bot/1.0 (équipe)"}, "user_agent\n.*printable ASCII.*U\\+00E9"),

@@ -196,6 +196,27 @@ class CollectionConfig(BaseModel):
         None, gt=0, description="re-scan the folder this often and re-index changed files"
     )
 
+    @field_validator("include")
+    @classmethod
+    def _patterns(cls, v: list[str]) -> list[str]:
+        """Checked here: pathlib refused them while the catalog was built, and the whole
+        kernel failed to start with a bare ValueError naming no key."""
+        for p in v:
+            parts = p.replace("\\", "/").split("/")
+            if not p.strip():
+                raise ValueError("an empty pattern matches nothing; e.g. '**/*.md'")
+            if p.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", p):
+                raise ValueError(f"{p!r} is absolute; patterns are relative to path")
+            if ".." in parts:
+                raise ValueError(f"{p!r} leaves the folder ('..'); patterns are relative to path")
+            bad = next((x for x in parts if "**" in x and x != "**"), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{p!r}: '**' must be a whole path component (matching any folders), "
+                    f"not part of {bad!r}; write e.g. '**/*.md'"
+                )
+        return v
+
     @model_validator(mode="after")
     def _overlap(self) -> CollectionConfig:
         if self.overlap_words >= self.chunk_words:
