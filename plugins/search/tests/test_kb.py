@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -398,3 +400,45 @@ async def test_url_prefix_links_percent_encode_the_path(tmp_path: Path) -> None:
     # the path itself stays as it is in the metadata
     meta = rotate.content["results"][0]["provider_metadata"]["collection"]
     assert meta["path"] == "how to/rotate keys?.md"
+
+
+def test_atx_headings_keep_a_hash_that_closes_no_sequence() -> None:
+    """CommonMark: a closing run of '#' needs a space before it. Before, "# C#" was titled
+    "C" and "## What is new in F#" "What is new in F"."""
+    titles = {
+        text.splitlines()[0]: chunk_document("lang.md", text)[0].heading_path
+        for text in (
+            "# C#\n\nDelegates.\n",
+            "# Guide\n\n## What is new in F#\n\nPipelines.\n",
+            "# Closed ##\n\nBody.\n",
+            "# Spaced   #   \n\nBody.\n",
+            "# #hashtag\n\nBody.\n",
+        )
+    }
+    assert titles == {
+        "# C#": "C#",
+        "# Guide": "Guide > What is new in F#",
+        "# Closed ##": "Closed",
+        "# Spaced   #   ": "Spaced",
+        "# #hashtag": "#hashtag",
+    }
+
+
+def test_a_heading_with_a_long_run_of_spaces_does_not_hang_indexing() -> None:
+    """Before, the heading pattern backtracked cubically: "# a", 5,000 spaces and a letter
+    took some 4 minutes, 20,000 spaces hours — the catalog (and the kernel's start) waited.
+    Run in a child process so a regression fails (after a generous bound) instead of
+    hanging the suite; the bound is a hang detector, not a speed target."""
+    code = (
+        "from toolwire_search import chunk_document\n"
+        "chunks = chunk_document('x.md', '# a' + ' ' * 20000 + 'b\\n\\nbody\\n')\n"
+        "print(chunks[0].title)\n"
+    )
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("indexing one heading line did not end within 60 s")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["a", "b"]

@@ -31,7 +31,9 @@ from ._text import tokenize
 
 __all__ = ["Chunk", "ChunkIndex", "Collection", "chunk_document", "load_collection"]
 
-_ATX = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
+#: ``# Heading``; the optional closing ``#``s are removed by ``_atx_text`` (a pattern doing it,
+#: ``(.*?)\s*#*\s*$``, took minutes on a line with a few thousand spaces, and cut "C#" to "C")
+_ATX = re.compile(r"^\s{0,3}(#{1,6})\s+(.*)$")
 _FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 _UNDERLINE = re.compile(r"^\s{0,3}([=\-~^*+#\"'`:.])\1{2,}\s*$")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
@@ -62,6 +64,16 @@ class _Section:
     lines: list[tuple[int, str]] = field(default_factory=list)
 
 
+def _atx_text(rest: str) -> str:
+    """The text of an ATX heading after its opening ``#``s: without the closing sequence,
+    which is ``#``s preceded by a space (CommonMark), so ``# C#`` stays "C#"."""
+    text = rest.strip()
+    bare = text.rstrip("#")
+    if bare != text and (not bare or bare[-1].isspace()):
+        text = bare.rstrip()
+    return text
+
+
 def _sections(text: str, markdown: bool, rst: bool) -> tuple[str | None, list[_Section]]:
     """(document title, sections in order) — headings are ATX/setext (Markdown) or
     underlined (reStructuredText); code fences are never headings."""
@@ -89,7 +101,7 @@ def _sections(text: str, markdown: bool, rst: bool) -> tuple[str | None, list[_S
             nxt = lines[i + 1] if i + 1 < len(lines) else ""
             u = _UNDERLINE.match(nxt) if (markdown or rst) else None
             if m:
-                heading = (len(m.group(1)), m.group(2).strip())
+                heading = (len(m.group(1)), _atx_text(m.group(2)))
             elif u and not _UNDERLINE.match(line):
                 ch = u.group(1)
                 if markdown and ch in "=-":
