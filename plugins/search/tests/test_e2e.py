@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 from toolwire_search_testkit import B1, B2, E1, headers_of, load, make_kernel
 
+from toolwire_ratelimit import RateLimitPlugin
 from toolwire_ratelimit.testing import FakeProvider, Reply
 from toolwire_search import SearchPlugin
 
@@ -289,3 +290,44 @@ async def test_searxng_list_params_are_sent_comma_separated(
     assert res.error is None
     (sent,) = searx.requests
     assert sent.query["engines"] == ["google,bing"] and sent.query["categories"] == ["news"]
+
+
+async def test_a_404_is_a_wrong_base_url_and_falls_over(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider],
+) -> None:
+    """SEARXNG_URL given with its /search: the plugin asked /search/search. Before, the
+    404 was a terminal ``tool_error`` ("HTTP 404 Not Found", no word of the URL) and
+    web_search never asked Exa."""
+    _, exa, searx = servers
+    searx.script(Reply(404, body="<h1>Not Found</h1>", headers={"Content-Type": "text/html"}))
+    exa.script(Reply(200, json=load("exa_search_200.json")))
+    kernel = make_kernel(
+        environ={"SEARXNG_URL": f"{searx.url}/search", "EXA_API_KEY": E1},
+        search={"chain_order": ["searxng", "exa"], "exa": {"base_url": exa.url}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search", {"query": "q"})
+        forced = await kernel.call("web_search_searxng", {"query": "q"})
+        state = await RateLimitPlugin.of(kernel).pool("searxng").status()
+    assert res.error is None and res.content["served_by"] == "exa"
+    assert [a.error_kind for a in res.meta.attempts] == ["config_error", None]
+    assert forced.error is not None and forced.error.kind == "config_error"
+    # the instance URL is the pool's "key": shown by its alias, with the path asked
+    assert forced.error.message == (
+        "searxng (searxng-1): HTTP 404 Not Found at [key:searxng-1]/search: the base URL "
+        "is wrong; fix [plugins.search.searxng] urls (or SEARXNG_URL)"
+    )
+    assert state["keys"]["searxng-1"]["state"] == "ok"  # the instance is not blamed
+    # Brave's base URL is no secret: shown whole
+    brave = servers[0]
+    brave.script(Reply(404, json={"message": "no route"}))
+    kernel = make_kernel(
+        environ={"BRAVE_API_KEY": B1},
+        search={"brave": {"base_url": f"{brave.url}/res/v2"}},
+    )
+    async with kernel:
+        res = await kernel.call("web_search_brave", {"query": "q"})
+    assert res.error is not None and res.error.message == (
+        f"brave (brave-1): HTTP 404 Not Found at {brave.url}/res/v2/web/search: the base URL "
+        "is wrong; fix [plugins.search.brave] base_url"
+    )

@@ -579,6 +579,10 @@ class SearchPlugin:
                     status=status,
                     failover=True,
                 )
+            if status == 404:
+                # the endpoint is fixed: no such page is a wrong base URL (an instance URL
+                # given with /search...), not the query's fault nor the key's
+                raise self._not_found(b, who, req.url)
             if status >= 400:
                 err = b.error_for(resp, alias)
                 if isinstance(err, KeyExhausted) and alias is not None:
@@ -681,6 +685,19 @@ class SearchPlugin:
         if not results:
             self._soft_failure(tool, b, page.failure, out, ctx)
         return out
+
+    def _not_found(self, b: Backend, who: str, url: str) -> ToolError:
+        """HTTP 404: a ``config_error`` naming the URL asked and the key that sets it."""
+        shown = httpx.URL(url).copy_with(query=None, username=None, password=None)
+        field = "urls" if b.key_is_base_url else "base_url"
+        env = f" (or {' / '.join(b.env)})" if b.key_is_base_url and b.env else ""
+        return _config_error(
+            f"{who}: HTTP 404 Not Found at {shown}: the base URL is wrong; fix "
+            f"[{self._table(b.name)}] {field}{env}",
+            backend=b.name,
+            status=404,
+            failover=True,
+        )
 
     async def _read(self, b: Backend, resp: httpx.Response, who: str) -> httpx.Response:
         """``resp`` with its body read: a success up to the backend's ``max_answer_bytes``
