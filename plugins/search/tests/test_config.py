@@ -149,6 +149,32 @@ async def test_the_same_alias_in_both_sections_fails_at_startup() -> None:
         await kernel.start()
 
 
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        (
+            [{"alias": "main", "secret": B1}, {"alias": "main", "secret": B2}],
+            "entry 1 and entry 2 both have alias 'main'",
+        ),
+        (
+            [{"alias": "brave-2", "secret": B1}, B2],
+            "entry 1 and entry 2 (no alias: named after its place) both have alias 'brave-2'",
+        ),
+    ],
+)
+async def test_the_same_alias_twice_in_one_table_names_the_entries(
+    keys: list[Any], message: str
+) -> None:
+    """Before: "duplicate key aliases ['main']; give its keys in one place ([plugins.search.brave]
+    or [plugins.ratelimit.providers.brave])", though they were in one place."""
+    kernel = make_kernel(search={"brave": {"api_keys": keys}})
+    with pytest.raises(ConfigError) as info:
+        await kernel.start()
+    text = str(info.value)
+    assert f"[plugins.search.brave] api_keys: {message}; give each its own alias" in text
+    assert "in one place" not in text and B1 not in text and B2 not in text
+
+
 async def test_pool_settings_reach_the_key_pool() -> None:
     kernel = make_kernel(
         environ={"EXA_API_KEY": E1},
@@ -275,6 +301,14 @@ async def test_a_backend_added_in_code_names_its_own_table() -> None:
     toy = plugin.backends["toy"]
     assert "[plugins.search.backends.toy] api_keys" in toy.missing_key_message()
     assert "[plugins.search.brave] api_keys" in plugin.backends["brave"].missing_key_message()
+    # and its key problems at startup (before: "[plugins.search.toy]")
+    keys = [{"alias": "a", "secret": "k-111111"}, {"alias": "a", "secret": "k-222222"}]
+    config = SearchConfig.model_validate({"backends": {"toy": {"api_keys": keys}}})
+    kernel = Kernel(
+        plugins=[RateLimitPlugin(), SearchPlugin(config, environ={}, extra_backends=[ToyBackend])]
+    )
+    with pytest.raises(ConfigError, match=r"\[plugins\.search\.backends\.toy\] api_keys: entry 1"):
+        await kernel.start()
 
 
 def test_the_guide_sends_readers_to_the_readme_for_the_keys() -> None:

@@ -284,13 +284,32 @@ class SearchPlugin:
     def _register(self, rl: RateLimitPlugin, b: Backend) -> None:
         keys: list[ApiKey] = []
         problems = self._problems.setdefault(b.name, [])
-        where = f"[plugins.search.{b.name}]"
+        where = b.table
         entries: list[tuple[str | None, str, int, str]] = []
+        given: dict[str, int] = {}  # alias -> the entry (1-based) that has it
+        field = "urls" if b.key_is_base_url else "api_keys"
+        plain: set[int] = set()  # entries without an alias: named after their place
         for i, e in enumerate(b.config.entries(), 1):
+            own = e.alias if isinstance(e, KeyEntry) else f"{b.name}-{i}"
+            if not isinstance(e, KeyEntry):
+                plain.add(i)
+            if own in given:
+                # said here: the pool's "duplicate key aliases; give its keys in one place"
+                # sent the reader to the wrong fix
+                named = [
+                    f"entry {n} " + ("(no alias: named after its place)" if n in plain else "")
+                    for n in (given[own], i)
+                ]
+                example = f'{{alias = "...", {"url" if b.key_is_base_url else "secret"} = ...}}'
+                raise ConfigError(
+                    f"{where} {field}: {' and '.join(n.strip() for n in named)} both have "
+                    f"alias {own!r}; give each its own alias ({example})"
+                )
+            given[own] = i
             if isinstance(e, KeyEntry):
                 entries.append((e.alias, e.secret.get_secret_value(), e.weight, where))
             elif isinstance(e, SecretStr):
-                entries.append((f"{b.name}-{i}", e.get_secret_value(), 1, where))
+                entries.append((own, e.get_secret_value(), 1, where))
         if not entries:
             pc = rl.provider_config(b.name)
             if pc is not None and (pc.keys or pc.api_key is not None):
