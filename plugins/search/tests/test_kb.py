@@ -194,6 +194,7 @@ async def test_include_exclude_hidden_binary_and_large_files(tmp_path: Path) -> 
     assert status["files"] == 1
     joined = " ".join(res.content["warnings"])
     assert "image.md: binary file" in joined and "big.md" in joined
+    assert ".hidden" not in joined  # left out without a word, as docs/search.md says
 
 
 async def test_links_out_of_the_folder_are_skipped_files_and_folders_alike(
