@@ -7,8 +7,9 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from toolwire_search_testkit import B1, B2, E1, headers_of, load, make_kernel
+from toolwire_search_testkit import B1, B2, E1, E2, headers_of, load, make_kernel
 
+from toolwire.testing import FakeClock
 from toolwire_ratelimit import RateLimitPlugin
 from toolwire_ratelimit.testing import FakeProvider, Reply
 from toolwire_search import SearchPlugin
@@ -331,3 +332,34 @@ async def test_a_404_is_a_wrong_base_url_and_falls_over(
         f"brave (brave-1): HTTP 404 Not Found at {brave.url}/res/v2/web/search: the base URL "
         "is wrong; fix [plugins.search.brave] base_url"
     )
+
+
+async def test_a_spent_exa_key_is_set_aside_for_suspend_seconds_at_most_max_cooldown(
+    servers: tuple[FakeProvider, FakeProvider, FakeProvider],
+) -> None:
+    """As docs/search.md says: the key's cooldown is capped by max_cooldown_seconds, so
+    suspend_seconds = 1 day alone brings the spent key back after an hour; raising both
+    sets it aside for the day. (Before, the docs promised suspend_seconds.)"""
+    _, exa, _ = servers
+    exa.script(Reply(402, json=load("exa_402_api_key_budget_exceeded.json")), key=E1)
+    exa.script(Reply(200, json=load("exa_search_200.json")), key=E2)
+    for pool, back_after_an_hour in [
+        ({"suspend_seconds": 86400}, True),
+        ({"suspend_seconds": 86400, "max_cooldown_seconds": 86400}, False),
+    ]:
+        exa.requests.clear()
+        clock = FakeClock()
+        kernel = make_kernel(
+            environ={"EXA_API_KEY": f"{E1},{E2}"},
+            search={"exa": {"base_url": exa.url, "pool": pool}},
+            clock=clock,
+        )
+        async with kernel:
+            await kernel.call("web_search_exa", {"query": "q"})
+            clock.advance(3601)
+            for _ in range(3):
+                res = await kernel.call("web_search_exa", {"query": "q"})
+                assert res.error is None
+        keys = [r.key for r in exa.requests]
+        assert keys[:2] == [E1, E2]
+        assert (E1 in keys[2:]) is back_after_an_hour, keys

@@ -95,7 +95,8 @@ class Exhaustion:
 class KeyExhausted(ToolError):
     """Only the key used is exhausted (e.g. Exa's ``API_KEY_BUDGET_EXCEEDED``), not the account.
 
-    The plugin cools that key (for the pool's ``suspend_seconds``) instead of
+    The plugin cools that key (for the pool's ``suspend_seconds``, at most its
+    ``max_cooldown_seconds``: a cooldown is capped by it) instead of
     suspending the whole provider, then reports the failure as ``quota``.
     """
 
