@@ -380,6 +380,30 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(direct: bool
         server.stop()
 
 
+async def test_a_restarted_server_that_forgot_the_session_gets_a_new_one() -> None:
+    """A handshake-era (2025-11-25) Streamable-HTTP session: a restarted server answers
+    HTTP 404 to its Mcp-Session-Id, and the spec says to start a new session. Before:
+    the session stayed ``up`` and every call failed for good with "Session not found"
+    (``tool_error``; from a TypeScript server, -32001: ``timeout``)."""
+    server = HttpUpstream().start()
+    try:
+        async with gateway({"url": server.url}, protocol="legacy") as (k, up):
+            r = await k.call("up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}
+            server.start()  # the same port again: a new process, no sessions
+            r = await k.call("up_forecast", {"city": "Oslo"})
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            assert "no longer knows toolwire's session (HTTP 404" in r.error.message
+            assert "the call was not run" in r.error.message
+            assert r.error.details["in_flight"] is False  # refused: safe to send again
+            assert r.error.details["session_expired"] is True
+            r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}
+            assert up.status == "up"
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[HttpUpstream]:
     """An HTTP upstream requiring the bearer token ``up-secret``."""

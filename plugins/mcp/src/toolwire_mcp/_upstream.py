@@ -372,6 +372,24 @@ class _ConnectionLost(Exception):
     """The session ended (process exited, stream closed) while it was up."""
 
 
+class _SessionExpired(Exception):
+    """A handshake-era Streamable-HTTP session the server no longer knows: HTTP 404 to a
+    request carrying its ``Mcp-Session-Id`` (the server restarted, or ended the session).
+    The server refused the request: nothing ran. The spec's answer is a new session."""
+
+
+def _session_id(client: Client[Any]) -> str | None:
+    """The ``Mcp-Session-Id`` of ``client``'s Streamable-HTTP session, if it has one."""
+    get = getattr(client.transport, "get_session_id", None)
+    if not callable(get):
+        return None
+    try:
+        sid = get()
+    except Exception:  # a FastMCP internal: never let it break a call
+        return None
+    return sid if isinstance(sid, str) and sid else None
+
+
 class _StderrTap:
     """A pipe for a stdio child's stderr: each line is logged (JSON) and the last ones kept.
 
@@ -506,7 +524,7 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {response.status_code} {response.reason_phrase}".rstrip()
     if isinstance(exc, BaseExceptionGroup):
         return "; ".join(_describe(e) for e in exc.exceptions)
-    if isinstance(exc, _ConnectionLost):  # ours: its text says it, the class name is noise
+    if isinstance(exc, _ConnectionLost | _SessionExpired):  # ours: the class name is noise
         return str(exc)
     text = str(exc) or type(exc).__name__
     return f"{type(exc).__name__}: {text}" if not isinstance(exc, RuntimeError) else text
@@ -563,6 +581,7 @@ class Upstream:
         self._want_relist = False
         self._relist_at = 0.0  # after a failed re-listing: not before this (monotonic)
         self._lost_client: Client[Any] | None = None
+        self._lost_why = "the connection was lost"  # what the supervisor logs for it
         self._session_client: Client[Any] | None = None
         self._session_down = anyio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -856,7 +875,8 @@ class Upstream:
                 return
             if self._lost_client is client or not client.is_connected() or _session_dead(client):
                 self._client = None  # no new calls on this client from here on
-                raise _ConnectionLost("the connection was lost")
+                why = self._lost_why if self._lost_client is client else None
+                raise _ConnectionLost(why or "the connection was lost")
             if self._want_relist and monotonic() >= self._relist_at:
                 self._want_relist = False
                 await self._relist_live(client)
@@ -868,9 +888,16 @@ class Upstream:
         stay as they were, the session stays up, and the listing is asked again later.
         """
         limit = self.plugin_cfg.connect_timeout_s
+        refusals: list[tuple[int, str | None]] = []
+        token = _REFUSALS.set(refusals)
         try:
             await self._relist(client, limit=limit)
         except Exception as exc:
+            if self._expired(client, exc, refusals):
+                # the server restarted (or ended the session): asking again on it fails
+                # for ever; a new session is the answer
+                self._session_gone(client)
+                raise _SessionExpired(self._lost_why) from exc
             if self._lost_client is client or not client.is_connected():
                 raise
             why = (
@@ -887,6 +914,8 @@ class Upstream:
                 self.name,
                 why,
             )
+        finally:
+            _REFUSALS.reset(token)
 
     async def _listen(self, client: Client[Any]) -> None:
         """2026-07-28 sessions: ``subscriptions/listen`` for ``tools/list_changed`` (best effort)."""
@@ -897,6 +926,32 @@ class Upstream:
                         self._list_changed()
         except Exception as exc:  # not offered by the server, or the stream ended
             log.debug("MCP server %r: no tools/list_changed subscription: %s", self.name, exc)
+
+    def _expired(
+        self, client: Client[Any], exc: BaseException, refusals: list[tuple[int, str | None]]
+    ) -> bool:
+        """Whether a failed request was refused because the server no longer knows the
+        session: HTTP 404 to a handshake-era Streamable-HTTP session (the spec's word for
+        it, whatever JSON-RPC error the body carries: FastMCP's -32600 "Session not
+        found", the TypeScript SDK's -32001, none)."""
+        return (
+            self.cfg.kind == "http"
+            and bool(refusals)
+            and refusals[-1][0] == 404
+            and isinstance(exc, MCPError)
+            and exc.code != mcp_types.METHOD_NOT_FOUND
+            and _session_id(client) is not None
+        )
+
+    def _session_gone(self, client: Client[Any]) -> None:
+        """The server no longer knows ``client``'s session: the supervisor starts a new one."""
+        self._lost_why = (
+            "the server no longer knows toolwire's session (HTTP 404: it restarted, or "
+            "ended the session)"
+        )
+        self._lost_client = client
+        self._client = None  # no new calls on this session
+        self._wake.set()
 
     def _went_down(self, exc: BaseException, *, quiet: bool) -> None:
         was_up = self.status == "up"
@@ -1262,6 +1317,7 @@ class Upstream:
         )
 
     async def _lost(self, client: Client[Any], remote_tool: str, exc: BaseException) -> ToolError:
+        self._lost_why = "the connection was lost"
         self._lost_client = client
         self._wake.set()
         msg = self.shown(_describe(exc))
@@ -1349,6 +1405,8 @@ class Upstream:
                 and refused(refusals[-1][0])
             ):
                 raise HTTPRefusal(*refusals[-1]) from exc
+            if self._expired(client, exc, refusals):
+                raise _SessionExpired(f"MCP error {exc.code}: {exc.message}") from exc
             raise
         finally:
             _REFUSALS.reset(token)
@@ -1512,8 +1570,20 @@ class Upstream:
                 kind=ErrorKind.TOOL_ERROR,
                 details={**where, "invalid_answer": True},
             )
+        if isinstance(exc, _SessionExpired):
+            # Refused before it ran (the spec: 404 to a session the server does not
+            # know); the supervisor opens a new session, and the call may be sent again.
+            self._session_gone(client)
+            said = f"; it answered: {exc}" if str(exc) else ""
+            return ToolError(
+                f"{prefix}: the server no longer knows toolwire's session (HTTP 404{said}): "
+                "it restarted, or ended the session; the call was not run; reconnecting",
+                kind=ErrorKind.UNAVAILABLE,
+                details={**where, "in_flight": False, "session_expired": True},
+            )
         if isinstance(exc, ConnectError):
             # Nothing was sent: the call did not run. The supervisor checks the server.
+            self._lost_why = "the connection was lost"
             self._lost_client = client
             self._wake.set()
             return ToolError(
