@@ -437,6 +437,62 @@ async def test_a_server_that_cannot_start_does_not_stop_the_kernel(tmp_path: Pat
         assert status["up"]["status"] == "up"
 
 
+_ODD_OUTPUT_SCHEMAS = """
+from typing import Any
+from fastmcp import FastMCP
+from fastmcp.tools import Tool, ToolResult
+from mcp_types import TextContent
+
+class Fixed(Tool):
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        return ToolResult(
+            content=[TextContent(type="text", text='{"ok": true}')],
+            structured_content={"ok": True},
+        )
+
+mcp = FastMCP("odd")
+OK = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+for name, schema in {
+    "untyped": {"properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+    "anyof": {"anyOf": [OK, {"type": "object", "properties": {"err": {"type": "string"}}}]},
+    "nullable": {**OK, "type": ["object", "null"]},
+}.items():
+    mcp.add_tool(Fixed(name=name, description="d", parameters={"type": "object"},
+                       output_schema=schema))
+mcp.run(transport="stdio", show_banner=False)
+"""
+
+
+async def test_output_schemas_without_type_object_describe_what_the_tool_returns(
+    tmp_path: Path,
+) -> None:
+    """An output schema that may describe an object without saying ``"type": "object"``
+    at its top (``properties`` alone, ``anyOf``, a list of types). Before: the kernel's
+    tool got it wrapped in ``{"result": ...}`` (or, for ``properties`` alone, the MCP
+    export wrapped it), though the result is the structured content itself: through
+    the gateway every call failed "'result' is a required property"."""
+    from fastmcp import Client
+
+    from toolwire_mcp import create_server
+
+    script = tmp_path / "odd.py"
+    script.write_text(_ODD_OUTPUT_SCHEMAS)
+    entry = {"command": sys.executable, "args": [str(script)]}
+    async with (
+        Kernel(plugins=[plugin({"odd": entry})]) as k,
+        Client(create_server(k)) as c,
+    ):
+        listed = {t.name: t for t in await c.list_tools()}
+        for name in ("odd_untyped", "odd_anyof", "odd_nullable"):
+            assert (await k.call(name, {})).content == {"ok": True}
+            schema = listed[name].output_schema
+            assert schema is not None and schema["type"] == "object", schema
+            assert "result" not in schema.get("properties", {}), schema
+            r = await c.call_tool_mcp(name, {})
+            assert not r.is_error, r.content
+            assert r.structured_content == {"ok": True}
+
+
 async def test_no_stderr_reader_thread_outlives_the_kernel() -> None:
     """Before: the thread reading a stdio server's stderr was still running when the kernel
     had shut down (it ended some time later, once the child's end of the pipe closed)."""

@@ -491,11 +491,25 @@ class _Notifications(MessageHandler):
 
 
 def _object_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    """An output schema the kernel's normalized content matches (objects pass through)."""
+    """An output schema the kernel's normalized content matches (objects pass through).
+
+    Structured content that is an object is the kernel's content as it is
+    (``remote_value``), so a schema that may describe an object — no ``type``
+    (``properties`` alone, ``anyOf``, a ``$ref``), or a list of types naming
+    ``object`` — says ``"type": "object"`` at its top (its ``$defs`` stay at the
+    root, where its ``$ref``s point). Wrapping it in ``{"result": ...}`` described
+    a value the tool never gives: the gateway's MCP export (which wraps any
+    schema whose ``type`` is not ``"object"``) then failed every call of the tool
+    as a result breaking its output schema. Only a schema of another type (an
+    array, a string) is wrapped, as its value is (``{"result": value}``).
+    """
     if schema is None:
         return None
-    if schema.get("type") == "object" or ("type" not in schema and "properties" in schema):
+    kind = schema.get("type")
+    if kind == "object":
         return schema
+    if kind is None or (isinstance(kind, list) and "object" in kind):
+        return {**schema, "type": "object"}
     return {"type": "object", "properties": {"result": schema}, "required": ["result"]}
 
 
