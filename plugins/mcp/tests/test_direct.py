@@ -19,6 +19,7 @@ import anyio
 import mcp_types
 import pytest
 from toolwire_mcp_testkit import (
+    HERE,
     HttpUpstream,
     Server,
     call_until_back,
@@ -400,6 +401,30 @@ async def test_a_restarted_server_that_forgot_the_session_gets_a_new_one() -> No
             r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
             assert r.content == {"result": "sunny in Oslo"}
             assert up.status == "up"
+    finally:
+        server.stop()
+
+
+async def test_a_lost_list_changed_subscription_is_opened_again_and_re_lists() -> None:
+    """A 2026-07-28 server's ``subscriptions/listen`` stream ends when it restarts. Its
+    calls are stateless, so the session goes on; before, the subscription was not
+    opened again (a debug log line), and the server's tool changes went unnoticed for
+    the rest of the session: a tool it added was unknown, one it removed still listed."""
+    from fastmcp import Client
+
+    server = HttpUpstream(script=HERE / "sdk_upstream_server.py").start()
+    try:
+        async with gateway({"url": server.url}) as (k, _up):
+            async with Client(server.url) as other:  # another client changes the tools
+                await other.call_tool("grow", {"name": "early"})
+            await eventually(lambda: k.get_tool("up_early") is not None)
+            server.start()  # the same port again: the subscription's stream ends
+            async with Client(server.url) as other:
+                await other.call_tool("grow", {"name": "late"})
+            await eventually(lambda: k.get_tool("up_late") is not None, 30)
+            r = await call_until_back(k, "up_late", {})
+            assert r.content == {"result": "I am late"}
+            assert k.get_tool("up_early") is None  # the restarted server has no such tool
     finally:
         server.stop()
 

@@ -145,11 +145,15 @@ class ServeProcess:
 
 
 class HttpUpstream:
-    """upstream_server.py over Streamable HTTP in a subprocess; restartable on the same port."""
+    """upstream_server.py (or ``script``) over Streamable HTTP in a subprocess; restartable
+    on the same port."""
 
-    def __init__(self, port: int | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, env: dict[str, str] | None = None, script: Path = UPSTREAM
+    ) -> None:
         self.port = port or free_port()
         self.env = env or clean_env()
+        self.script = script
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -160,7 +164,7 @@ class HttpUpstream:
         """Start the server (again) and wait until it accepts connections."""
         self.stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(UPSTREAM), "--http", str(self.port)],
+            [sys.executable, str(self.script), "--http", str(self.port)],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

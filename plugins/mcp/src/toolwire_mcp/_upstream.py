@@ -44,7 +44,7 @@ from fastmcp.client.transports import (
     StdioTransport,
     StreamableHttpTransport,
 )
-from mcp.client.subscriptions import ToolsListChanged, listen
+from mcp.client.subscriptions import ListenNotSupportedError, ToolsListChanged, listen
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import find_invalid_x_mcp_header, x_mcp_header_map
@@ -932,14 +932,57 @@ class Upstream:
             _REFUSALS.reset(token)
 
     async def _listen(self, client: Client[Any]) -> None:
-        """2026-07-28 sessions: ``subscriptions/listen`` for ``tools/list_changed`` (best effort)."""
-        try:
-            async with listen(client.session, tools_list_changed=True) as sub:
-                async for event in sub:
-                    if isinstance(event, ToolsListChanged):
+        """2026-07-28 sessions: ``subscriptions/listen`` for ``tools/list_changed``.
+
+        A stream that ends (the server restarted, a proxy cut it) is opened again,
+        with backoff, and the server is re-listed once it is: events are not
+        replayed, so a change made meanwhile would be missed (the spec: "re-listen
+        and refetch"). The calls of a 2026-07-28 session are stateless, so the
+        session itself goes on; before, its tool changes went unnoticed from then
+        on. A server that does not offer the method (or refuses the first request)
+        is not asked again during the session.
+        """
+        pcfg = self.plugin_cfg
+        delay = pcfg.reconnect_initial_s
+        acknowledged = False
+        opened = 0.0
+        while not self._stop.is_set():
+            try:
+                async with listen(client.session, tools_list_changed=True) as sub:
+                    if acknowledged:  # listening again: what changed meanwhile was not told
                         self._list_changed()
-        except Exception as exc:  # not offered by the server, or the stream ended
-            log.debug("MCP server %r: no tools/list_changed subscription: %s", self.name, exc)
+                    acknowledged = True
+                    opened = monotonic()
+                    async for event in sub:
+                        if isinstance(event, ToolsListChanged):
+                            self._list_changed()
+                why = "the server closed it"
+            except ListenNotSupportedError as exc:
+                log.debug("MCP server %r: no tools/list_changed subscription: %s", self.name, exc)
+                return
+            except MCPError as exc:
+                if not acknowledged or exc.code == mcp_types.METHOD_NOT_FOUND:
+                    # not offered by the server (or refused): not asked again on this session
+                    log.debug(
+                        "MCP server %r: no tools/list_changed subscription: %s", self.name, exc
+                    )
+                    return
+                why = self.shown(_describe(exc))
+            except Exception as exc:  # the stream broke (or never came): listen again
+                why = self.shown(_describe(exc))
+            if self._stop.is_set():
+                return
+            if acknowledged and monotonic() - opened >= pcfg.reconnect_max_s:
+                delay = pcfg.reconnect_initial_s  # it lasted: the backoff starts afresh
+            log.info(
+                "MCP server %r: the tools/list_changed subscription ended (%s); listening "
+                "again in %.1fs",
+                self.name,
+                why,
+                delay,
+            )
+            await anyio.sleep(delay)
+            delay = min(delay * 2, pcfg.reconnect_max_s)
 
     def _expired(
         self, client: Client[Any], exc: BaseException, refusals: list[tuple[int, str | None]]
