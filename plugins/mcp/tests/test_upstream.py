@@ -493,6 +493,65 @@ async def test_output_schemas_without_type_object_describe_what_the_tool_returns
             assert r.structured_content == {"ok": True}
 
 
+_RAW_STDIO_SERVER = """
+import json, sys
+ANSWERS = {
+    "fine": {"result": {"content": [{"type": "text", "text": "fine"}]}},
+    "null_result": {"result": None},
+    "no_result": {},
+    "bad_error": {"error": {"message": "no code"}},
+}
+def send(msg):
+    sys.stdout.write(json.dumps(msg) + "\\n")
+    sys.stdout.flush()
+for line in sys.stdin:
+    msg = json.loads(line)
+    method, rid = msg.get("method"), msg.get("id")
+    if rid is None:
+        continue
+    if method == "initialize":
+        send({"jsonrpc": "2.0", "id": rid, "result": {"protocolVersion": "2025-11-25",
+              "capabilities": {"tools": {}}, "serverInfo": {"name": "raw", "version": "1"}}})
+    elif method == "tools/list":
+        tools = [{"name": n, "inputSchema": {"type": "object"}} for n in ANSWERS]
+        send({"jsonrpc": "2.0", "id": rid, "result": {"tools": tools}})
+    elif method == "tools/call":
+        send({"jsonrpc": "2.0", "id": rid, **ANSWERS[msg["params"]["name"]]})
+    else:
+        send({"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}})
+"""
+
+
+@pytest.mark.parametrize(
+    ("tool", "problem"),
+    [
+        ("null_result", "result: Input should be a valid dictionary"),
+        ("no_result", "result: Field required"),
+        ("bad_error", "error.code: Field required"),
+    ],
+)
+async def test_a_stdio_answer_that_is_no_valid_response_fails_the_call(
+    tmp_path: Path, tool: str, problem: str
+) -> None:
+    """Before: the MCP SDK's stdio reader dropped such a line (logging it), so the call
+    waited for its answer for ever (there is no `timeout` by default). Over HTTP the
+    same answers failed the call at once, as docs/mcp.md says."""
+    script = tmp_path / "raw.py"
+    script.write_text(_RAW_STDIO_SERVER)
+    entry = {"command": sys.executable, "args": [str(script)]}
+    async with Kernel(plugins=[plugin({"raw": entry})]) as k:
+        with anyio.fail_after(30):  # a guard against the hang, not a measure of speed
+            r = await k.call(f"raw_{tool}", {})
+            assert r.error is not None and r.error.kind == "tool_error", r.error
+            assert f"MCP server 'raw', tool {tool!r}: Failed to parse JSON response" in (
+                r.error.message
+            )
+            assert problem in r.error.message
+            assert r.error.details["invalid_answer"] is True
+            ok = await k.call("raw_fine", {})  # the session goes on
+            assert ok.content == {"result": "fine"}
+
+
 async def test_no_stderr_reader_thread_outlives_the_kernel() -> None:
     """Before: the thread reading a stdio server's stderr was still running when the kernel
     had shut down (it ended some time later, once the child's end of the pipe closed)."""
