@@ -69,6 +69,34 @@ async def post(pool: Pool, body: bytes = b"{}") -> tuple[int, dict[str, str], by
     return resp.status, resp.headers, data
 
 
+async def test_a_configured_host_header_replaces_the_urls() -> None:
+    """An entry's ``headers`` may name the virtual host of a server reached by address.
+    Before: the request carried the URL's Host line and the configured one, and an
+    HTTP/1.1 server must refuse two (h11, the parser of uvicorn --http h11, and nginx
+    answer 400): every direct call failed while the FastMCP client's requests worked."""
+    import h11
+
+    async def strict(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        while (body := await s.read_request(r)) is not None:
+            parser = h11.Connection(h11.SERVER)
+            parser.receive_data(s.requests[-1])
+            try:
+                parser.next_event()
+            except h11.RemoteProtocolError as exc:
+                w.write(answer(str(exc).encode(), status="400 Bad Request"))
+            else:
+                w.write(answer(body, "content-type: application/json"))
+            await w.drain()
+
+    async with serving(strict) as srv:
+        pool = Pool(f"http://127.0.0.1:{srv.port}/mcp", {"Host": "mcp.internal"})
+        status, _, data = await post(pool)
+        await pool.close()
+    assert (status, data) == (200, b"{}"), data
+    head = srv.requests[0].split(b"\r\n\r\n")[0].lower()
+    assert head.count(b"\r\nhost:") == 1 and b"\r\nhost: mcp.internal" in head
+
+
 async def test_requests_share_one_keep_alive_connection() -> None:
     async with serving(json_echo) as srv:
         pool = pool_for(srv)

@@ -549,8 +549,10 @@ class Pool:
         default_port = self._port == (443 if parts.scheme == "https" else 80)
         authority = host if default_port else f"{host}:{self._port}"
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        lines = [f"POST {_check(target, 'path')} HTTP/1.1", f"host: {authority}"]
-        fixed = {"accept-encoding": "gzip, deflate"}
+        lines = [f"POST {_check(target, 'path')} HTTP/1.1"]
+        # A configured Host replaces the URL's (a virtual host behind an address, as
+        # httpx does): two Host lines are a request HTTP/1.1 servers must refuse (400).
+        fixed = {"host": authority, "accept-encoding": "gzip, deflate"}
         fixed.update({k.lower(): v for k, v in headers.items()})
         lines += [f"{_check(k, 'header name')}: {_check(v, 'header')}" for k, v in fixed.items()]
         self._prefix = ("\r\n".join(lines) + "\r\n").encode("latin-1")
