@@ -429,6 +429,22 @@ async def test_a_lost_list_changed_subscription_is_opened_again_and_re_lists() -
         server.stop()
 
 
+@PATHS
+async def test_user_and_password_in_the_url_are_sent_as_basic_auth(direct: bool) -> None:
+    """The FastMCP client (httpx) sends the URL's ``user:password@`` as HTTP Basic auth.
+    Before: the direct path dropped it, so the server connected and listed, and every
+    call failed ``auth`` (HTTP 401)."""
+    server = HttpUpstream(env=clean_env(UPSTREAM_BASIC="ops:p@ss")).start()
+    try:
+        url = f"http://ops:p%40ss@127.0.0.1:{server.port}/mcp"
+        async with gateway({"url": url}, direct=direct) as (k, up):
+            r = await k.call("up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}, r.error
+            assert up.direct_calls == (1 if direct else 0)
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def guarded() -> Iterator[HttpUpstream]:
     """An HTTP upstream requiring the bearer token ``up-secret``."""

@@ -14,6 +14,7 @@ results: an elicitation, a bare retry request), ``regional`` (an
 server answers their calls with that status, as an API gateway would).
 
 Over HTTP, ``UPSTREAM_TOKEN=<token>`` in the environment requires that bearer token,
+``UPSTREAM_BASIC=<user>:<password>`` that HTTP Basic credential,
 ``UPSTREAM_FORCE_GZIP=1`` gzips every answer whatever the client asked for, and
 ``http_503_page`` / ``http_503_json`` are refused with a 40 kB / 100 kB body.
 """
@@ -258,6 +259,14 @@ class Gate:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope.get("headers") or [])
+            basic = os.environ.get("UPSTREAM_BASIC")
+            if basic and headers.get(b"authorization", b"") != (
+                b"Basic " + base64.b64encode(basic.encode())
+            ):
+                from starlette.responses import PlainTextResponse
+
+                await PlainTextResponse("basic auth required", 401)(scope, receive, send)
+                return
             name = headers.get(b"mcp-name", b"").decode()
             if name in _BIG_REFUSALS:
                 from starlette.responses import JSONResponse, PlainTextResponse

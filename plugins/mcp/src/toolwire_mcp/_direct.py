@@ -27,6 +27,7 @@ paths' failures with the same code:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import itertools
 import logging
@@ -122,6 +123,18 @@ def _small(resp: Response) -> bool:
     return length.isdigit() and int(length) <= 65536
 
 
+def _basic_auth(url: str) -> str | None:
+    """The ``Authorization`` header for the ``user:password@`` of ``url`` (percent-decoded,
+    as httpx sends it), or None without one."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return None
+    user = urllib.parse.unquote(parts.username or "")
+    password = urllib.parse.unquote(parts.password or "")
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return f"Basic {token}"
+
+
 def refused(status: int) -> bool:
     """Whether an HTTP status is mapped by status (auth, rate limit, server error)."""
     return status in (401, 403, 429) or status >= 500
@@ -174,6 +187,10 @@ class DirectCaller:
         )
         if auth is not None:
             fixed["authorization"] = f"Bearer {auth}"
+        else:
+            basic = _basic_auth(url)
+            if basic is not None:  # as httpx: user:password in the URL, when no `auth`
+                fixed["authorization"] = basic
         fixed.setdefault("user-agent", f"toolwire-mcp (fastmcp/{fastmcp.__version__})")
         self._name_headers: dict[str, bytes] = {}
         self._drains: set[asyncio.Task[None]] = set()  # answered event streams read to their end
