@@ -198,6 +198,49 @@ async def test_a_server_that_dies_while_idle_is_noticed_without_a_call() -> None
         assert pid not in _children_running("upstream_server.py")
 
 
+class SlowSource:
+    """A tool source whose full listing waits while ``gate`` is set (a search plugin
+    re-indexing a large collection, say): it holds up ``kernel.refresh_tools``."""
+
+    name, order = "slowsource", 950
+
+    def __init__(self) -> None:
+        self.gate: anyio.Event | None = None
+        self.entered = anyio.Event()
+
+    @hookimpl
+    async def discover(self, query: str | None) -> None:
+        if query is None and self.gate is not None:
+            self.entered.set()
+            await self.gate.wait()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_a_slow_catalog_refresh_does_not_fail_the_connection_nor_leave_it_stale() -> None:
+    """Before: ``connect_timeout_s`` bounded the catalog refresh after a (re)connection's
+    listing too. A refresh held up by another tool source failed an attempt whose server
+    had answered ("no answer within connect_timeout_s"), and the next attempt, finding
+    the listing already adopted, refreshed nothing: the catalog kept the tools of the
+    server before it restarted for good."""
+    slow = SlowSource()
+    mcp = plugin({"up": upstream_entry()}, connect_timeout_s=5)
+    async with Kernel(plugins=[mcp, slow]) as k:
+        await call_until_back(k, "up_forecast", {"city": "Oslo"}, within=60)
+        assert (await k.call("up_grow", {"name": "extra"})).content == {"result": "added extra"}
+        await eventually(lambda: k.get_tool("up_extra") is not None)
+        slow.gate = anyio.Event()
+        (pid,) = _children_running("upstream_server.py")
+        os.kill(pid, signal.SIGKILL)  # it restarts without the tool it added
+        with anyio.fail_after(60):
+            await slow.entered.wait()  # the new session listed; its refresh waits
+        await anyio.sleep(6)  # past connect_timeout_s
+        slow.gate.set()
+        await eventually(lambda: k.get_tool("up_extra") is None, 30)
+        await eventually(lambda: mcp.servers()["up"]["status"] == "up", 30)
+        r = await k.call("up_forecast", {"city": "Oslo"})
+        assert r.content == {"result": "sunny in Oslo"}
+
+
 async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

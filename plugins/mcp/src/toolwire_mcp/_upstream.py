@@ -805,7 +805,11 @@ class Upstream:
         async with contextlib.AsyncExitStack() as stack:
             with anyio.fail_after(self.plugin_cfg.connect_timeout_s):
                 await stack.enter_async_context(client)
-                await self._relist(client)
+                remote = await client.list_tools()
+            # Not bounded: the server has answered. A catalog refresh held up (by another
+            # tool source re-indexing, say) must neither fail this attempt nor be cut
+            # after the listing was adopted (the next attempt would find nothing changed).
+            await self._apply(remote)
             direct = await self._direct_caller(client)
             self._direct = direct
             self._client = client
@@ -1184,6 +1188,10 @@ class Upstream:
         else:
             with anyio.fail_after(limit):
                 remote = await client.list_tools()
+        await self._apply(remote)
+
+    async def _apply(self, remote: list[mcp_types.Tool]) -> None:
+        """Adopt a listing, cache it, refresh the kernel's catalog when it changed."""
         changed = self._adopt(remote)
         if self.plugin_cfg.cache_tools:
             dumped = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in remote]
