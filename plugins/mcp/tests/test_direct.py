@@ -405,6 +405,28 @@ async def test_a_restarted_server_that_forgot_the_session_gets_a_new_one() -> No
         server.stop()
 
 
+async def test_a_call_the_fastmcp_client_could_not_send_says_so() -> None:
+    """The server is down (the connection is refused): the call's POST never went out.
+    Before: on the FastMCP client's path the SDK's bare "Connection closed" was taken
+    for a connection lost during the call (``in_flight: true``, "the outcome is
+    unknown"), so the retry plugin refused to send again a call that never ran; the
+    direct path said ``in_flight: false``."""
+    server = HttpUpstream().start()
+    try:
+        async with gateway({"url": server.url}, protocol="legacy") as (k, _up):
+            server.stop()
+            r = await k.call("up_forecast", {"city": "Oslo"})
+            assert r.error is not None and r.error.kind == "unavailable", r.error
+            assert "the call was not sent" in r.error.message
+            assert "cannot connect to" in r.error.message
+            assert r.error.details["in_flight"] is False
+            server.start()
+            r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
+            assert r.content == {"result": "sunny in Oslo"}
+    finally:
+        server.stop()
+
+
 async def test_a_lost_list_changed_subscription_is_opened_again_and_re_lists() -> None:
     """A 2026-07-28 server's ``subscriptions/listen`` stream ends when it restarts. Its
     calls are stateless, so the session goes on; before, the subscription was not

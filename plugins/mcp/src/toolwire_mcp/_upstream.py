@@ -122,6 +122,26 @@ _REFUSALS: ContextVar[list[tuple[int, str | None]] | None] = ContextVar(
 )
 
 
+#: Set around a FastMCP-client call: the requests of it that never went out (no connection
+#: could be made). The SDK then ends the session and fails the call with a bare
+#: "Connection closed", which says nothing of whether the call was sent.
+_UNSENT: ContextVar[list[str] | None] = ContextVar("toolwire_mcp_unsent", default=None)
+
+
+class _NotingClient(httpx2.AsyncClient):
+    """The MCP transport's HTTP client, noting for the call in progress (``_UNSENT``) a
+    request that could not be sent: no connection could be made, so nothing ran."""
+
+    async def send(self, request: httpx2.Request, *args: Any, **kwargs: Any) -> httpx2.Response:
+        try:
+            return await super().send(request, *args, **kwargs)
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as exc:
+            unsent = _UNSENT.get()
+            if unsent is not None:
+                unsent.append(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+            raise
+
+
 class _OverLimit(httpx2.StreamError):
     """Raised reading a FastMCP-client answer over ``max_answer_bytes`` (the SDK then
     answers the request with a parse error quoting this text, recognized by ``_MARK``)."""
@@ -740,7 +760,7 @@ class Upstream:
 
         merged = httpx2.Headers(headers or {})
         merged.setdefault("accept-encoding", "identity")
-        return httpx2.AsyncClient(
+        return _NotingClient(
             headers=merged,
             timeout=timeout or httpx2.Timeout(30.0, read=300.0),
             auth=auth,
@@ -1450,7 +1470,9 @@ class Upstream:
     ) -> mcp_types.CallToolResult:
         """The call through the FastMCP client; an HTTP refusal raises ``HTTPRefusal``."""
         refusals: list[tuple[int, str | None]] = []
+        unsent: list[str] = []
         token = _REFUSALS.set(refusals)
+        unsent_token = _UNSENT.set(unsent)
         try:
             return await client.call_tool_mcp(
                 remote_tool,
@@ -1472,8 +1494,13 @@ class Upstream:
                 raise HTTPRefusal(*refusals[-1]) from exc
             if self._expired(client, exc, refusals):
                 raise _SessionExpired(f"MCP error {exc.code}: {exc.message}") from exc
+            if unsent and exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
+                # the session ended because this call's request could not be sent: it
+                # did not run (the direct path tells it so too)
+                raise ConnectError(unsent[-1]) from exc
             raise
         finally:
+            _UNSENT.reset(unsent_token)
             _REFUSALS.reset(token)
 
     async def _call_direct(
