@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -239,6 +240,25 @@ async def test_a_slow_catalog_refresh_does_not_fail_the_connection_nor_leave_it_
         await eventually(lambda: mcp.servers()["up"]["status"] == "up", 30)
         r = await k.call("up_forecast", {"city": "Oslo"})
         assert r.content == {"result": "sunny in Oslo"}
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+async def test_a_cancelled_start_leaves_no_server_process_or_supervisor(tmp_path: Path) -> None:
+    """The kernel does not run the shutdown of a plugin whose startup was cancelled (or
+    failed). Before: the plugin's supervisors went on (an `async with` around a start
+    cut by a timeout, say), and with them the servers they started: a stdio process
+    that outlived the kernel, restarted with backoff for as long as the loop ran."""
+    script = tmp_path / "mute_server.py"
+    script.write_text("import time\ntime.sleep(600)\n")
+    entry = {"command": sys.executable, "args": [str(script)], "include": ["forecast"]}
+    k = Kernel(plugins=[plugin({"mute": entry}, connect_timeout_s=60)])
+    with anyio.move_on_after(3) as scope:
+        await k.start()  # waits for the first connection attempt: cut short
+    assert scope.cancelled_caught
+    await eventually(lambda: not _children_running("mute_server.py"), 30)
+    await anyio.sleep(1)  # no supervisor left to start it again
+    assert not _children_running("mute_server.py")
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "toolwire-mcp:mute"]
 
 
 async def test_a_tools_list_that_goes_unanswered_keeps_the_session_and_its_tools(

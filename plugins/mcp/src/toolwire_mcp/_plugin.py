@@ -78,11 +78,17 @@ class MCPPlugin:
             up = Upstream(name, cfg, self.config, kernel, self._refresh)
             await up.load_known_tools()
             self._upstreams[name] = up
-        for up in self._upstreams.values():
-            up.start()
-        with anyio.move_on_after(self.config.connect_timeout_s + 1.0):
+        try:
             for up in self._upstreams.values():
-                await up.first_attempt.wait()
+                up.start()
+            with anyio.move_on_after(self.config.connect_timeout_s + 1.0):
+                for up in self._upstreams.values():
+                    await up.first_attempt.wait()
+        except BaseException:
+            # Cancelled (or failed) here, the kernel does not run this plugin's shutdown:
+            # the supervisors and the servers they started would outlive the kernel.
+            await self.shutdown()
+            raise
         for up in self._upstreams.values():
             if up.status != "up":
                 log.warning(
