@@ -119,6 +119,53 @@ def test_stdio_stdout_carries_only_protocol_frames(tmp_path: Path) -> None:
     assert (tmp_path / ".toolwire" / "state.db").exists()  # embedded defaults
 
 
+CHATTY = """
+import sys
+from toolwire import tool
+
+print("chatty: loading", flush=True)  # output while the kernel is built ...
+print("chatty: buffered")  # ... and some still in stdout's buffer when serving starts
+sys.stdout.write("chatty: no newline")
+
+
+@tool
+def hello(name: str) -> str:
+    \"\"\"Say hello.\"\"\"
+    return "hi " + name
+"""
+
+
+def test_stdio_output_while_the_kernel_is_built_goes_to_stderr(tmp_path: Path) -> None:
+    """Before: stdout was kept for frames only while serving, so a tool module printing as
+    it was imported (or a plugin as it started) wrote ahead of the first frame, and the
+    client read a line that was no JSON-RPC message."""
+    (tmp_path / "chatty.py").write_text(CHATTY)
+    write_config(
+        tmp_path / "toolwire.toml", {"enabled_plugins": []}, {"tools": {"modules": ["chatty"]}}
+    )
+    frames = [
+        INIT,
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        rpc(2, "tools/call", {"name": "hello", "arguments": {"name": "x"}}),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        input="".join(json.dumps(f) + "\n" for f in frames).encode(),
+        capture_output=True,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert b"chatty" not in proc.stdout, proc.stdout.decode()
+    out = [json.loads(line) for line in proc.stdout.decode().splitlines()]  # every line is JSON
+    assert [m.get("id") for m in out] == [1, 2]
+    assert out[1]["result"]["structuredContent"] == {"result": "hi x"}
+    err = proc.stderr.decode()
+    assert "chatty: loading" in err and "chatty: buffered" in err and "no newline" in err
+
+
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_stdio_reads_requests_from_a_file_and_ends_at_its_end(tmp_path: Path, loop: str) -> None:
     """Before: stdin from a file or /dev/null aborted the process under uvloop (SIGABRT,

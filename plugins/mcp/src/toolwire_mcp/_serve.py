@@ -996,6 +996,39 @@ _UNANSWERED = (
 )
 
 
+#: The protocol's stdout while ``stdout_for_frames`` holds it (fd 1 then points at stderr).
+_CLAIMED_STDOUT: int | None = None
+
+
+@contextlib.contextmanager
+def stdout_for_frames() -> Iterator[None]:
+    """Keep stdout for the protocol's frames from now on: fd 1 points at stderr meanwhile.
+
+    ``toolwire serve`` over stdio holds it from before the kernel is built until
+    the kernel is closed, so output while tool modules are imported, plugins
+    start or upstreams connect (a ``print()`` at import, a chatty library) goes
+    to stderr too, not ahead of the first frame; ``run_server`` alone covers
+    only the serving itself.
+    """
+    global _CLAIMED_STDOUT
+    if _CLAIMED_STDOUT is not None:
+        yield
+        return
+    with contextlib.suppress(ValueError, OSError):
+        sys.stdout.flush()
+    wire = os.dup(1)
+    os.dup2(2, 1)
+    _CLAIMED_STDOUT = wire
+    try:
+        yield
+    finally:
+        _CLAIMED_STDOUT = None
+        with contextlib.suppress(ValueError, OSError):
+            sys.stdout.flush()  # stray output still buffered goes to stderr too
+        os.dup2(wire, 1)
+        os.close(wire)
+
+
 class _StdoutFrames:
     """The protocol's stdout: frames go to a private copy of fd 1, stray output to stderr.
 
@@ -1005,7 +1038,8 @@ class _StdoutFrames:
     """
 
     def __init__(self) -> None:
-        self._wire = os.dup(1)
+        self._saved = os.dup(1)  # what fd 1 is now: stdout, or stderr under stdout_for_frames
+        self._wire = os.dup(_CLAIMED_STDOUT if _CLAIMED_STDOUT is not None else 1)
         os.dup2(2, 1)
         self._lock = anyio.Lock()
         #: ids of the requests read and not answered yet (for the end of input)
@@ -1063,9 +1097,10 @@ class _StdoutFrames:
         """Writes are unbuffered."""
 
     def restore(self) -> None:
-        """Point fd 1 back at the wire."""
+        """Point fd 1 back where it pointed before."""
         sys.stdout.flush()
-        os.dup2(self._wire, 1)
+        os.dup2(self._saved, 1)
+        os.close(self._saved)
         os.close(self._wire)
 
 
@@ -1275,7 +1310,14 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
 
     found = await _stdin_reader()
     if found is None:
-        await mcp.run_stdio_async(show_banner=False)
+        if _CLAIMED_STDOUT is None:
+            await mcp.run_stdio_async(show_banner=False)
+            return
+        os.dup2(_CLAIMED_STDOUT, 1)  # the SDK writes its frames to fd 1
+        try:
+            await mcp.run_stdio_async(show_banner=False)
+        finally:
+            os.dup2(2, 1)
         return
     reader, feeder = found
     out = _StdoutFrames()

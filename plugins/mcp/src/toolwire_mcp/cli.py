@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import logging
 import sys
@@ -148,24 +149,26 @@ async def _serve(args: argparse.Namespace) -> int:
     serve_log = logging.getLogger("toolwire.serve")
     if serve_log.getEffectiveLevel() > logging.INFO:
         serve_log.setLevel(logging.INFO)  # lifecycle lines (ready, draining) always show
-    from ._serve import route_foreign_logs, run_server
+    from ._serve import route_foreign_logs, run_server, stdout_for_frames
 
     route_foreign_logs()  # before the kernel starts: upstreams connect during its startup
     if scfg.transport == "stdio" and _stdin_is_a_terminal():
         # someone typed `toolwire serve` by hand: say why it sits there
         serve_log.info(TERMINAL_HINT)
-    kernel = build_cli_kernel(cfg)
-
-    async with kernel:
-        try:
-            await run_server(kernel, scfg)
-        except ConfigError as exc:
-            if exc.file is not None or not (exc.key or "").startswith("server."):
-                raise
-            # a [server] key the server found wrong (the path a plugin's route clashes
-            # with, a port taken): name where that value came from
-            flag = str(exc.key).removeprefix("server.")
-            where = "<command line>" if getattr(args, flag, None) is not None else cfg.path
-            raise ConfigError(exc.detail, file=where or "<defaults+env>", key=exc.key) from exc
+    # Over stdio, stdout carries protocol frames only, from before the tool modules are
+    # imported to after the kernel is closed: stray output meanwhile goes to stderr.
+    with stdout_for_frames() if scfg.transport == "stdio" else contextlib.nullcontext():
+        kernel = build_cli_kernel(cfg)
+        async with kernel:
+            try:
+                await run_server(kernel, scfg)
+            except ConfigError as exc:
+                if exc.file is not None or not (exc.key or "").startswith("server."):
+                    raise
+                # a [server] key the server found wrong (the path a plugin's route clashes
+                # with, a port taken): name where that value came from
+                flag = str(exc.key).removeprefix("server.")
+                where = "<command line>" if getattr(args, flag, None) is not None else cfg.path
+                raise ConfigError(exc.detail, file=where or "<defaults+env>", key=exc.key) from exc
     serve_log.info("toolwire stopped; the kernel is closed")
     return 0
