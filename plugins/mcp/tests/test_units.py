@@ -148,6 +148,25 @@ def test_a_token_no_client_can_send_is_refused_without_quoting_it() -> None:
     assert resolve_auth_token(ServeConfig(), {"TOOLS_AUTH_TOKEN": "two words"}) == "two words"
 
 
+def test_a_token_beyond_ascii_is_refused_without_quoting_it() -> None:
+    """Before: a token such as 's3cret-pässwort' was taken, and every client got 401: the
+    server reads header bytes as Latin-1, curl sends UTF-8, Python's clients refuse."""
+    from toolwire_mcp._serve import BearerTokenVerifier
+
+    for cfg, env, where in (
+        ({"auth_token": "s3cret-pässwort"}, {}, r"\[server\] auth_token"),
+        ({}, {"TOOLS_AUTH_TOKEN": "s3cret-🔑"}, "TOOLS_AUTH_TOKEN"),
+        ({}, {"TOOLS_AUTH_TOKEN": "s3cret\x1btok"}, "TOOLS_AUTH_TOKEN"),
+    ):
+        with pytest.raises(ValueError, match=where) as err:
+            resolve_auth_token(ServeConfig.model_validate(cfg), env)
+        assert "s3cret" not in str(err.value) and "printable ASCII" in str(err.value)
+    with pytest.raises(ValueError, match="printable ASCII"):
+        BearerTokenVerifier("s3cret-pässwort")  # create_server(auth_token=...) too
+    ok = "A-z0-9._~+/=!#$%&'*^`|"
+    assert resolve_auth_token(ServeConfig(), {"TOOLS_AUTH_TOKEN": ok}) == ok
+
+
 def test_text_rendering() -> None:
     assert render_text(ToolResult.ok("plain text")) == "plain text"
     assert render_text(ToolResult.ok({"a": 1, "b": [1, 2]})) == '{"a":1,"b":[1,2]}'

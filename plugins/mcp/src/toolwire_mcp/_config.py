@@ -503,6 +503,9 @@ def _check_token(token: str, source: str) -> None:
             "break or NUL, which no client can send (a secret read with its trailing "
             "newline?); remove it"
         )
+    problem = token_problem(token)
+    if problem is not None:
+        raise ValueError(f"the bearer token ({source}) {problem}")
 
 
 def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
@@ -510,6 +513,24 @@ def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -
     ``[server.clients]`` give tokens (see ``resolve_auth``, which this checks the same way)."""
     auth = resolve_auth(cfg, env)
     return auth.token if auth is not None else None
+
+
+def token_problem(token: str) -> str | None:
+    """Why no client could present ``token`` in an ``Authorization`` header; None when one can.
+
+    A header carries bytes, which the server reads as Latin-1: a token with
+    characters beyond ASCII never equals what a client sends (UTF-8 from curl,
+    an encoding error in Python's HTTP clients), so every request would get
+    401. The value is never quoted.
+    """
+    if token.isascii() and not any((c < " " and c != "\t") or c == "\x7f" for c in token):
+        return None
+    return (
+        "holds characters other than printable ASCII, which an HTTP header cannot carry "
+        "as they are (clients send them in UTF-8, or refuse to), so every request would "
+        "get 401; use ASCII letters, digits and punctuation (e.g. the output of "
+        "`openssl rand -hex 32`)"
+    )
 
 
 def auth_switched_off(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:

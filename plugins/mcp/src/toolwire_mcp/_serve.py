@@ -53,7 +53,7 @@ import toolwire
 from toolwire import ConfigError, Kernel, Tool, ToolResult, export_tool
 
 from ._calls import TENANT_CLAIM, ProgressSender, ServeGate, call_id_from_meta, run_call, tenant_of
-from ._config import BearerAuth, ServeConfig, auth_switched_off, resolve_auth
+from ._config import BearerAuth, ServeConfig, auth_switched_off, resolve_auth, token_problem
 from ._convert import content_blocks, result_meta, utf8_safe
 from ._fastpath import install_fast_path
 from ._guard import remember_guard_verdicts
@@ -434,6 +434,10 @@ class BearerTokenVerifier(TokenVerifier):
     ) -> None:
         super().__init__()
         entries: list[tuple[bytes, AccessToken]] = []
+        for secret in [token, *(t for t, _ in (clients or {}).values())]:
+            problem = token_problem(secret) if secret else None
+            if problem is not None:
+                raise ValueError(f"the bearer token {problem}")
         if token:
             entries.append(
                 (_digest(token), AccessToken(token="***", client_id=SHARED_CLIENT_ID, scopes=[]))
