@@ -580,6 +580,50 @@ def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert cut["_meta"][ERROR_META_KEY]["kind"] == "cancelled"
 
 
+def test_a_second_signal_ends_the_grace_period_at_once(tmp_path: Path) -> None:
+    """Before: a second Ctrl-C (or SIGTERM) during the shutdown grace period did nothing;
+    with a long grace the server sat there until it ran out."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 600}},
+    )
+    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    frames.append(rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 600}}))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
+    proc.stdin.flush()
+    try:
+        wait_until(_started(tmp_path, 1), 20)
+        proc.send_signal(signal.SIGINT)  # stdin stays open
+        err = b""
+        for line in proc.stderr:  # wait for the drain to begin
+            err += line
+            if b"draining" in line:
+                break
+        proc.send_signal(signal.SIGINT)  # Ctrl-C again
+        out, rest = proc.communicate(timeout=30)
+        err += rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    assert b"SIGINT again" in err, err.decode()
+    by_id = {m.get("id"): m for m in map(json.loads, out.decode().splitlines())}
+    cut = by_id[2]["result"]
+    assert cut["isError"] is True, cut
+    assert cut["_meta"][ERROR_META_KEY]["kind"] == "cancelled"
+
+
 async def test_an_upstream_printing_noise_does_not_flood_the_log(
     tmp_path: Path, serve_process: Any
 ) -> None:

@@ -1365,11 +1365,37 @@ async def _on_signal(
         async for sig in signals:
             name = signal.Signals(sig).name
             log.info(
-                "%s: draining (up to %.1fs for %d in-flight calls)", name, grace_s, gate.inflight
+                "%s: draining (up to %.1fs for %d in-flight calls; %s again stops now)",
+                name,
+                grace_s,
+                gate.inflight,
+                name,
             )
-            left = await gate.drain(grace_s)
+            hurried = False
+            async with anyio.create_task_group() as waiting:
+
+                async def hurry() -> None:
+                    nonlocal hurried
+                    # A second signal (Ctrl-C again) ends the grace period at once.
+                    async for again in signals:
+                        log.warning(
+                            "%s again: not waiting out the grace period for %d in-flight calls",
+                            signal.Signals(again).name,
+                            gate.inflight,
+                        )
+                        hurried = True
+                        waiting.cancel_scope.cancel()
+                        return
+
+                waiting.start_soon(hurry)
+                await gate.drain(grace_s)
+                waiting.cancel_scope.cancel()
+            left = gate.inflight
             if left:
-                log.warning("%d calls still running after %.1fs: cancelling them", left, grace_s)
+                if not hurried:
+                    log.warning(
+                        "%d calls still running after %.1fs: cancelling them", left, grace_s
+                    )
                 gate.cancel_all()  # each is answered `cancelled`, not cut off
                 await gate.settle(_CUT_SETTLE_S)
                 await anyio.sleep(_CUT_SETTLE_S / 10)  # the answers' last writes
