@@ -166,6 +166,36 @@ def test_stdio_output_while_the_kernel_is_built_goes_to_stderr(tmp_path: Path) -
     assert "chatty: loading" in err and "chatty: buffered" in err and "no newline" in err
 
 
+def test_stdio_a_line_that_is_not_utf8_is_a_parse_error_not_a_call(tmp_path: Path) -> None:
+    """Before: its bytes were replaced with U+FFFD and the call ran with arguments the
+    client never sent ("caf\\xe9" became "caf\ufffd"); over HTTP such a body is -32700."""
+    call = rpc(2, "tools/call", {"name": "echo", "arguments": {"message": "caf\u00e9"}})
+    latin1 = json.dumps(call, ensure_ascii=False).encode("latin-1")  # not UTF-8
+    note = b'{"jsonrpc": "2.0", "method": "notifications/\xff"}'
+    frames = [
+        json.dumps(INIT).encode(),
+        b'{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+    ]
+    frames += [latin1, note, json.dumps(rpc(3, "tools/call", {**call["params"]})).encode()]
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "serve"],
+        input=b"".join(f + b"\n" for f in frames),
+        capture_output=True,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    out = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    by_id = {m.get("id"): m for m in out}
+    bad = by_id[2]  # answered under its own id: the client waiting for it hears back
+    assert "result" not in bad and bad["error"]["code"] == -32700, bad
+    assert "not valid UTF-8" in bad["error"]["message"]
+    assert by_id[None]["error"]["code"] == -32700  # the notification: no id to answer
+    assert by_id[3]["result"]["structuredContent"] == {"message": "caf\u00e9"}  # still serving
+
+
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_stdio_reads_requests_from_a_file_and_ends_at_its_end(tmp_path: Path, loop: str) -> None:
     """Before: stdin from a file or /dev/null aborted the process under uvloop (SIGABRT,

@@ -1160,10 +1160,20 @@ class _StdinFrames:
                 # (the gate drains); what is still unanswered then, _run_stdio answers
                 await self._out.answered(_CUT_SETTLE_S)
                 raise StopAsyncIteration
-            text = line.decode("utf-8", errors="replace")
-            if not text.strip():
-                continue
-            problem, data = _check_frame(text)
+            problem: tuple[int, str, str | int | None] | None
+            try:
+                text = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                # JSON text is UTF-8: a line that is not must not run with its bytes
+                # replaced (HTTP answers such a body -32700 too)
+                text = line.decode("utf-8", errors="replace")
+                if not text.strip():
+                    continue
+                problem, data = _not_utf8(exc, text)
+            else:
+                if not text.strip():
+                    continue
+                problem, data = _check_frame(text)
             if problem is None:
                 self._track(data)
                 return text
@@ -1222,6 +1232,24 @@ def _response_id(text: str) -> str | int | None:
         if isinstance(rid, (str, int)) and not isinstance(rid, bool):
             return rid
     return None
+
+
+def _not_utf8(exc: UnicodeDecodeError, text: str) -> tuple[tuple[int, str, str | int | None], None]:
+    """The -32700 error of a line that is not UTF-8; ``text``: the line with its bad bytes
+    replaced, read only for the request's id, so the client waiting for it is answered."""
+    try:
+        data = pydantic_core.from_json(text)
+    except (ValueError, RecursionError):
+        data = None
+    rid = data.get("id") if isinstance(data, dict) and "method" in data else None
+    if isinstance(rid, bool) or not isinstance(rid, (str, int)):
+        rid = None
+    bad = exc.object[exc.start : exc.end].hex(" ")
+    message = (
+        f"Parse error: the line is not valid UTF-8 (bytes {bad} at offset {exc.start}); "
+        "JSON-RPC messages must be UTF-8 text, so the message was not processed"
+    )
+    return (-32700, message, rid), None
 
 
 def _check_frame(text: str) -> tuple[tuple[int, str, str | int | None] | None, Any]:
