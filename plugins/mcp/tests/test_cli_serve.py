@@ -791,6 +791,43 @@ def test_config_errors_exit_2_naming_the_key(
     assert "loop.toml" in err and "server.loop" in err and "'uvloop'" in err
 
 
+def test_an_empty_bearer_token_is_a_startup_error_not_an_open_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a $secretRef (or TOOLS_AUTH_TOKEN) set to "" served every tool without auth,
+    saying only "auth: False" in the ready line."""
+    cfg = {"transport": "http", "port": 0, "auth_token": {"$secretRef": "GATEWAY_TOKEN"}}
+    write_config(tmp_path / "toolwire.toml", {}, {"server": cfg})
+    # an empty secret: an unset ${VAR} in a compose file, an empty key in a k8s Secret
+    env = clean_env(TOOLWIRE_LOAD_PLUGINS="", GATEWAY_TOKEN="")
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=30,  # before: it served, and never ended
+        check=False,
+    )
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert "server.auth_token" in err and "set but empty" in err, err
+    assert "TOOLS_AUTH_ENABLED=false" in err  # how to mean it
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith(("TOOLWIRE_", "TOOLS_AUTH_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
+    monkeypatch.setenv("GATEWAY_TOKEN", "")
+    assert main(["--config", "toolwire.toml", "config", "check"]) == 2  # as serve would
+    assert "set but empty" in capsys.readouterr().err
+    write_config(tmp_path / "env.toml", {}, {"server": {"transport": "http"}})
+    monkeypatch.setenv("TOOLS_AUTH_TOKEN", "")
+    assert main(["--config", "env.toml", "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "TOOLS_AUTH_TOKEN" in err and "set but empty" in err, err
+
+
 def test_loop_uvloop_where_it_is_not_installed_names_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -148,6 +148,20 @@ def test_a_token_no_client_can_send_is_refused_without_quoting_it() -> None:
     assert resolve_auth_token(ServeConfig(), {"TOOLS_AUTH_TOKEN": "two words"}) == "two words"
 
 
+def test_an_empty_token_is_refused_unless_auth_is_switched_off() -> None:
+    for cfg, env in (({"auth_token": ""}, {}), ({}, {"TOOLS_AUTH_TOKEN": ""})):
+        with pytest.raises(ValueError, match="set but empty"):
+            resolve_auth_token(ServeConfig.model_validate(cfg), env)
+        off = ServeConfig.model_validate({**cfg, "auth_enabled": False})
+        assert resolve_auth_token(off, env) is None  # off, as asked
+        assert (
+            resolve_auth_token(ServeConfig.model_validate(cfg), {**env, "TOOLS_AUTH_ENABLED": "0"})
+            is None
+        )
+    both = ServeConfig.model_validate({"auth_token": ""})
+    assert resolve_auth_token(both, {"TOOLS_AUTH_TOKEN": "t"}) == "t"  # the variable fills in
+
+
 def test_a_token_beyond_ascii_is_refused_without_quoting_it() -> None:
     """Before: a token such as 's3cret-pässwort' was taken, and every client got 401: the
     server reads header bytes as Latin-1, curl sends UTF-8, Python's clients refuse."""

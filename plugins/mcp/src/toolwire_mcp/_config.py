@@ -456,8 +456,12 @@ def resolve_auth(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> Bear
     env = os.environ if env is None else env
     token = cfg.auth_token.get_secret_value() if cfg.auth_token is not None else None
     source = "[server] auth_token"
+    #: where a token was given but is empty (a $secretRef or variable set to "")
+    empty = source if token == "" else None
     if not token:
         token = env.get(AUTH_TOKEN_ENV) or None
+        if token is None and empty is None and env.get(AUTH_TOKEN_ENV) == "":
+            empty = AUTH_TOKEN_ENV
         source = AUTH_TOKEN_ENV
     raw = env.get(AUTH_ENABLED_ENV)
     if raw is not None and raw.strip() != "":
@@ -465,6 +469,15 @@ def resolve_auth(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> Bear
     elif cfg.auth_enabled is not None:
         enabled = cfg.auth_enabled
     else:
+        if token is None and empty is not None and not cfg.clients:
+            # Asked for a token and got "": serving without auth would open every tool
+            # to anyone who can connect. Off is a choice to make explicitly.
+            raise ValueError(
+                f"the bearer token ({empty}) is set but empty (a $secretRef or variable "
+                "resolved to an empty string?), so no client would need one; set the "
+                f"token, or turn auth off explicitly with {AUTH_ENABLED_ENV}=false or "
+                "[server] auth_enabled = false"
+            )
         enabled = token is not None or bool(cfg.clients)
     if not enabled:
         return None
