@@ -574,6 +574,38 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert "Exception in ASGI application" not in p.stderr
 
 
+def test_stdio_a_client_that_stops_reading_ends_the_server_cleanly(tmp_path: Path) -> None:
+    """Before: the next answer hit a broken pipe, and the server ended with exit code 1
+    and a 60-line ExceptionGroup traceback on stderr (not JSON lines)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write((json.dumps(INIT) + "\n").encode())
+        proc.stdin.flush()
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        proc.stdout.close()  # the client stops reading; stdin stays open
+        frames = [{"jsonrpc": "2.0", "method": "notifications/initialized"}]
+        frames.append(rpc(2, "tools/call", {"name": "add", "arguments": {"a": 1, "b": 2}}))
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
+            proc.stdin.flush()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()[-3000:]
+    logs = [json.loads(line) for line in err.decode().splitlines() if line.strip()]  # JSON only
+    assert any("the client stopped reading" in str(x.get("msg")) for x in logs), logs
+    assert any("kernel is closed" in str(x.get("msg")) for x in logs), logs
+
+
 def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
     tmp_path: Path, serve_process: Any
 ) -> None:

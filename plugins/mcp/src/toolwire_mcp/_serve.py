@@ -1049,6 +1049,10 @@ class _StdoutFrames:
         #: ids of the requests read and not answered yet (for the end of input)
         self._unanswered: set[str | int] = set()
         self._all_answered: anyio.Event | None = None
+        #: True once stdout failed (the client closed its end): later frames are dropped
+        self.gone = False
+        #: called once when stdout fails (the stdin reader stops, as at the end of input)
+        self.on_gone: Callable[[], None] | None = None
 
     def expect(self, request_id: str | int) -> None:
         """A request was read: its answer is awaited at the end of input."""
@@ -1080,16 +1084,34 @@ class _StdoutFrames:
         if frames:
             data = "".join(frames).encode("utf-8")
             async with self._lock:
-                await anyio.to_thread.run_sync(self._write_all, data)
+                await self._send(data)
 
     async def write(self, text: str) -> None:
         data = text.encode("utf-8")
         async with self._lock:
-            await anyio.to_thread.run_sync(self._write_all, data)
+            await self._send(data)
         if self._unanswered:
             rid = _response_id(text)
             if rid is not None:
                 self.forget(rid)
+
+    async def _send(self, data: bytes) -> None:
+        """Write ``data`` to the wire; once the wire has failed, drop it."""
+        if self.gone:
+            return
+        try:
+            await anyio.to_thread.run_sync(self._write_all, data)
+        except OSError as exc:
+            # The client closed its end of our stdout (or died): nobody hears answers
+            # any more. Stop as at the end of input rather than end with a traceback.
+            self.gone = True
+            log.warning(
+                "stdio: cannot write to stdout (%s): the client stopped reading; stopping "
+                "as at the end of input (answers still due are dropped)",
+                exc.strerror or exc,
+            )
+            if self.on_gone is not None:
+                self.on_gone()
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -1126,13 +1148,26 @@ class _StdinFrames:
         self._out = out
         self._gate = gate
         self._grace_s = grace_s
+        self._reading: anyio.CancelScope | None = None
+        out.on_gone = self._stop_reading
+
+    def _stop_reading(self) -> None:
+        """stdout failed: the line being waited for is not waited for (end of input)."""
+        if self._reading is not None:
+            self._reading.cancel()
 
     def __aiter__(self) -> _StdinFrames:
         return self
 
     async def __anext__(self) -> str:
         while True:
-            line = await self._readline()
+            line: bytes | None = b""
+            if not self._out.gone:
+                with anyio.CancelScope() as self._reading:
+                    line = await self._readline()
+                self._reading = None
+                if self._out.gone:
+                    line = b""  # nobody reads our answers: stop as at the end of input
             if line is None:
                 # too long to read: skipped whole, and answered (its id is unknown)
                 log.warning("stdio: rejected a frame of more than %d bytes", _MAX_FRAME)
