@@ -606,6 +606,45 @@ def test_stdio_a_client_that_stops_reading_ends_the_server_cleanly(tmp_path: Pat
     assert any("kernel is closed" in str(x.get("msg")) for x in logs), logs
 
 
+def test_stdio_calls_finishing_within_the_grace_period_are_answered(tmp_path: Path) -> None:
+    """Before: on SIGTERM the stdio transport stopped as soon as the last call left the
+    kernel, before the SDK had written its answer: the client got the -32000 "still
+    unanswered when the shutdown grace period ended" error for a call that had finished."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 30}},
+    )
+    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    frames += [
+        rpc(i, "tools/call", {"name": "nap", "arguments": {"seconds": 0.5}}) for i in range(2, 12)
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
+    proc.stdin.flush()
+    try:
+        wait_until(_started(tmp_path, 10), 20)
+        proc.send_signal(signal.SIGTERM)  # stdin stays open
+        wait_until(lambda: proc.poll() is not None, 30)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    by_id = {m.get("id"): m for m in map(json.loads, out.decode().splitlines())}
+    for i in range(2, 12):
+        assert by_id[i].get("result", {}).get("structuredContent") == {"result": "rested"}, by_id[i]
+
+
 def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
     tmp_path: Path, serve_process: Any
 ) -> None:

@@ -86,9 +86,9 @@ class ServeGate:
     async def settle(self, timeout_s: float) -> int:
         """Wait up to ``timeout_s`` for the calls in flight to end; returns those left."""
         if self.inflight:
-            self._idle = anyio.Event()
+            idle = self._idle_event()
             with anyio.move_on_after(timeout_s):
-                await self._idle.wait()
+                await idle.wait()
         return self.inflight
 
     @staticmethod
@@ -135,10 +135,17 @@ class ServeGate:
         """Refuse new calls and wait up to ``grace_s`` for in-flight ones; returns those left."""
         self.draining = True
         if self.inflight:
-            self._idle = anyio.Event()
+            idle = self._idle_event()
             with anyio.move_on_after(grace_s):
-                await self._idle.wait()
+                await idle.wait()
         return self.inflight
+
+    def _idle_event(self) -> anyio.Event:
+        """The event set when no call is in flight, shared by all who wait (a signal and
+        the end of stdin may drain at once: a second event would orphan the first)."""
+        if self._idle is None or self._idle.is_set():
+            self._idle = anyio.Event()
+        return self._idle
 
 
 def _fail(

@@ -887,8 +887,13 @@ async def run_server(
     async with anyio.create_task_group() as tg:
         stop: Callable[[], Awaitable[None]]
         if cfg.transport == "stdio":
+            outs: list[_StdoutFrames] = []
 
             async def stop_stdio() -> None:
+                # The gate is idle once the calls have left the kernel; their answers are
+                # written after that: let them out before the transport stops.
+                for out in outs:
+                    await out.answered(_CUT_SETTLE_S)
                 tg.cancel_scope.cancel()
 
             stop = stop_stdio
@@ -906,7 +911,7 @@ async def run_server(
             mcp = create_server(
                 kernel, name=cfg.name, instructions=cfg.instructions, auth_token=None, gate=gate
             )
-            await _run_stdio(mcp, gate, cfg.shutdown_grace_s)
+            await _run_stdio(mcp, gate, cfg.shutdown_grace_s, outs)
             tg.cancel_scope.cancel()
             return
 
@@ -1067,7 +1072,8 @@ class _StdoutFrames:
     async def answered(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` until every request read has been answered."""
         if self._unanswered:
-            self._all_answered = anyio.Event()
+            if self._all_answered is None or self._all_answered.is_set():
+                self._all_answered = anyio.Event()  # shared by concurrent waiters
             with anyio.move_on_after(timeout_s):
                 await self._all_answered.wait()
 
@@ -1370,8 +1376,11 @@ async def _stdin_reader() -> tuple[asyncio.StreamReader, asyncio.Task[None] | No
     return reader, None
 
 
-async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
-    """``FastMCP.run_stdio_async`` with toolwire's stdin/stdout framing."""
+async def _run_stdio(
+    mcp: FastMCP, gate: ServeGate, grace_s: float, outs: list[_StdoutFrames] | None = None
+) -> None:
+    """``FastMCP.run_stdio_async`` with toolwire's stdin/stdout framing; ``outs`` gets the
+    stdout it writes to (for a shutdown to wait for the answers still due)."""
     from fastmcp.server.context import reset_transport, set_transport
     from mcp.server.stdio import stdio_server
 
@@ -1388,6 +1397,8 @@ async def _run_stdio(mcp: FastMCP, gate: ServeGate, grace_s: float) -> None:
         return
     reader, feeder = found
     out = _StdoutFrames()
+    if outs is not None:
+        outs.append(out)
     token = set_transport("stdio")
     try:
         async with mcp._lifespan_manager():
@@ -1451,9 +1462,10 @@ async def _on_signal(
                         return
 
                 waiting.start_soon(hurry)
-                await gate.drain(grace_s)
+                left = await gate.drain(grace_s)
                 waiting.cancel_scope.cancel()
-            left = gate.inflight
+            if hurried:
+                left = gate.inflight
             if left:
                 if not hurried:
                     log.warning(
