@@ -11,6 +11,7 @@ import logging
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -334,3 +335,41 @@ async def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCapt
             plugin.classify(exc)
             msgs = budget_warnings(caplog)
     assert len(msgs) == 2 and "2 more times since the last warning" in msgs[1]
+
+
+async def test_a_failure_inside_a_lease_spends_one_budget_not_two(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tool with patterns of its own fails inside its provider's lease: the lease
+    classifies the failure, with the tool's patterns. Before, ``on_error`` searched the
+    same patterns again on the same evidence, a second budget for the one failure (5
+    searches given up where the 0.12 s budget allows 3)."""
+    from toolwire import CallContext, Tool
+    from toolwire_ratelimit import _classify, lease_key
+
+    started: list[str] = []
+    search = _classify.TextRegex.matches
+
+    def counting(self: Any, text: str, budget: Any = None) -> bool:
+        if self.timeout_s is not None and (budget is None or budget.left > 0):
+            started.append(self.pattern_id)
+        return search(self, text, budget)
+
+    monkeypatch.setattr(_classify.TextRegex, "matches", counting)
+    cfg = RateLimitConfig(
+        pattern_timeout_seconds=0.05,
+        pattern_budget_seconds=0.12,
+        providers={"acme": {}},
+        tools={"search": {"provider": "acme", "rate_limit_patterns": slow_patterns(20)}},
+    )
+
+    async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+        async with lease_key(ctx, "acme"):
+            raise hostile("b", status=500)
+
+    tool = Tool(name="search", description="d", input_schema={"type": "object"}, executor=executor)
+    async with Kernel(tools=[tool], plugins=[RateLimitPlugin(cfg)]) as kernel:
+        result = await kernel.call("search", {})
+    assert result.error is not None and result.error.kind == "tool_error"
+    # a search given up lasts at least its 0.05 s: one budget of 0.12 s starts at most 3
+    assert 1 <= len(started) <= 3, started

@@ -413,14 +413,18 @@ class RateLimitPlugin:
     ) -> tuple[Classification, Evidence]:
         """(classification, evidence) of an exception a tool raised inside a lease."""
         ev = gather(None, exc, max_body=self.settings.max_body_bytes)
-        tool = None
-        if lease is not None and lease.ctx is not None:
-            current = lease.ctx.current_tool  # the tool running now, also after a Fallback
-            name = current.name if current is not None else lease.ctx.call.name
-            if self.provider_of(name) in (None, provider):
-                tool = name
+        tool = self._lease_tool(lease, provider)
         c = self.classifier.classify(ev, self._scopes(tool, provider), now=self._now())
         return c, ev
+
+    def _lease_tool(self, lease: KeyLease | None, provider: str | None) -> str | None:
+        """The tool whose patterns classify a failure inside ``lease``: the tool running
+        now (also after a Fallback) when it belongs to ``provider`` or to none."""
+        if lease is None or lease.ctx is None:
+            return None
+        current = lease.ctx.current_tool
+        name = current.name if current is not None else lease.ctx.call.name
+        return name if self.provider_of(name) in (None, provider) else None
 
     def _details(
         self, c: Classification, ev: Evidence | None, provider: str | None, alias: str | None
@@ -486,6 +490,7 @@ class RateLimitPlugin:
             rec = self._call_state(lease.ctx).get(lease.attempt or 0)
             if rec is not None:
                 rec["c"], rec["ev"] = c, ev
+                rec["tool"] = self._lease_tool(lease, lease.provider)  # whose patterns it had
                 if suspended_s is not None:
                     rec["suspended_until"] = self._now() + suspended_s
         if not (self.redactor and (self.redactor.contains(ev.text) or self._exc_has_secret(exc))):
@@ -579,7 +584,10 @@ class RateLimitPlugin:
         elif str(error.kind) in CLASSIFIABLE:
             if rec is not None and rec.get("c") is not None:
                 c, ev = rec["c"], rec["ev"]
-                if call.name in self._tool_scopes:
+                # Classified anew only when the lease's classification lacked this tool's
+                # patterns: the same search again would spend a second pattern budget on
+                # the one failure (pattern_budget_seconds bounds a failure's, not a pass's).
+                if call.name in self._tool_scopes and rec.get("tool") != call.name:
                     c = self.classifier.classify(
                         ev, self._scopes(call.name, provider), now=self._now()
                     )
