@@ -31,7 +31,13 @@ from toolwire_mcp import (
     resolve_auth,
 )
 from toolwire_mcp._config import auth_switched_off
-from toolwire_mcp._serve import _Uvicorn, bind_socket, plugin_http_routes
+from toolwire_mcp._serve import (
+    SHARED_CLIENT_ID,
+    BearerTokenVerifier,
+    _Uvicorn,
+    bind_socket,
+    plugin_http_routes,
+)
 from toolwire_mcp.cli import serve_config
 
 pytestmark = pytest.mark.anyio
@@ -114,6 +120,46 @@ async def test_tokens_of_no_client_get_401_and_clients_alone_turn_auth_on() -> N
                 assert r.headers["www-authenticate"].lower().startswith("bearer")
         assert (await call(url, "bob-token-2", "c"))["tenant"] == "team-b"
     assert runs == ["team-b"]
+
+
+async def test_a_session_opened_with_one_token_is_refused_to_every_other() -> None:
+    """The MCP SDK lets into a handshake-era session only requests whose token has the
+    client id of the one that opened it. Before, the shared token's client id was
+    ``toolwire-bearer``, a valid client name: a client so named was let into the shared
+    token's sessions (and its holders into the client's)."""
+    headers = {"accept": "application/json, text/event-stream"}
+    version = {"mcp-protocol-version": "2025-11-25"}
+    clients = {"toolwire-bearer": {"token": "named-like-it"}, "carol": {"token": "carol-token"}}
+    runs: list[str | None] = []
+    async with (
+        Kernel(tools=[whoami_tool(runs)]) as kernel,
+        serving(kernel, fast_path=False, auth_token="shared-token-0", clients=clients) as url,
+        httpx.AsyncClient(timeout=10, headers=headers) as http,
+    ):
+
+        async def post(token: str, body: dict[str, Any], sid: str | None = None) -> httpx.Response:
+            more = {"mcp-session-id": sid, **version} if sid else {}
+            auth = {"authorization": f"Bearer {token}"}
+            return await http.post(url, json=body, headers={**auth, **more})
+
+        init = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        }
+        r = await post(
+            "shared-token-0", {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": init}
+        )
+        sid = r.headers["mcp-session-id"]
+        done = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert (await post("shared-token-0", done, sid)).status_code == 202
+        whoami = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "whoami"}}
+        for token in ("carol-token", "named-like-it"):
+            assert (await post(token, whoami, sid)).status_code == 404, token
+        assert (await post("shared-token-0", whoami, sid)).status_code == 200
+    assert runs == [None]
+    with pytest.raises(ValueError, match="the shared token's client id"):
+        BearerTokenVerifier(clients={SHARED_CLIENT_ID: ("some-token", "t")})
 
 
 def resolved(env: dict[str, str] | None = None, **cfg: Any) -> BearerAuth | None:

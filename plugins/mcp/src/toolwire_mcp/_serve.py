@@ -416,7 +416,10 @@ class KernelProvider(Provider):
 
 
 #: ``AccessToken.client_id`` of the shared token (``[server] auth_token``, ``TOOLS_AUTH_TOKEN``).
-SHARED_CLIENT_ID = "toolwire-bearer"
+#: No client name can be it (``:`` is not allowed in one): the MCP SDK binds a session to
+#: the client id of the token that opened it, so a client named as the shared token would
+#: be let into the sessions of the shared token's holders, and they into its.
+SHARED_CLIENT_ID = "toolwire:shared-token"
 
 
 class BearerTokenVerifier(TokenVerifier):
@@ -445,6 +448,11 @@ class BearerTokenVerifier(TokenVerifier):
         for name, (secret, tenant) in (clients or {}).items():
             if not secret:
                 raise ValueError(f"the bearer token of client {name!r} must not be empty")
+            if name == SHARED_CLIENT_ID:
+                raise ValueError(
+                    f"a client may not be named {name!r}: that is the shared token's client "
+                    "id, and the two would share their sessions; choose another name"
+                )
             grant = AccessToken(
                 token="***", client_id=name, scopes=[], claims={TENANT_CLAIM: tenant}
             )
