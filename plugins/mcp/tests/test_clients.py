@@ -29,6 +29,7 @@ from toolwire_mcp import (
     ServeConfig,
     create_http_app,
     resolve_auth,
+    resolve_auth_token,
 )
 from toolwire_mcp._config import auth_switched_off
 from toolwire_mcp._serve import (
@@ -180,6 +181,20 @@ def test_resolution_gives_each_client_its_tenant() -> None:
     assert resolved({"TOOLS_AUTH_ENABLED": "false"}, clients=CLIENTS) is None
     warning = auth_switched_off(ServeConfig(clients=CLIENTS), {"TOOLS_AUTH_ENABLED": "false"})
     assert warning is not None and "anyone who can connect" in warning
+
+
+def test_the_single_token_resolver_refuses_a_config_with_clients() -> None:
+    """``resolve_auth_token`` answers one token, or None for "auth is off". Before, with
+    only ``[server.clients]`` it answered None: ``create_server(kernel,
+    auth_token=resolve_auth_token(cfg))`` then served every caller without a token."""
+    for cfg in ({"clients": CLIENTS}, {"auth_token": "shared-token-0", "clients": CLIENTS}):
+        with pytest.raises(ValueError, match=r"call resolve_auth\(config\) instead"):
+            resolve_auth_token(ServeConfig(transport="http", **cfg), {})
+    assert resolve_auth_token(ServeConfig(transport="http", auth_token="shared-token-0"), {}) == (
+        "shared-token-0"
+    )
+    off = {"TOOLS_AUTH_ENABLED": "false"}
+    assert resolve_auth_token(ServeConfig(transport="http", clients=CLIENTS), off) is None
 
 
 @pytest.mark.parametrize(

@@ -522,10 +522,24 @@ def _check_token(token: str, source: str) -> None:
 
 
 def resolve_auth_token(cfg: ServeConfig, env: Mapping[str, str] | None = None) -> str | None:
-    """The shared bearer token HTTP clients may present, or None when auth is off or only
-    ``[server.clients]`` give tokens (see ``resolve_auth``, which this checks the same way)."""
+    """The bearer token HTTP clients must present, or None when auth is off (checked as
+    ``resolve_auth`` checks it).
+
+    Raises ``ValueError`` when ``[server.clients]`` give tokens of their own, which one
+    token cannot carry: None would read as "auth is off" (``create_server`` would serve
+    without any token) and a shared token alone would refuse every client. Use
+    ``resolve_auth``, whose ``BearerAuth`` ``create_server`` and ``create_http_app`` take.
+    """
     auth = resolve_auth(cfg, env)
-    return auth.token if auth is not None else None
+    if auth is None:
+        return None
+    if auth.clients:
+        raise ValueError(
+            "[server.clients] give clients bearer tokens of their own, which one token "
+            "cannot carry: call resolve_auth(config) instead, and pass the BearerAuth it "
+            "returns as auth_token to create_server / create_http_app"
+        )
+    return auth.token
 
 
 def token_problem(token: str) -> str | None:
