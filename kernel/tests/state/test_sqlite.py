@@ -134,6 +134,71 @@ async def test_a_full_disk_and_a_read_only_file_say_what_to_do(tmp_path: Path) -
         assert (await store.set("k", 3)).value == 3
 
 
+class _CommitFault:
+    """The store's connection, whose ``COMMIT`` fails with ``error``: once, after it ran
+    (``commit_first``), or every time, instead of it."""
+
+    def __init__(self, conn: sqlite3.Connection, error: sqlite3.Error, commit_first: bool):
+        self._conn, self._error, self._commit_first = conn, error, commit_first
+        self.armed = True
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._conn, name)
+
+    def execute(self, sql: str, *args: object) -> sqlite3.Cursor:
+        if sql == "COMMIT" and self.armed:
+            if self._commit_first:
+                self.armed = False
+                self._conn.execute(sql, *args)
+            raise self._error
+        return self._conn.execute(sql, *args)
+
+
+def _sqlite_error(message: str, name: str) -> sqlite3.OperationalError:
+    error = sqlite3.OperationalError(message)
+    error.sqlite_errorname = name  # type: ignore[attr-defined]
+    return error
+
+
+async def test_a_commit_that_fails_after_its_frames_were_written_may_have_been_applied(
+    tmp_path: Path,
+) -> None:
+    """In WAL mode COMMIT writes the transaction's frames to the -wal file, then indexes
+    them in the -shm file; growing the -shm file on a full file system fails with "disk
+    I/O error" after the commit frame is on disk, and the next process to open the file
+    after a crash recovers the write. Before, every sqlite3 error was a
+    StateNotAppliedError ("nothing was written"), so the idempotency plugin left such a
+    claim standing. (Seen on a full tmpfs; here the COMMIT runs, then fails.)"""
+    async with SQLiteStore(tmp_path / "s.db") as store:
+        conn = store._conn
+        assert conn is not None
+        store._conn = _CommitFault(  # type: ignore[assignment]
+            conn, _sqlite_error("disk I/O error", "SQLITE_IOERR_SHMSIZE"), commit_first=True
+        )
+        with pytest.raises(StateStoreError) as info:
+            await store.set_if_absent("claim", 1, owner="me")
+        assert not isinstance(info.value, StateNotAppliedError)
+        message = str(info.value)
+        assert "failed while committing a write: disk I/O error" in message
+        assert "may or may not have been applied" in message
+        store._conn = conn
+        entry = await store.get_entry("claim")
+        assert entry is not None and entry.owner == "me"  # it was
+
+        # A COMMIT refused for a full disk or a lock (also on the worker thread, after
+        # the inline attempt met it) wrote nothing: still "not applied".
+        for error in (
+            _sqlite_error("database or disk is full", "SQLITE_FULL"),
+            _sqlite_error("database is locked", "SQLITE_BUSY"),
+        ):
+            store._conn = _CommitFault(conn, error, commit_first=False)  # type: ignore[assignment]
+            with pytest.raises(StateNotAppliedError):
+                await store.set_if_absent("other", 1, owner="me")
+            store._conn = conn
+            assert await store.get_entry("other") is None
+            assert not conn.in_transaction
+
+
 def _modes(folder: Path, prefix: str) -> dict[str, int]:
     return {
         f.name: stat.S_IMODE(f.stat().st_mode)

@@ -134,6 +134,22 @@ class _WouldWait(Exception):
     """An inline operation met a lock before writing anything: run it on the thread."""
 
 
+class _CommitFailed(Exception):
+    """``COMMIT`` failed in a way that does not prove the write was rolled back.
+
+    In WAL mode SQLite appends the transaction's frames, the commit frame last, to
+    the -wal file before it records them in the -shm index. When that last step
+    fails (growing the -shm file on a full file system: "disk I/O error") the commit
+    frame is on disk: the next process to open the file after a crash recovers the
+    write from the -wal file. Only a busy/locked ``COMMIT`` (the transaction stays
+    open, and is rolled back) and a full disk (a frame could not be written) are known
+    to leave nothing behind."""
+
+    def __init__(self, error: sqlite3.Error) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 def _vacuum(conn: sqlite3.Connection, pragma: str) -> None:
     """Give freed pages back to the file system; best effort (another writer may hold
     the lock: the pages are given back after a later purge)."""
@@ -344,6 +360,17 @@ class SQLiteStore(StateStore):
             "writable toolwire state database, or fix the state URL (`state` in toolwire.toml, or TOOLWIRE_STATE)"
         )
 
+    def _commit_error(self, exc: sqlite3.Error) -> StateStoreError:
+        """A ``COMMIT`` that failed after its write may have reached the file (see
+        ``_CommitFailed``): a plain ``StateStoreError``, never ``StateNotAppliedError``."""
+        return StateStoreError(
+            f"sqlite state store at {self.path} failed while committing a write: {exc}; it "
+            "may or may not have been applied (SQLite can recover it from the -wal file when "
+            "the database is next opened): read the key before acting on it. Check the file "
+            f"system holding {os.path.dirname(os.path.abspath(self.path))} (free space, "
+            "errors)"
+        )
+
     def _connection(self) -> sqlite3.Connection:
         """The open connection (call with ``_thread_lock`` held)."""
         conn = self._conn
@@ -365,6 +392,13 @@ class SQLiteStore(StateStore):
         counters only (``_writes``, ``_wal_frames``)."""
         try:
             return fn(conn)
+        except _CommitFailed as failed:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            raise self._commit_error(failed.error) from failed.error
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 try:
@@ -454,10 +488,18 @@ class SQLiteStore(StateStore):
                 purged = conn.execute(
                     f"DELETE FROM {_TABLE} WHERE expires_at <= ?", (self._clock(),)
                 ).rowcount
-            conn.execute("COMMIT")
+            try:
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if not (_is_locked(exc) or getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL"):
+                    raise _CommitFailed(exc) from exc
+                raise  # nothing of it was written: rolled back below
         except BaseException:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass  # the error that ended the transaction is the one to report
             raise
         if purged:  # after COMMIT: the write stands whatever the vacuum does
             _vacuum(conn, f"PRAGMA incremental_vacuum({_VACUUM_PAGES});")
