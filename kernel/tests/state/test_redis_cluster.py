@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-from toolwire.state import RedisStore, StateStoreError, open_store
+from toolwire.state import RedisStore, StateNotAppliedError, StateStoreError, open_store
 from toolwire.state._redis import CHANNEL_PREFIX
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
@@ -147,19 +147,23 @@ async def test_an_exhausted_cluster_pool_names_the_per_node_limit(
 ) -> None:
     async with RedisStore(fresh_redis_cluster_url + "?max_connections=2") as store:
         await store.set("hot", 0)
-        errors: list[str] = []
+        errors: list[StateStoreError] = []
 
         async def bump() -> None:
             try:
                 await store.incr("hot")
             except StateStoreError as exc:
-                errors.append(str(exc))
+                errors.append(exc)
 
         async with anyio.create_task_group() as tg:
             for _ in range(40):
                 tg.start_soon(bump)
+        # the full pool fails before the command is sent to the node: nothing applied,
+        # and the store says so (StateNotAppliedError), as docs/state.md does
+        assert await store.get("hot") == 40 - len(errors)
     assert errors, "40 concurrent calls on 2 connections should exhaust the pool"
-    assert all("per cluster node; a cluster's pool does not queue" in e for e in errors)
+    assert all("per cluster node; a cluster's pool does not queue" in str(e) for e in errors)
+    assert all(isinstance(e, StateNotAppliedError) for e in errors)
 
 
 async def test_a_cluster_client_never_resends_a_command(fresh_redis_cluster_url: str) -> None:

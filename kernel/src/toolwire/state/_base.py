@@ -82,10 +82,11 @@ class StateNotAppliedError(StateStoreError):
     transaction is rolled back (but not a ``COMMIT`` that failed other than for a
     lock or a full disk: its frames may be in the -wal file); a single Redis server
     that could not be reached (connection refused, or every pooled connection busy),
-    the request never sent. Any other ``StateStoreError`` from a write may or may
-    not have been applied (on SQLite, such a ``COMMIT``; on Redis, a connection that
-    broke after the request was sent, a timeout, any failure of a Redis Cluster):
-    read the key before acting on it.
+    the request never sent; a Redis Cluster node whose pool is full. Any other
+    ``StateStoreError`` from a write may or may not have been applied (on SQLite,
+    such a ``COMMIT``; on Redis, a connection that broke after the request was sent,
+    a timeout, any other failure of a Redis Cluster): read the key before acting on
+    it.
     """
 
 
