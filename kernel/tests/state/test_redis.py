@@ -444,6 +444,42 @@ async def test_a_script_whose_reply_is_lost_is_not_sent_again(fresh_redis_url: s
         tg.cancel_scope.cancel()
 
 
+#: Keeps the server busy for about a second (a long script: every other client waits).
+_BUSY_LUA = """
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1
+"""
+
+
+@pytest.mark.redis
+async def test_a_write_a_busy_server_did_not_answer_in_time_may_have_been_applied(
+    fresh_redis_url: str,
+) -> None:
+    """A server busy with a long script takes the write and runs it after the store gave
+    up waiting. Before, the error said the server "is unreachable" and to "start
+    redis-server" (it was running), and nothing of the write's fate."""
+    sep = "&" if "?" in fresh_redis_url else "?"
+    url = f"{fresh_redis_url}{sep}socket_timeout=0.3"
+    async with RedisStore(url) as store, raw_client(fresh_redis_url) as raw:
+        await store.set("warm", 1)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(raw.eval, _BUSY_LUA, 0)
+            await anyio.sleep(0.1)  # the script runs: the server answers nobody meanwhile
+            with pytest.raises(StateStoreError) as info:
+                await store.set_if_absent("claim", 1, owner="me")
+        assert not isinstance(info.value, StateNotAppliedError)
+        message = str(info.value)
+        assert "no answer within the socket timeout after the command on key 'claim'" in message
+        assert "may or may not have been applied" in message
+        assert "reachable but slow" in message and "start redis-server" not in message
+        with anyio.fail_after(5):
+            while (entry := await store.get_entry("claim")) is None:  # noqa: ASYNC110
+                await anyio.sleep(0.05)
+        assert entry.owner == "me"  # it was applied, after the timeout
+
+
 @pytest.mark.redis
 async def test_pooled_connections_the_server_closed_are_replaced(fresh_redis_url: str) -> None:
     """A restarted server (here: CLIENT KILL) leaves the pool's connections closed: writes

@@ -942,12 +942,34 @@ class RedisStore(StateStore):
         return error(f"redis state store at {self.safe_url} is unreachable: {exc}; {hint}")
 
     @contextlib.contextmanager
-    def _errors(self, key: str | None) -> Iterator[None]:
-        """Turn redis-py / socket errors into StateStoreError naming the server."""
+    def _errors(self, key: str | None, *, write: bool = False) -> Iterator[None]:
+        """Turn redis-py / socket errors into StateStoreError naming the server
+        (``write``: the command is a write script)."""
         from redis import exceptions as rx
 
         try:
             yield
+        except rx.TimeoutError as exc:
+            if (
+                key is None
+                or "Timeout reading" not in str(exc)
+                or self.url.lower().startswith("rediss")
+            ):
+                raise self._unreachable(exc) from exc
+            # The server took the command and did not answer in time: it is up, but busy
+            # (a long script or command, a save) or overloaded. A write may run after.
+            applied = (
+                "; it may or may not have been applied (it is not sent again): read the key "
+                "before retrying"
+                if write
+                else ""
+            )
+            raise StateStoreError(
+                f"redis state store at {self.safe_url}: no answer within the socket timeout "
+                f"after the command on key {key!r} was sent ({exc}){applied}. The server is "
+                "reachable but slow (a long script or command, a save, overload): check it, "
+                "or raise ?socket_timeout= in the state URL"
+            ) from exc
         except rx.AuthenticationError as exc:
             # a server with requirepass answers a client without a password "NOAUTH
             # Authentication required" or (RESP3) "HELLO must be called with the client
@@ -977,7 +999,7 @@ class RedisStore(StateStore):
             # (see _client): a ConnectionError here came before the request went out. The
             # cluster client has no such guard: its error may come after.
             raise self._unreachable(exc, sent=self.cluster) from exc
-        except (rx.TimeoutError, OSError) as exc:
+        except OSError as exc:
             raise self._unreachable(exc) from exc
         except (rx.ClusterDownError, rx.RedisClusterException) as exc:
             text = str(exc)
@@ -1041,7 +1063,7 @@ class RedisStore(StateStore):
                 # the server lost its script cache (restart, SCRIPT FLUSH): load it again
                 return await script(keys=[key], args=[_channel(key), *args])
         except Exception:
-            with self._errors(key):
+            with self._errors(key, write=True):
                 raise
 
     @staticmethod
