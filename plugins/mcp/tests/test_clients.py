@@ -175,6 +175,12 @@ def test_resolution_gives_each_client_its_tenant() -> None:
         "bob": ("bob-token-2", "team-b"),
     }
     assert sorted(auth.tokens()) == ["alice-token-1", "bob-token-2"]
+    # shown (a log line, a traceback), it names the clients and tenants, never a token
+    shown = f"{auth} {auth!r} {[auth]}"
+    assert "alice-token-1" not in shown and "bob-token-2" not in shown
+    assert repr(auth) == (
+        "BearerAuth(token=None, clients={'alice': ('***', 'alice'), 'bob': ('***', 'team-b')})"
+    )
     shared = resolved({"TOOLS_AUTH_TOKEN": "env-token-9"}, clients=CLIENTS)
     assert shared is not None and shared.token == "env-token-9"
     # switched off: no client is asked for a token, and a warning says so

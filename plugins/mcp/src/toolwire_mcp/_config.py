@@ -436,6 +436,13 @@ class BearerAuth:
     token: str | None = None
     clients: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
+    def __repr__(self) -> str:
+        # Secrets, as SecretStr keeps them in the config: a log line or a traceback
+        # showing the object must not show a token.
+        shared = None if self.token is None else "***"
+        clients = {name: ("***", tenant) for name, (_, tenant) in self.clients.items()}
+        return f"BearerAuth(token={shared!r}, clients={clients!r})"
+
     def tokens(self) -> list[str]:
         """Every token that opens the server."""
         shared = [self.token] if self.token else []
