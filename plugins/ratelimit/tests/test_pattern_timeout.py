@@ -337,15 +337,17 @@ async def test_the_budget_warning_is_logged_once_a_minute(caplog: pytest.LogCapt
     assert len(msgs) == 2 and "2 more times since the last warning" in msgs[1]
 
 
+@pytest.mark.parametrize("how", ["async-with", "failure"])
 async def test_a_failure_inside_a_lease_spends_one_budget_not_two(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A tool with patterns of its own fails inside its provider's lease: the lease
-    classifies the failure, with the tool's patterns. Before, ``on_error`` searched the
-    same patterns again on the same evidence, a second budget for the one failure (5
+    classifies the failure, with the tool's patterns (``async with lease_key``, or
+    ``lease.failure(exc)`` then ``raise exc``). Before, ``on_error`` searched the same
+    patterns again on the same evidence, a second budget for the one failure (5
     searches given up where the 0.12 s budget allows 3)."""
     from toolwire import CallContext, Tool
-    from toolwire_ratelimit import _classify, lease_key
+    from toolwire_ratelimit import _classify, key_pool, lease_key
 
     started: list[str] = []
     search = _classify.TextRegex.matches
@@ -364,12 +366,19 @@ async def test_a_failure_inside_a_lease_spends_one_budget_not_two(
     )
 
     async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
-        async with lease_key(ctx, "acme"):
-            raise hostile("b", status=500)
+        if how == "async-with":
+            async with lease_key(ctx, "acme"):
+                raise hostile("b", status=500)
+        lease = await key_pool(ctx, "acme").acquire(ctx)
+        error = hostile("b", status=500)
+        await lease.failure(error)
+        raise error
 
     tool = Tool(name="search", description="d", input_schema={"type": "object"}, executor=executor)
     async with Kernel(tools=[tool], plugins=[RateLimitPlugin(cfg)]) as kernel:
         result = await kernel.call("search", {})
     assert result.error is not None and result.error.kind == "tool_error"
-    # a search given up lasts at least its 0.05 s: one budget of 0.12 s starts at most 3
+    # each pattern searched once for the one failure; and a search given up lasts at
+    # least its 0.05 s, so one budget of 0.12 s starts at most 3
+    assert len(started) == len(set(started)), started
     assert 1 <= len(started) <= 3, started

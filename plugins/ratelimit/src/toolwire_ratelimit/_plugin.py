@@ -486,13 +486,7 @@ class RateLimitPlugin:
             return None
         c, ev = self.classify_exception(exc, provider=lease.provider, lease=lease)
         suspended_s = await lease._report(c)
-        if lease.ctx is not None:
-            rec = self._call_state(lease.ctx).get(lease.attempt or 0)
-            if rec is not None:
-                rec["c"], rec["ev"] = c, ev
-                rec["tool"] = self._lease_tool(lease, lease.provider)  # whose patterns it had
-                if suspended_s is not None:
-                    rec["suspended_until"] = self._now() + suspended_s
+        self._remember(lease, c, ev, suspended_s)
         if not (self.redactor and (self.redactor.contains(ev.text) or self._exc_has_secret(exc))):
             return None
         msg = self.redactor.text(f"{type(exc).__name__}: {exc}")[:MAX_MESSAGE]
@@ -504,6 +498,34 @@ class RateLimitPlugin:
             retry_after_s=c.retry_after_s,
             details=details,
         )
+
+    def _remember(
+        self,
+        lease: KeyLease,
+        c: Classification,
+        ev: Evidence,
+        suspended_s: float | None,
+        *,
+        exc: BaseException | None = None,
+    ) -> None:
+        """Keep a lease's classification of its attempt's failure for ``on_error``, which
+        then does not search the same patterns again (a second pattern budget).
+
+        ``exc``: the exception ``KeyLease.failure`` was given; ``on_error`` uses the
+        classification only for an error carrying that very exception."""
+        if lease.ctx is None:
+            return
+        rec = self._call_state(lease.ctx).get(lease.attempt or 0)
+        if rec is None:
+            return
+        rec["c"], rec["ev"] = c, ev
+        rec["tool"] = self._lease_tool(lease, lease.provider)  # whose patterns it had
+        if exc is None:
+            rec.pop("exc", None)
+        else:
+            rec["exc"] = exc
+        if suspended_s is not None:
+            rec["suspended_until"] = self._now() + suspended_s
 
     def _exc_has_secret(self, exc: BaseException) -> bool:
         try:
@@ -582,7 +604,11 @@ class RateLimitPlugin:
                 not error.details.get("denied") and KIND_RULES.get(kind, (False, False))[0]
             )
         elif str(error.kind) in CLASSIFIABLE:
-            if rec is not None and rec.get("c") is not None:
+            if (
+                rec is not None
+                and rec.get("c") is not None
+                and rec.get("exc", error.exception) is error.exception
+            ):
                 c, ev = rec["c"], rec["ev"]
                 # Classified anew only when the lease's classification lacked this tool's
                 # patterns: the same search again would spend a second pattern budget on

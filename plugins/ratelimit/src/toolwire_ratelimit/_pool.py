@@ -633,13 +633,16 @@ class KeyLease:
     ) -> Classification:
         """Report a failure: classify ``error`` (or take ``kind``) and update the key's health."""
         plugin = self.pool._plugin
+        ev = None
         if kind is not None:
             c = Classification(kind, retry_after_s=retry_after_s, pattern=pattern)
         elif error is not None:
-            c, _ = plugin.classify_exception(error, provider=self.provider, lease=self)
+            c, ev = plugin.classify_exception(error, provider=self.provider, lease=self)
         else:
             c = Classification("tool_error")
-        await self._report(c)
+        suspended_s = await self._report(c)
+        if ev is not None and error is not None:
+            plugin._remember(self, c, ev, suspended_s, exc=error)
         return c
 
     async def _report(self, c: Classification) -> float | None:
