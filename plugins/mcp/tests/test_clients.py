@@ -13,12 +13,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
-import uvicorn
 from fastmcp import Client
 from starlette.routing import Route
+from toolwire_mcp_testkit import serving_http
 
 from toolwire import CallContext, ConfigError, Kernel, Tool
 from toolwire_idempotency import IdempotencyConfig, IdempotencyPlugin
@@ -27,7 +26,6 @@ from toolwire_mcp import (
     RESULT_META_KEY,
     BearerAuth,
     ServeConfig,
-    create_http_app,
     resolve_auth,
     resolve_auth_token,
 )
@@ -35,8 +33,6 @@ from toolwire_mcp._config import auth_switched_off
 from toolwire_mcp._serve import (
     SHARED_CLIENT_ID,
     BearerTokenVerifier,
-    _Uvicorn,
-    bind_socket,
     plugin_http_routes,
 )
 from toolwire_mcp.cli import serve_config
@@ -64,21 +60,8 @@ def whoami_tool(runs: list[str | None]) -> Tool:
 
 @asynccontextmanager
 async def serving(kernel: Kernel, **cfg: Any) -> AsyncIterator[str]:
-    config = ServeConfig(transport="http", port=0, **cfg)
-    app = create_http_app(kernel, config)
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = _Uvicorn(
-        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none")
-    )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        await server.ready.wait()
-        try:
-            yield f"http://127.0.0.1:{port}{config.path}"
-        finally:
-            server.should_exit = True
-    sock.close()
+    async with serving_http(kernel, **cfg) as served:
+        yield served.url
 
 
 async def call(url: str, token: str, call_id: str) -> dict[str, Any]:

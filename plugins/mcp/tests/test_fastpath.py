@@ -12,22 +12,19 @@ import json
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import anyio
 import httpx
 import pytest
-import uvicorn
 from fastmcp import Client
+from toolwire_mcp_testkit import Served, serving_http
 
 import toolwire_mcp._fastpath as fastpath
 from toolwire import CallContext, Kernel, ToolCall, ToolError, hookimpl, tool
 from toolwire_mcp import CALL_ID_META_KEY, RESULT_META_KEY, ServeConfig, create_http_app
 from toolwire_mcp._calls import ServeGate
-from toolwire_mcp._serve import _Uvicorn, bind_socket
-from toolwire_mcp._serve import create_http_app as create_app_with_gate
 
 pytestmark = pytest.mark.anyio
 
@@ -107,36 +104,7 @@ def mangled() -> dict[str, Any]:
 
 
 TOOLS = [profile, greet, over_quota, stamped, picture, steps, slow, scale, mangled]
-
-
-@dataclass
-class Served:
-    url: str
-    fast: fastpath.FastCallPath | None
-
-
-@asynccontextmanager
-async def serving(
-    kernel: Kernel, *, token: str | None = None, gate: ServeGate | None = None, **cfg: Any
-) -> AsyncIterator[Served]:
-    config = ServeConfig(transport="http", port=0, **cfg)
-    if gate is None:
-        app = create_http_app(kernel, config, auth_token=token)
-    else:
-        app = create_app_with_gate(kernel, config, auth_token=token, gate=gate)
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = _Uvicorn(
-        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none")
-    )
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(server.serve, [sock])
-        await server.ready.wait()
-        try:
-            yield Served(f"http://127.0.0.1:{port}{config.path}", app.state.toolwire_fast_path)
-        finally:
-            server.should_exit = True
-    sock.close()
+serving = serving_http
 
 
 @asynccontextmanager

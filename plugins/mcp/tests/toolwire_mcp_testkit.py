@@ -20,9 +20,11 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -382,3 +384,44 @@ def scripted_upstream(scripts: Mapping[str, CallScript]) -> Handler:
             await w.drain()
 
     return handler
+
+
+@dataclass
+class Served:
+    """A kernel served over HTTP in this process: its URL and its lean path (None: off)."""
+
+    url: str
+    fast: Any
+
+
+@asynccontextmanager
+async def serving_http(
+    kernel: Any, *, token: Any = None, gate: Any = None, **cfg: Any
+) -> AsyncIterator[Served]:
+    """``kernel`` served by ``create_http_app`` under uvicorn on a free loopback port;
+    ``cfg``: ``ServeConfig`` keys; ``token``: ``auth_token`` (a token or a ``BearerAuth``;
+    None: from ``cfg``); ``gate``: a ``ServeGate`` of the test's own."""
+    import uvicorn
+
+    from toolwire_mcp import ServeConfig, create_http_app
+    from toolwire_mcp._serve import _Uvicorn, bind_socket
+    from toolwire_mcp._serve import create_http_app as create_app_with_gate
+
+    config = ServeConfig(transport="http", port=0, **cfg)
+    if gate is None:
+        app = create_http_app(kernel, config, auth_token=token)
+    else:
+        app = create_app_with_gate(kernel, config, auth_token=token, gate=gate)
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = _Uvicorn(
+        uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", ws="none")
+    )
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(server.serve, [sock])
+        await server.ready.wait()
+        try:
+            yield Served(f"http://127.0.0.1:{port}{config.path}", app.state.toolwire_fast_path)
+        finally:
+            server.should_exit = True
+    sock.close()
