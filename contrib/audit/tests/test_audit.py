@@ -264,6 +264,42 @@ async def test_result_content_is_redacted_like_the_arguments(tmp_path: Path) -> 
     assert "tok-abcdef" not in text and "sk-live-123456" not in text
 
 
+@tool
+def call_api(request: dict[str, object]) -> dict[str, object]:
+    """Call an API; answer with the tokens it returned."""
+    return {"access_token": "at-9f8e7d6c", "refresh_token": "rt-1a2b3c4d", "scope": "read"}
+
+
+async def test_fields_the_kernel_treats_as_credentials_are_not_written(tmp_path: Path) -> None:
+    """Before: only the exact names in redact_keys were hidden: an ``access_token``,
+    ``client_secret``, ``X-Api-Key``, ``Cookie`` or ``apiKey`` argument (names the
+    kernel itself hides from every error) went to the audit file in clear."""
+    k, log = kernel_for(tmp_path, "include_args = true\ninclude_content = true\n")
+    k.add_tool(call_api)
+    request = {
+        "headers": {"X-Api-Key": "xk-5566778899", "Cookie": "sid=c00k1e-v4lue"},
+        "body": {"client_secret": "cs-0011223344", "apiKey": "ak-abcdefabcd", "q": "lyon"},
+    }
+    async with k:
+        r = await k.call("call_api", {"request": request})
+    assert r.content["access_token"] == "at-9f8e7d6c"  # the caller's result is untouched
+    (line,) = lines(log)
+    assert line["args"] == {
+        "request": {
+            "headers": {"X-Api-Key": "[redacted]", "Cookie": "[redacted]"},
+            "body": {"client_secret": "[redacted]", "apiKey": "[redacted]", "q": "lyon"},
+        }
+    }
+    assert line["content"] == {
+        "access_token": "[redacted]",
+        "refresh_token": "[redacted]",
+        "scope": "read",
+    }
+    text = log.read_text()
+    for secret in ("xk-55", "c00k1e", "cs-00", "ak-ab", "at-9f", "rt-1a"):
+        assert secret not in text
+
+
 async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path: Path) -> None:
     """Before: the plugin's shutdown closed the file while a call was in flight; that
     call's line was lost (and the error said 'used before startup')."""

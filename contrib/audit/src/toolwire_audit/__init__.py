@@ -154,15 +154,20 @@ class AuditPlugin:
         return {"args": self._redact(call.args)} if self.config.include_args else {}
 
     def _redact(self, data: dict[str, Any]) -> dict[str, Any]:
-        """Arguments or result content with ``redact_keys`` and known secrets hidden."""
+        """Arguments or result content with ``redact_keys``, the fields the kernel treats
+        as credentials (``Authorization``, ``Cookie``, ``X-Api-Key``, ``access_token``,
+        ``client_secret``, ...) and known secret values hidden."""
+        if self._kernel is not None:
+            # The kernel's own rule, the one that keeps credentials out of its errors (a
+            # list of exact names alone let an ``access_token`` or ``X-Api-Key`` through),
+            # then ``redact_keys`` over it: those read ``***`` as before.
+            data = self._kernel.redactor.data(data)
         keys = frozenset(k.lower() for k in self.config.redact_keys)
         out: dict[str, Any] = self._redact_value(data, keys, 0)
         return out
 
     def _redact_value(self, value: Any, keys: frozenset[str], depth: int) -> Any:
-        """``value`` with ``redact_keys`` hidden at any depth and known secrets replaced."""
-        if isinstance(value, str):
-            return self._kernel.redactor.text(value) if self._kernel is not None else value
+        """``value`` with ``redact_keys`` hidden at any depth (``_redact`` does the rest)."""
         if isinstance(value, dict | list | tuple) and depth >= _MAX_DEPTH:
             return f"[nested deeper than {_MAX_DEPTH} levels: not recorded]"
         if isinstance(value, dict):
