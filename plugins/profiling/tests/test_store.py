@@ -254,6 +254,38 @@ async def test_a_store_error_of_any_type_keeps_the_figures() -> None:
     assert p.get_statistics("a")["max_time_ms"] == 30.0
 
 
+class UnsureStore(MemoryStore):
+    """A memory store whose next compare-and-set fails after it was sent: ``applied``
+    says whether it took effect (a Redis timeout: the server may run it, or not)."""
+
+    applied: bool | None = None
+
+    async def compare_and_set(self, key: str, value: Any, **kw: Any) -> Any:
+        applied, self.applied = self.applied, None
+        if applied is None:
+            return await super().compare_and_set(key, value, **kw)
+        if applied:
+            await super().compare_and_set(key, value, **kw)
+        raise StateStoreError("memory: no answer after the write was sent")
+
+
+@pytest.mark.parametrize("applied", [True, False])
+async def test_a_write_of_unknown_fate_is_counted_once(applied: bool) -> None:
+    store = UnsureStore()
+    p = ProfilingPlugin(cfg(), store=store)
+    p.record_execution("a", 10.0)
+    p.record_execution("b", 10.0)
+    store.applied = applied
+    await p.flush()  # "a" may or may not be stored; "b" waits for the next flush
+    assert [p.get_statistics(t)["count"] for t in "ab"] == [1, 1]
+    p.record_execution("a", 20.0)
+    await p.flush()
+    assert [(await store.get(f"profiling:v1:{t}"))["count"] for t in "ab"] == [2, 1]
+    assert [p.get_statistics(t)["count"] for t in "ab"] == [2, 1]
+    await p.flush()
+    assert (await store.get("profiling:v1:a"))["count"] == 2
+
+
 async def test_a_bad_document_does_not_keep_the_other_tools_from_the_store() -> None:
     store = CountingStore()
     await store.set("profiling:v1:a", {"v": 2})
@@ -406,3 +438,65 @@ def test_processes_sharing_redis(redis_url: str) -> None:
 
 
 test_processes_sharing_redis = pytest.mark.redis(test_processes_sharing_redis)
+
+
+#: Keeps the server busy for about a second (a long script: every other client waits).
+_BUSY_LUA = """
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + 1000000
+repeat t = redis.call('TIME') until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1
+"""
+
+
+@pytest.mark.redis
+async def test_a_write_applied_after_its_timeout_is_not_counted_twice(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A busy Redis took the compare-and-set and ran it after the store gave up waiting
+    (the error says the write may or may not have been applied). Before, the delta went
+    back to pending as if nothing had been written, and the next flush added it again:
+    3 executions were stored as 6."""
+    import redis.asyncio as aioredis
+
+    prefix = f"test-profiling-{uuid.uuid4().hex[:8]}"
+    sep = "&" if "?" in redis_url else "?"
+    store = open_store(f"{redis_url}{sep}socket_timeout=0.3")
+    raw = aioredis.Redis.from_url(redis_url)
+    busy_started = False
+
+    real_get_entry = store.get_entry
+
+    async def get_entry(key: str) -> Any:
+        """The real read; then the server turns busy, before the flush's write."""
+        nonlocal busy_started
+        entry = await real_get_entry(key)
+        if not busy_started:
+            busy_started = True
+            tg.start_soon(raw.eval, _BUSY_LUA, 0)
+            await anyio.sleep(0.1)  # the script runs: the write is sent while it does
+        return entry
+
+    store.get_entry = get_entry  # type: ignore[method-assign]
+    p = ProfilingPlugin(cfg(key_prefix=prefix), store=store)
+    try:
+        async with store:
+            await raw.ping()  # connected: the script starts at once
+            for ms in (10, 20, 30):
+                p.record_execution("t", ms)
+            async with anyio.create_task_group() as tg:
+                await p.flush()  # the write times out; the server runs it once the script ends
+            assert "may or may not have been applied" in caplog.text
+            key = f"{prefix}:v1:t"
+            await eventually(lambda: store.get(key))  # it was applied, after the timeout
+            assert (await store.get(key))["count"] == 3
+            await p.flush()  # the next flush must find it applied, not add it again
+            assert (await store.get(key))["count"] == 3
+            assert p.get_statistics("t")["count"] == 3
+            p.record_execution("t", 40)
+            await p.flush()
+            assert (await store.get(key))["count"] == 4
+            assert p.get_statistics("t")["count"] == 4
+            await p.reset()
+    finally:
+        await raw.aclose()

@@ -17,6 +17,7 @@ import math
 import random
 import sys
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
-from toolwire.state import StateDataError, StateStoreError
+from toolwire.state import StateDataError, StateNotAppliedError, StateStoreError
 
 from ._config import ProfilingConfig
 from ._otel import UNKNOWN_TOOL, Telemetry, provider_is_configured
@@ -56,6 +57,8 @@ log = logging.getLogger("toolwire.profiling")
 STATE_KEY = "profiling"
 KEY_VERSION = "v1"
 _CAS_TRIES = 16
+#: Writers whose last write a document remembers (``"w"``: writer id -> write number).
+_MAX_WRITERS = 64
 #: gen_ai.tool.name on the metrics of calls to unknown tools (keeps their cardinality bounded).
 _CANCELLED = str(ErrorKind.CANCELLED)
 #: The error kind of a call that asks the MCP client for input and is retried with it.
@@ -64,6 +67,10 @@ _INPUT_REQUIRED = "input_required"
 
 class _LostToWriters(StateStoreError):
     """Every compare-and-set try on one key lost to other writers (that key only)."""
+
+
+class _Unsure(StateStoreError):
+    """A compare-and-set failed after it was sent: the store may still apply it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +209,12 @@ class ProfilingPlugin:
         self._prefix = f"{cfg.key_prefix}:{KEY_VERSION}:"
         self._pending: dict[str, ToolStats] = {}
         self._inflight: dict[str, ToolStats] = {}
+        # Deltas whose write failed after it was sent (a Redis timeout): the store may
+        # have applied them, or may yet. tool -> [(write number, delta)]; each stored
+        # document says which write of this writer it holds last (see _settle).
+        self._unsure: dict[str, list[tuple[int, ToolStats]]] = {}
+        self._writer = uuid.uuid4().hex[:16]
+        self._seq = 0
         self._stored: dict[str, ToolStats] = {}
         self._gen = 0  # bumped whenever stored figures change: cached estimates expire
         self._est_cache: dict[tuple[str, str | None, int], tuple[Estimate, int, int]] = {}
@@ -578,12 +591,14 @@ class ProfilingPlugin:
 
     def all_statistics(self) -> list[dict[str, Any]]:
         """``get_statistics`` of every tool known here, sorted by name."""
-        names = set(self._stored) | set(self._inflight) | set(self._pending)
+        names = set(self._stored) | set(self._inflight) | set(self._pending) | set(self._unsure)
         return [self.get_statistics(n) for n in sorted(names)]
 
     def tools(self) -> list[str]:
         """Names of the tools with figures (stored or local)."""
-        return sorted(set(self._stored) | set(self._inflight) | set(self._pending))
+        return sorted(
+            set(self._stored) | set(self._inflight) | set(self._pending) | set(self._unsure)
+        )
 
     def recent_calls(self, tool: str | None = None, limit: int | None = None) -> list[CallRecord]:
         """The most recent call records (oldest first), optionally for one tool only."""
@@ -660,7 +675,12 @@ class ProfilingPlugin:
     def _compute_estimate(self, tool: str, sig: str | None, min_samples: int) -> Estimate:
         parts = [
             p
-            for p in (self._stored.get(tool), self._inflight.get(tool), self._pending.get(tool))
+            for p in (
+                self._stored.get(tool),
+                self._inflight.get(tool),
+                self._pending.get(tool),
+                *(d for _, d in self._unsure.get(tool, ())),
+            )
             if p is not None
         ]
         if sig is not None:
@@ -676,7 +696,12 @@ class ProfilingPlugin:
     def _view(self, tool: str) -> ToolStats | None:
         parts = [
             p
-            for p in (self._stored.get(tool), self._inflight.get(tool), self._pending.get(tool))
+            for p in (
+                self._stored.get(tool),
+                self._inflight.get(tool),
+                self._pending.get(tool),
+                *(d for _, d in self._unsure.get(tool, ())),
+            )
             if p is not None
         ]
         if not parts:
@@ -701,7 +726,7 @@ class ProfilingPlugin:
         Shielded from cancellation (a half-written delta would be counted twice
         or lost). Figures that could not be written stay pending for the next flush.
         """
-        if self._store is None or (not self._pending and not self._inflight):
+        if self._store is None or (not self._pending and not self._inflight and not self._unsure):
             return
         with anyio.CancelScope(shield=True):
             async with self._get_lock():
@@ -719,6 +744,7 @@ class ProfilingPlugin:
                 tool = e.key[len(self._prefix) :]
                 seen.add(tool)
                 self._stored[tool] = ToolStats.from_doc(e.value)
+                self._settle(tool, e.value)
             for tool in set(self._stored) - seen:
                 del self._stored[tool]
             self._gen += 1
@@ -728,7 +754,11 @@ class ProfilingPlugin:
         """Delete the stored and local figures of ``tool`` (None: every tool); returns keys deleted."""
         store = self._store
         async with self._get_lock():
-            tools = [tool] if tool is not None else sorted(set(self._stored) | set(self._pending))
+            tools = (
+                [tool]
+                if tool is not None
+                else sorted(set(self._stored) | set(self._pending) | set(self._unsure))
+            )
             deleted = 0
             if store is not None:
                 if tool is None:
@@ -741,6 +771,7 @@ class ProfilingPlugin:
             for t in tools:
                 self._stored.pop(t, None)
                 self._pending.pop(t, None)
+                self._unsure.pop(t, None)
             self._gen += 1
             return deleted
 
@@ -748,6 +779,9 @@ class ProfilingPlugin:
         store = self._store
         assert store is not None
         pending, self._pending = self._pending, {}
+        for tool in self._unsure:
+            if tool not in pending:  # an unsure write to check (and redo if it was lost)
+                pending[tool] = ToolStats()
         if pending:
             # A copy: each tool leaves it the moment its merged figures are stored, so a
             # reader between two tools counts a stored delta once (not stored + in flight).
@@ -759,6 +793,11 @@ class ProfilingPlugin:
                 for tool, delta in pending.items():
                     try:
                         merged = await self._cas_merge(store, tool, delta, now)
+                    except _Unsure as exc:
+                        # Kept apart (see _cas_merge), not pending: it may be stored already.
+                        self._inflight.pop(tool, None)
+                        problem = exc.__cause__ or exc
+                        break
                     except (ValueError, StateDataError, _LostToWriters) as exc:
                         problem = exc  # this key only: the next tools may still be stored
                         continue
@@ -776,6 +815,8 @@ class ProfilingPlugin:
                 failed, self._inflight = self._inflight, {}
                 self._gen += 1
                 for tool, delta in failed.items():
+                    if delta.is_empty():
+                        continue  # only an unsure write to check: it stays where it is
                     cur = self._pending.get(tool)
                     if cur is not None:
                         delta.merge(cur)
@@ -795,21 +836,69 @@ class ProfilingPlugin:
                     f"state key {key!r} holds figures in another format "
                     f"(v={entry.value.get('v')!r}); upgrade toolwire-profiling or set another key_prefix"
                 )
-            merged = ToolStats.from_doc(entry.value) if entry is not None else ToolStats()
+            value = entry.value if entry is not None else None
+            self._settle(tool, value)
+            merged = ToolStats.from_doc(value)
+            if delta.is_empty() and tool not in self._unsure:
+                return merged  # only an unsure write to check, and the document holds it
             merged.merge(delta, self._max_sigs)
+            for _, lost in self._unsure.get(tool, ()):
+                merged.merge(lost, self._max_sigs)  # not applied (yet): this write holds it
             merged.updated_at = now
-            new = await store.compare_and_set(
-                key,
-                merged.to_doc(),
-                expected_version=entry.version if entry is not None else None,
-                ttl=ttl,
-            )
+            doc = merged.to_doc()
+            self._seq += 1
+            seq = self._seq
+            doc["w"] = self._writers(value, seq)
+            try:
+                new = await store.compare_and_set(
+                    key,
+                    doc,
+                    expected_version=entry.version if entry is not None else None,
+                    ttl=ttl,
+                )
+            except (StateNotAppliedError, ValueError, StateDataError):
+                raise  # nothing was written
+            except Exception as exc:
+                # Sent, no answer (a Redis timeout, a connection lost): the store may apply
+                # it now or later. Kept apart under its write number, never pending again:
+                # the next read tells whether the document holds it, and only a write that
+                # did not happen is redone (a late one cannot happen after a newer write
+                # of the key: its expected version is gone by then).
+                if not delta.is_empty():
+                    self._unsure.setdefault(tool, []).append((seq, delta))
+                raise _Unsure(f"state key {key!r}: the write may or may not be applied") from exc
             if new is not None:
+                self._unsure.pop(tool, None)
                 return merged
             await anyio.sleep(random.uniform(0, 0.002 * (2 ** min(i, 6))))
         raise _LostToWriters(
             f"state key {key!r}: {_CAS_TRIES} compare-and-set attempts lost to concurrent writers"
         )
+
+    def _writers(self, value: Any, seq: int) -> dict[str, int]:
+        """The document's ``"w"``: the last write number of its most recent writers."""
+        w = value.get("w") if isinstance(value, dict) else None
+        out: dict[str, int] = {}
+        if isinstance(w, dict):
+            out = {k: n for k, n in w.items() if isinstance(k, str) and isinstance(n, int)}
+        out.pop(self._writer, None)
+        while len(out) >= _MAX_WRITERS:
+            del out[next(iter(out))]  # the writer that has not written for the longest
+        out[self._writer] = seq
+        return out
+
+    def _settle(self, tool: str, value: Any) -> None:
+        """Drop the unsure writes of ``tool`` that the stored document ``value`` holds."""
+        unsure = self._unsure.get(tool)
+        if not unsure:
+            return
+        w = value.get("w") if isinstance(value, dict) else None
+        last = w.get(self._writer) if isinstance(w, dict) else None
+        if isinstance(last, int) and not isinstance(last, bool):
+            unsure[:] = [(n, d) for n, d in unsure if n > last]
+            self._gen += 1
+        if not unsure:
+            del self._unsure[tool]
 
     def _warn(self, message: str) -> None:
         now = self._clock()
@@ -861,7 +950,7 @@ class ProfilingPlugin:
                                 await self.refresh()
                             except (StateStoreError, OSError) as exc:
                                 self._warn(f"could not re-read the stored statistics: {exc}")
-                    if not self._pending:
+                    if not self._pending and not self._unsure:
                         break
         except Exception as exc:
             self._warn(f"the background flusher failed: {exc}")
