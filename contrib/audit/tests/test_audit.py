@@ -300,6 +300,30 @@ async def test_fields_the_kernel_treats_as_credentials_are_not_written(tmp_path:
         assert secret not in text
 
 
+@tool
+def scale(factor: float, limit: float) -> str:
+    """Scale something."""
+    return "ok"
+
+
+def _strict_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not JSON")
+
+
+async def test_non_finite_numbers_in_the_arguments_keep_the_line_json(tmp_path: Path) -> None:
+    """Before: a NaN or infinite argument was written as a bare ``NaN`` / ``Infinity``,
+    which is not JSON: JSON.parse and other strict readers refused the line, and jq read
+    it as null. It is now a string, as the kernel does for a result's content."""
+    k, log = kernel_for(tmp_path, "include_args = true\n")
+    k.add_tool(scale)
+    async with k:
+        r = await k.call("scale", {"factor": float("nan"), "limit": float("-inf")})
+    assert not r.is_error
+    (text,) = log.read_text().splitlines()
+    line = json.loads(text, parse_constant=_strict_json)
+    assert line["args"] == {"factor": "NaN", "limit": "-Infinity"}
+
+
 async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path: Path) -> None:
     """Before: the plugin's shutdown closed the file while a call was in flight; that
     call's line was lost (and the error said 'used before startup')."""

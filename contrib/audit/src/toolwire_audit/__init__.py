@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -181,6 +182,10 @@ class AuditPlugin:
             }
         if isinstance(value, list | tuple):
             return [self._redact_value(v, keys, depth + 1) for v in value]
+        if isinstance(value, float) and not math.isfinite(value):
+            # A bare NaN / Infinity is not JSON (JSON.parse refuses the line, jq reads
+            # null): written as a string, like the kernel does for a result's content.
+            return "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
         return value
 
     def _write(self, line: dict[str, Any]) -> None:
