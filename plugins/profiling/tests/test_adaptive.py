@@ -113,3 +113,32 @@ async def test_disabled_by_default() -> None:
     async with Kernel(tools=[fetch], plugins=[p]) as k:
         r = await k.call("fetch", {"page": 1})
     assert not r.is_error and "profiling" not in r.meta.extra
+
+
+@tool(timeout=0.05)
+async def bounded(page: int) -> dict[str, int]:
+    """Sleep for the next scripted delay; the operator allows it 50 ms."""
+    await anyio.sleep(DELAYS.pop(0) if DELAYS else 0.0)
+    return {"page": page}
+
+
+@pytest.mark.parametrize("where", ["tool", "kernel"])
+async def test_the_adaptive_timeout_never_loosens_a_configured_one(where: str) -> None:
+    """Before: estimate x factor (bounded below by min_s) replaced the tool's own
+    ``timeout`` or the kernel's ``default_timeout_s`` even when it was longer: a tool
+    its operator allowed 50 ms ran for up to min_s (here 1 s), 20 times as long."""
+    p = plugin(min_s=1.0)
+    for _ in range(10):
+        p.record_execution("bounded", 10.0, {"page": 1})
+    DELAYS[:] = [3.0]
+    if where == "tool":
+        k = Kernel(tools=[bounded], plugins=[p])
+    else:
+        k = Kernel(tools=[fetch], plugins=[p], default_timeout_s=0.05)
+    async with k:
+        with anyio.fail_after(2.5):  # not cut at all: a hang, not a wrong timeout
+            r = await k.call("bounded" if where == "tool" else "fetch", {"page": 1})
+    assert r.error is not None and r.error.kind == "timeout"
+    # Cut by the configured 50 ms, not by the 1 s adaptive timeout.
+    assert "adaptive_timeout_s" not in r.error.details
+    assert "profiling" not in r.meta.extra

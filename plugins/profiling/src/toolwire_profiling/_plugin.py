@@ -488,6 +488,15 @@ class ProfilingPlugin:
         if est.basis == "default":
             return
         timeout = min(max(est.ms / 1000.0 * ad.factor, ad.min_s), ad.max_s)
+        # The timeout the attempt runs under otherwise: the tool's own, else the kernel's
+        # default. An adaptive timeout only tightens it: the kernel lets it win, so a
+        # longer one (min_s, or a slow tool's estimate) undid the operator's limit.
+        tool = ctx.tool
+        configured = tool.timeout_s if tool is not None else None
+        if configured is None and self._kernel is not None:
+            configured = self._kernel.default_timeout_s
+        if configured is not None and configured <= timeout:
+            return
         left = ctx.time_left()
         if left is not None and left <= timeout:
             return  # the caller's own deadline is already tighter
