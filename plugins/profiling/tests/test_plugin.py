@@ -19,6 +19,7 @@ from toolwire import (
     ToolResult,
     hookimpl,
 )
+from toolwire.state import MemoryStore
 from toolwire.testing import FakeTool, RecordingPlugin
 from toolwire_profiling import ProfilingConfig, ProfilingPlugin, args_signature
 
@@ -232,6 +233,21 @@ async def test_record_execution_refuses_a_time_that_is_no_duration(bad: Any) -> 
     p.record_execution("search", 300)
     s = p.get_statistics("search")
     assert s["count"] == 2 and s["calls"] == 2 and s["min_time_ms"] == pytest.approx(100)
+
+
+@pytest.mark.parametrize("bad", [("search", "v2"), 7, None, ""])
+async def test_record_execution_refuses_a_name_that_is_no_tool_name(bad: Any) -> None:
+    """Before: a tuple (or number) was taken as the tool's name; every later flush raised
+    TypeError from building its store key and sorting the names, so no tool's figures
+    reached the store again (they were lost at restart)."""
+    store = MemoryStore()
+    p = ProfilingPlugin(ProfilingConfig(tracing="off", metrics="off"), store=store)
+    with pytest.raises(TypeError, match="tool_name must be a non-empty string"):
+        p.record_execution(bad, 5)
+    p.record_execution("other", 5)
+    await p.flush()
+    assert [e.key for e in await store.scan("profiling:")] == ["profiling:v1:other"]
+    assert p.tools() == ["other"]
 
 
 async def test_record_execution_estimate_time_and_get_statistics() -> None:

@@ -526,6 +526,13 @@ class ProfilingPlugin:
         (default ``tool_error``). ``tool_args`` feed the similar-call estimates;
         ``session_id`` is kept in the recent call records.
         """
+        if not isinstance(tool_name, str) or not tool_name:
+            # A tuple or a number became a dict key here and broke every later flush (the
+            # store key and the sorted names need strings): no tool was stored again.
+            raise TypeError(
+                f"record_execution(tool_name={tool_name!r}): tool_name must be a non-empty "
+                f"string (the tool's name), not {type(tool_name).__name__}"
+            )
         try:
             ms = float(execution_time_ms)
         except (TypeError, ValueError):
