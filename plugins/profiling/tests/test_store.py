@@ -286,6 +286,27 @@ async def test_a_write_of_unknown_fate_is_counted_once(applied: bool) -> None:
     assert (await store.get("profiling:v1:a"))["count"] == 2
 
 
+async def test_a_store_whose_read_fails_at_start_does_not_stop_the_kernel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: a store raising something else than StateStoreError (a custom store, a
+    driver error it does not wrap) while the plugin read the stored figures at startup
+    made the kernel's start fail ('plugin profiling: startup failed'): no call could be
+    made for the sake of statistics. Flushes already treated any error as the store's."""
+
+    class ScanFails(MemoryStore):
+        async def scan(self, prefix: str, *args: Any, **kw: Any) -> Any:
+            raise RuntimeError("driver hiccup")
+
+    store = ScanFails()
+    p = ProfilingPlugin(cfg(), store=store)
+    async with Kernel(tools=[FakeTool("echo").tool], plugins=[p]) as k:
+        r = await k.call("echo", {})
+        assert not r.is_error
+    assert "could not read the stored statistics" in caplog.text
+    assert (await store.get("profiling:v1:echo"))["count"] == 1
+
+
 async def test_a_bad_document_does_not_keep_the_other_tools_from_the_store() -> None:
     store = CountingStore()
     await store.set("profiling:v1:a", {"v": 2})

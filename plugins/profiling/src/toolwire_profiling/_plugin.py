@@ -255,10 +255,13 @@ class ProfilingPlugin:
         self._setup_telemetry()
         try:
             await self.refresh()
-        except (StateStoreError, OSError) as exc:
+        except Exception as exc:
+            # Any error, like a flush's: a custom store, or a driver error it does not
+            # wrap, must not keep the kernel from starting for the sake of statistics.
             log.warning(
-                "profiling: could not read the stored statistics (%s); starting from this "
-                "process's own figures",
+                "profiling: could not read the stored statistics (%s: %s); starting from "
+                "this process's own figures",
+                type(exc).__name__,
                 exc,
             )
 
@@ -964,7 +967,7 @@ class ProfilingPlugin:
                         with anyio.CancelScope(shield=True):
                             try:
                                 await self.refresh()
-                            except (StateStoreError, OSError) as exc:
+                            except Exception as exc:
                                 self._warn(f"could not re-read the stored statistics: {exc}")
                     if not self._pending and not self._unsure:
                         break
