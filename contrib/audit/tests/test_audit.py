@@ -324,6 +324,28 @@ async def test_non_finite_numbers_in_the_arguments_keep_the_line_json(tmp_path: 
     assert line["args"] == {"factor": "NaN", "limit": "-Infinity"}
 
 
+async def test_a_lone_surrogate_in_a_name_or_argument_does_not_lose_the_line(
+    tmp_path: Path,
+) -> None:
+    """Before: a JSON string with a lone surrogate escape (``"\\ud800"``, valid JSON
+    that json.loads turns into an unencodable str) in a tool name, call id or argument
+    made the UTF-8 write fail: the call left no line at all, so a caller could make
+    calls the audit log never saw."""
+    k, log = kernel_for(tmp_path, "include_args = true\n")
+    name = json.loads('"rm_rf\\ud800"')
+    user = json.loads('"ann\\udfff"')
+    async with k:
+        r = await k.call(name, {}, call_id="c1")
+        assert r.error is not None and r.error.kind == "not_found"
+        assert not r.meta.plugin_errors
+        r = await k.call("login", {"user": user, "password": "s3cret"}, call_id="c2")
+        assert not r.is_error and not r.meta.plugin_errors
+    got = lines(log)
+    assert [g["call_id"] for g in got] == ["c1", "c2"]
+    assert got[0]["tool"] == name and got[0]["error_kind"] == "not_found"
+    assert got[1]["args"] == {"user": user, "password": "***"}
+
+
 async def test_a_call_ending_after_its_kernel_closed_is_still_recorded(tmp_path: Path) -> None:
     """Before: the plugin's shutdown closed the file while a call was in flight; that
     call's line was lost (and the error said 'used before startup')."""

@@ -40,7 +40,10 @@ def _owner_only(path: str, flags: int) -> int:
 
 
 def _open_log(path: Path) -> IO[str]:
-    return open(path, "a", encoding="utf-8", opener=_owner_only)
+    # backslashreplace: a lone surrogate (valid JSON "\ud800", which json.loads turns
+    # into a str UTF-8 cannot encode) is written as that same JSON escape; strict, the
+    # whole line was refused and the call left no trace.
+    return open(path, "a", encoding="utf-8", errors="backslashreplace", opener=_owner_only)
 
 
 class AuditConfig(BaseModel):
