@@ -276,11 +276,17 @@ async def test_without_http_token_the_http_api_answers_403_naming_it(
 
 def test_a_gateway_whose_token_opens_the_approval_api_does_not_start() -> None:
     from toolwire import ConfigError
+    from toolwire_mcp import BearerAuth
     from toolwire_mcp._serve import plugin_http_routes
 
     kernel = Kernel(plugins=[plugin(http_token="same-t0ken")])
-    with pytest.raises(ConfigError, match=r"plugins\.approval: .*every MCP client holds") as err:
+    with pytest.raises(ConfigError, match=r"plugins\.approval: .*MCP clients hold") as err:
         plugin_http_routes(kernel, auth_token="same-t0ken", reserved=["/mcp"])
+    assert "same-t0ken" not in str(err.value)
+    # nor the token of one client of [server.clients]
+    clients = BearerAuth("shared-t0ken", {"bot": ("same-t0ken", "acme")})
+    with pytest.raises(ConfigError, match=r"plugins\.approval: .*MCP clients hold") as err:
+        plugin_http_routes(kernel, auth_token=clients, reserved=["/mcp"])
     assert "same-t0ken" not in str(err.value)
     # its own token: served without the gateway's check (it checks its own)
     routes = plugin_http_routes(kernel, auth_token="other-t0ken", reserved=["/mcp"])
