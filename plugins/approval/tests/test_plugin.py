@@ -180,6 +180,30 @@ async def test_invalid_edited_args_are_refused_and_the_request_stays_pending() -
     assert events == ["requested", "refused", "refused", "refused", "approved", "executed"]
 
 
+async def test_the_audit_log_lines_carry_no_argument_values(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before: an edit refused as invalid logged its problems, each quoting the value it got
+    ("(got 'PIN-424242')"), on the audit logger whose lines are "without arguments"."""
+    kernel, p, _, pending = setup(default="REQUIRED")
+    caplog.set_level("INFO", logger="toolwire.approval.audit")
+    async with kernel, running_call(kernel, "send_email", {"to": "a@x"}) as result:
+        req = await pending.next()
+        with pytest.raises(InvalidEditError):
+            await p.approve(req["id"], args={"to": "a@x", "count": "PIN-424242"})
+        await p.approve(req["id"], args={"to": "b@x", "body": "PIN-565656"})
+    assert not result().is_error
+    lines = [r.getMessage() for r in caplog.records if r.name == "toolwire.approval.audit"]
+    assert [line.split(":")[0] for line in lines] == [
+        "approval requested", "approval refused", "approval approved", "approval executed",
+    ]  # fmt: skip
+    assert '"count"' in lines[1]  # which field was wrong is still said
+    assert not [line for line in lines if "PIN-" in line or "a@x" in line or "b@x" in line]
+    async with kernel:  # the stored entries keep the problems whole
+        [refused] = [a for a in await p.audit_log(req["id"]) if a["event"] == "refused"]
+    assert "PIN-424242" in refused["problems"][0]["message"]
+
+
 @pytest.mark.parametrize("state", ["memory", "sqlite"])
 async def test_args_json_cannot_carry_are_refused_as_args_not_as_a_store_failure(
     state: str, tmp_path: Any

@@ -1034,6 +1034,14 @@ class ApprovalPlugin:
         await store.set(key, item, ttl=self.config.retention_s)
         if audit_log.isEnabledFor(logging.INFO):
             shown = {k: v for k, v in item.items() if k not in ("args", "seq")}
+            if "problems" in shown:
+                # The fields only: a problem's message quotes the value it got (the line
+                # is "without arguments"; the stored entry keeps the messages).
+                shown["problems"] = [
+                    {k: v for k, v in pr.items() if k in ("field", "type")}
+                    for pr in shown["problems"]
+                    if isinstance(pr, dict)
+                ]
             audit_log.info("approval %s: %s", event, json.dumps(shown, default=str))
 
     def _has_local_channel(self, ctx: CallContext, elicit: Elicitor | None) -> bool:
