@@ -546,6 +546,21 @@ async def test_the_calls_deadline_ends_the_wait_but_keeps_the_request() -> None:
     assert again.meta.approval is not None and again.meta.approval["request_id"] == req.id
 
 
+async def test_a_deadline_without_a_call_id_does_not_promise_a_resumable_request() -> None:
+    """Before: the error said "approve it, then call again with the same call_id" to a call
+    that had none; approving it then did nothing, and calling again asked again."""
+    kernel, _, rec, _ = setup(default="REQUIRED")
+    async with kernel:
+        res = await kernel.call("send_email", {"to": "a@x"}, timeout=0.2)
+        assert res.error is not None and res.error.kind == "timeout"
+        assert "same call_id" not in res.error.message
+        assert "no call_id" in res.error.message and "asks again" in res.error.message
+        assert res.error.details["resumable"] is False
+        with_id = await kernel.call("send_email", {"to": "a@x"}, call_id="d", timeout=0.2)
+        assert with_id.error is not None and with_id.error.details["resumable"] is True
+    assert rec.runs == []
+
+
 async def test_a_decision_after_the_request_expired_is_refused() -> None:
     """Nobody waits on the request (its call was cancelled), so nothing timed it out:
     approve/reject must still refuse it once its own timeout has passed."""

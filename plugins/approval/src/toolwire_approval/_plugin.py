@@ -554,12 +554,26 @@ class ApprovalPlugin:
             )
         if signal == "deadline":
             ctx.meta.approval = _meta(rec, "pending", waited_ms)
+            resumable = call.call_id is not None
             raise CallRejected(
                 ErrorKind.TIMEOUT,
                 f"plugin 'approval': the call's deadline passed while tool {call.name!r} waited "
-                f"for approval (request {rid}, {res.describe()}); the request stays pending: "
-                "approve it, then call again with the same call_id",
-                details={"reason": "deadline", "request_id": rid, "rule": rec["rule"]},
+                f"for approval (request {rid}, {res.describe()}); "
+                + (
+                    "the request stays pending: approve it, then call again with the same call_id"
+                    if resumable
+                    # Nothing recognises a call without a call_id: an approval of this
+                    # request would never be used.
+                    else "this call has no call_id, so nothing can resume its request: "
+                    "calling again asks again. Pass a call_id (the same on every retry) to "
+                    "resume a request after a deadline"
+                ),
+                details={
+                    "reason": "deadline",
+                    "request_id": rid,
+                    "rule": rec["rule"],
+                    "resumable": resumable,
+                },
             )
         d = rec.get("decision") or {}
         if rec["status"] == REJECTED:
