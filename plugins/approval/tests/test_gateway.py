@@ -104,6 +104,50 @@ async def test_the_elicitation_shows_every_argument_however_long_one_is(mode: st
     assert rec.runs == [{**args, "count": 1}]  # what runs is what was asked, in full
 
 
+class SlowUser(User):
+    """A user who answers after a second: past a ``lazy_timeout_s`` of 0.5 s."""
+
+    async def __call__(self, *a: Any) -> Any:
+        await anyio.sleep(1.0)
+        return await super().__call__(*a)
+
+
+async def test_a_late_rejection_a_2026_client_brings_back_stops_a_lazy_call() -> None:
+    """2026-07-28: the call ends at once with the question; nothing runs while the user
+    thinks. Before: a user who took longer than lazy_timeout_s to reject saw the retried
+    call, which carried their "reject", run the tool (the LAZY timeout had passed)."""
+    kernel, p, rec = gateway(tools={"send_email": "LAZY"}, lazy_timeout_s=0.5)
+    user = SlowUser({"decision": "reject", "reason": "not this one"})
+    async with kernel:
+        async with Client(create_server(kernel), elicitation_handler=user) as c:
+            r = await c.call_tool_mcp("send_email", ARGS)
+        audit = await p.audit_log()
+    assert rec.runs == []
+    assert r.is_error and r.meta is not None
+    assert r.meta[ERROR_META_KEY]["kind"] == "denied"
+    assert r.meta[ERROR_META_KEY]["details"]["reason"] == "not this one"
+    assert [a["event"] for a in audit] == ["requested", "rejected"]
+    assert audit[-1]["via"] == "mcp_elicitation"
+
+
+async def test_a_late_answer_a_2026_client_brings_back_decides_a_lazy_call() -> None:
+    kernel, p, rec = gateway(tools={"send_email": "LAZY"}, lazy_timeout_s=0.5)
+    user = SlowUser(
+        {"decision": "approve", "args": json.dumps({"to": "a@x", "count": "many"})},
+        {"decision": "approve", "args": json.dumps({"to": "b@x"})},
+    )
+    async with kernel:
+        async with Client(create_server(kernel), elicitation_handler=user) as c:
+            r = await c.call_tool("send_email", ARGS)
+        audit = await p.audit_log()
+    # the refused edit is asked again, not run as first sent: the user is there
+    assert "Your edited arguments were refused" in user.questions[1][0]
+    assert r.structured_content == {"sent": "b@x", "count": 1}
+    assert rec.runs == [{"to": "b@x", "body": "hi", "count": 1}]
+    assert [a["event"] for a in audit] == ["requested", "refused", "approved", "executed"]
+    assert audit[2]["via"] == "mcp_elicitation"
+
+
 async def test_edited_args_through_elicitation_are_validated_and_asked_again() -> None:
     kernel, p, rec = gateway(default="REQUIRED")
     user = User(

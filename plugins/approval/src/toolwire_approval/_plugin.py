@@ -372,6 +372,22 @@ class ApprovalPlugin:
         ``via`` names the channel in the audit log; ``client`` (e.g. an HTTP
         client address) is recorded too. See :meth:`approve` for the errors.
         """
+        return await self._decide(
+            request_id, decision, via=via, fingerprint=fingerprint, client=client, late=False
+        )
+
+    async def _decide(
+        self,
+        request_id: str,
+        decision: ApprovalDecision,
+        *,
+        via: str,
+        fingerprint: str | None,
+        client: str | None,
+        late: bool,
+    ) -> ApprovalRequest:
+        """``decide``; ``late``: also on a request past its timeout that is still pending
+        (the answer a 2026-07-28 MCP client brings back on a LAZY call, see ``_wait``)."""
         if not isinstance(decision, (Approve, Reject)):
             raise TypeError(f"decision must be Approve or Reject, not {type(decision).__name__}")
         if not _possible_id(request_id):
@@ -395,7 +411,7 @@ class ApprovalPlugin:
                     f"{d.get('by')!r} via {d.get('via')}; the first decision stands",
                     request_id=request_id,
                 )
-            if now >= rec["expires_at"]:
+            if now >= rec["expires_at"] and not late:
                 when = datetime.fromtimestamp(rec["expires_at"], UTC).isoformat(timespec="seconds")
                 raise ApprovalExpiredError(
                     f"approval request {request_id!r} expired at {when} "
@@ -691,6 +707,18 @@ class ApprovalPlugin:
         async with anyio.create_task_group() as tg:
             if rec["status"] == PENDING and now < rec["expires_at"]:
                 self._start_channels(tg, ctx, ApprovalRequest.from_record(rec, now), elicit, signal)
+            elif (
+                rec["status"] == PENDING
+                and rec["policy"] == Policy.LAZY
+                and elicit is not None
+                and elicit.mode == INPUT_REQUIRED
+            ):
+                # A 2026-07-28 client's user answered after lazy_timeout_s. Nothing ran
+                # meanwhile (the first round ended the call), and this retry carries the
+                # answer: it decides, not the timeout (which ran the tool the user rejected).
+                req = ApprovalRequest.from_record(rec, now)
+                await self._run_elicitation(elicit, req, signal, late=True)
+                entry = await kernel.state.get_entry(entry.key) or entry
             try:
                 outcome = await self._watch(ctx, entry, signal)
             finally:
@@ -824,8 +852,10 @@ class ApprovalPlugin:
             log.exception("approval callback %r failed on request %s", cb, request.id)
 
     async def _run_elicitation(
-        self, elicit: Elicitor, request: ApprovalRequest, signal: _Signal
+        self, elicit: Elicitor, request: ApprovalRequest, signal: _Signal, *, late: bool = False
     ) -> None:
+        """Ask the MCP client's user; ``late``: the request is past its LAZY timeout, and
+        only an answer the (retried) call carries decides it: without one the call goes on."""
         by = f"mcp-client:{elicit.client}" if elicit.client else "mcp-client"
         note = ""
         for _ in range(3):
@@ -840,14 +870,20 @@ class ApprovalPlugin:
                 log.warning("approval: asking the MCP client's user failed: %s", exc)
                 return
             if answer is None:
-                signal.raise_input_required()
+                if not (late and not note):  # asked again after a refused edit: wait for it
+                    signal.raise_input_required()
                 return
             try:
                 decision = parse_elicitation(answer, by=by)
                 if decision is None:
                     return  # cancelled: the other channels and the timeout decide
-                await self.decide(
-                    request.id, decision, via="mcp_elicitation", fingerprint=request.fingerprint
+                await self._decide(
+                    request.id,
+                    decision,
+                    via="mcp_elicitation",
+                    fingerprint=request.fingerprint,
+                    client=None,
+                    late=late,
                 )
                 return
             except InvalidEditError as exc:
