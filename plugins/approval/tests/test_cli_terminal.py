@@ -212,6 +212,29 @@ async def test_the_prompt_approves_with_edits_after_bad_answers() -> None:
     assert "approved" in text
 
 
+#: Right-to-left override: "ann@corp.example\u202emoc.live@" shows as "ann@corp.example@evil.com".
+SPOOF = "ann@corp.example\u202emoc.live@"
+
+
+@pytest.mark.anyio
+async def test_the_prompt_shows_invisible_and_reordering_characters_escaped() -> None:
+    """Before: the arguments were printed with their format and control characters (bidi
+    overrides, zero-width spaces, C1 controls) as they were, so an argument could make the
+    terminal show other text than the one approved."""
+    p = plugin(default="REQUIRED")
+    kernel = Kernel(plugins=[p])
+    rec = Recorder()
+    rec.add_to(kernel)
+    prompt, shown = scripted("n", "")
+    args = {"to": SPOOF, "body": "zero\u200bwidth \x9b31m"}
+    async with kernel:
+        await kernel.call("send_email", args, extensions={TERMINAL_EXTENSION: prompt})
+    text = "".join(shown)
+    assert not any(c in text for c in "\u202e\u200b\x9b")
+    assert "\\u202e" in text and "\\u200b" in text and "\\u009b" in text
+    assert "ann@corp.example" in text and rec.runs == []
+
+
 @pytest.mark.anyio
 async def test_the_prompt_offered_by_context_rejects_with_a_reason() -> None:
     p = plugin(default="REQUIRED")

@@ -104,6 +104,15 @@ async def test_the_elicitation_shows_every_argument_however_long_one_is(mode: st
     assert rec.runs == [{**args, "count": 1}]  # what runs is what was asked, in full
 
 
+async def test_the_elicitation_shows_invisible_and_reordering_characters_escaped() -> None:
+    kernel, _, _ = gateway(tools={"send_email": "REQUIRED"})
+    user = User({"decision": "reject"})
+    async with kernel, Client(create_server(kernel), elicitation_handler=user) as c:
+        await c.call_tool_mcp("send_email", {"to": "ann@corp.example\u202emoc.live@"})
+    [(message, _)] = user.questions
+    assert "\u202e" not in message and "ann@corp.example\\u202emoc.live@" in message
+
+
 class SlowUser(User):
     """A user who answers after a second: past a ``lazy_timeout_s`` of 0.5 s."""
 

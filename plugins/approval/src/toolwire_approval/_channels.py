@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import getpass
 import json
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
@@ -96,6 +97,38 @@ class Elicitor(Protocol):
         ...
 
 
+#: What a prompt never prints as it is: control, format (bidi overrides, zero-width) and
+#: line/paragraph separator characters, and lone surrogates. JSON escapes those below
+#: U+0020 itself; the others would let an argument reorder or hide what the approver reads.
+_UNSHOWN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
+def _escape_unshown(text: str) -> str:
+    if text.isascii() and "\x7f" not in text:
+        return text
+    return "".join(
+        _json_escape(c)
+        if (c == "\x7f" or not c.isascii()) and unicodedata.category(c) in _UNSHOWN_CATEGORIES
+        else c
+        for c in text
+    )
+
+
+def _json_escape(c: str) -> str:
+    """``c`` as a JSON escape (a surrogate pair past U+FFFF, e.g. the tag characters)."""
+    n = ord(c)
+    if n <= 0xFFFF:
+        return f"\\u{n:04x}"
+    n -= 0x10000
+    return f"\\u{0xD800 + (n >> 10):04x}\\u{0xDC00 + (n & 0x3FF):04x}"
+
+
+def show_json(value: Any, *, indent: int | None = None) -> str:
+    """``value`` as JSON for a person to read: non-ASCII text as it is, except the
+    characters that change how the rest displays (``\\u202e``, ``\\u200b``...), escaped."""
+    return _escape_unshown(json.dumps(value, ensure_ascii=False, indent=indent, sort_keys=True))
+
+
 #: The longest string (value or key) the elicitation shows whole; a longer one is shortened
 #: on its own, so every other argument is still shown.
 SHOWN_STRING = 300
@@ -125,7 +158,7 @@ def shown_args(args: dict[str, Any]) -> tuple[str, int]:
     ``body``), which the user then approved unseen.
     """
     hidden = [0]
-    text = json.dumps(_shorten(args, hidden), ensure_ascii=False, indent=2, sort_keys=True)
+    text = show_json(_shorten(args, hidden), indent=2)
     if len(text) > SHOWN_TOTAL:
         hidden[0] += len(text) - SHOWN_TOTAL
         text = text[:SHOWN_TOTAL] + "..."
@@ -137,7 +170,8 @@ def elicitation_message(request: ApprovalRequest, *, cli: str = "toolwire approv
     text, hidden = shown_args(request.args)
     lines = [f"Approve the call of tool {request.tool!r}?", ""]
     if request.description:
-        lines.insert(1, f"Tool: {request.description.strip().splitlines()[0]}")
+        first = request.description.strip().splitlines()[0]
+        lines.insert(1, "Tool: " + _escape_unshown(first))
     if hidden:
         lines += [
             f"The arguments are long: {hidden} characters not shown below. Read them in full "
@@ -227,7 +261,7 @@ class TerminalPrompt:
                 f"\ntoolwire: tool {request.tool!r} needs approval "
                 f"({request.policy}, rule {request.rule}), request {request.id}"
             )
-            self.say("  arguments: " + json.dumps(request.args, ensure_ascii=False, sort_keys=True))
+            self.say("  arguments: " + show_json(request.args))
             self.say(f"  (also: {cli} approve {request.id} / {cli} reject {request.id})")
         while True:
             self._write("approve? [y]es / [n]o / [e]dit arguments: ")
