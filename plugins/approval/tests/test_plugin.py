@@ -114,6 +114,24 @@ async def test_required_times_out_as_a_rejection_with_reason_timeout() -> None:
     assert sum(clock.sleeps) == pytest.approx(600)
 
 
+async def test_the_timeout_message_names_a_config_line_that_parses() -> None:
+    """Before: "set plugins.approval.tools.mail.send = 'NONE'" for a tool named with a dot
+    (as MCP and A2A tools often are): in TOML that is table `tools.mail`, key `send`."""
+    import tomllib
+
+    clock = FakeClock()
+    p = plugin(default="REQUIRED", required_timeout_s=5)
+    kernel = Kernel(plugins=[p], clock=clock)
+    rec = Recorder()
+    rec.add_to(kernel, name="mail.send")
+    async with kernel:
+        res = await kernel.call("mail.send", {"to": "a@x"})
+    assert res.error is not None and res.error.details["reason"] == "timeout"
+    line = res.error.message.split("or set plugins.approval.")[1]
+    assert line == """tools."mail.send" = 'NONE'"""
+    assert tomllib.loads(line) == {"tools": {"mail.send": "NONE"}}
+
+
 async def test_lazy_proceeds_after_its_timeout() -> None:
     clock = FakeClock()
     p = plugin(tools={"send_email": "LAZY"})  # lazy_timeout_s defaults to 30

@@ -72,7 +72,7 @@ from ._channels import (
     terminal_prompt,
 )
 from ._config import ApprovalConfig, Policy
-from ._rules import Resolution, RuleSet
+from ._rules import Resolution, RuleSet, _quoted
 from ._types import (
     APPROVED,
     EXPIRED,
@@ -1163,7 +1163,7 @@ class ApprovalPlugin:
                     if self.config.http_token is not None
                     else ""
                 )
-                + f" while it waits, or set plugins.approval.tools.{name} = 'NONE'"
+                + f" while it waits, or set plugins.approval.tools.{_quoted(name)} = 'NONE'"
             )
         return (
             f"plugin 'approval': tool {name!r} was rejected by {d.get('by')!r} via "
