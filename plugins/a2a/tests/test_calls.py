@@ -810,3 +810,43 @@ async def test_an_answer_that_is_not_a2a_json_rpc_says_what_to_check(
     assert "is not A2A 1.0 JSON-RPC" in res.error.message
     assert "plugins.a2a.agents" in res.error.message
     assert res.error.details["reason"] == "malformed_answer"
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+async def test_a_plain_500_after_the_agent_had_the_message_is_not_sent_again(
+    router: Router, research: Agent, streaming: bool
+) -> None:
+    """A server error page (no A2A error in the body: a middleware or a proxy in front of
+    the agent failed after the agent got the message) is `unavailable` with status 500.
+    Before: the ratelimit plugin took that declared kind as retryable and the retry
+    plugin sent the message again: the agent ran twice. A 500 says the server had the
+    request (``in_flight``), which the retry plugin does not repeat for a side-effecting
+    tool."""
+    inner = research.app
+
+    async def failing_middleware(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] != "/a2a/jsonrpc":
+            await inner(scope, receive, send)
+            return
+
+        async def swallow(message: Any) -> None:  # the agent's answer is lost
+            pass
+
+        await inner(scope, receive, swallow)
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        await send({"type": "http.response.body", "body": b"Internal Server Error"})
+
+    router.hosts["research.test"] = failing_middleware
+    cfg = A2AConfig(agents=AGENTS["agents"], refresh_interval_s=0, streaming=streaming)
+    plugins = [
+        A2APlugin(cfg, transport=router),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(base_s=0.01)),
+    ]
+    async with Kernel(plugins=plugins) as kernel:
+        res = await kernel.call("agent_research", {"query": "book it"})
+    assert [s["text"] for s in research.executor.seen] == ["book it"]
+    assert res.is_error and res.error is not None
+    assert res.error.kind == ErrorKind.UNAVAILABLE and res.error.details["status"] == 500
+    assert res.error.details["in_flight"] is True and not res.error.retryable
+    assert "may have side effects" in res.error.details["gave_up"]

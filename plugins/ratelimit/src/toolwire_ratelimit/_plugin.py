@@ -64,6 +64,13 @@ _RELEVANT_HEADER = re.compile(
 #: Gateway, 504 Gateway Timeout, and Cloudflare's 524 (the origin took the request and did
 #: not answer in time). The upstream may have acted.
 _UPSTREAM_MAY_HAVE_ACTED = frozenset({502, 504, 524})
+#: Server errors that say the request was turned away before anything was done: 501 Not
+#: Implemented, 503 Service Unavailable, 505 HTTP Version Not Supported, 511 Network
+#: Authentication Required, Cloudflare's 521-523 (the origin refused the connection, or
+#: none could be made) and 529 (overloaded). Any other 5xx a tool reports as
+#: ``unavailable`` (a 500 error page, 520 "unknown error from the origin") came from a
+#: server that had the request: it may have acted.
+_REFUSED_BEFORE_ACTING = frozenset({501, 503, 505, 511, 521, 522, 523, 529})
 
 
 def attempt_detail(ctx: CallContext, attempt: int | None = None) -> dict[str, Any]:
@@ -436,11 +443,19 @@ class RateLimitPlugin:
             d["key"] = alias
         if ev is not None:
             if c.kind == "unavailable" and (
-                request_went_out(ev) or ev.status in _UPSTREAM_MAY_HAVE_ACTED
+                request_went_out(ev)
+                or ev.status in _UPSTREAM_MAY_HAVE_ACTED
+                or (
+                    ev.status is not None
+                    and ev.status >= 500
+                    and ev.status not in _REFUSED_BEFORE_ACTING
+                )
             ):
-                # the connection broke after the request went out, or a gateway gave up
-                # on an upstream that had the request: the outcome is unknown (the retry
-                # plugin does not repeat a tool with side effects then)
+                # the connection broke after the request went out, a gateway gave up on
+                # an upstream that had the request, or a server failed while handling it
+                # (a 500 a tool declared `unavailable`, or one configured retryable): the
+                # outcome is unknown (the retry plugin does not repeat a tool with side
+                # effects then)
                 d["in_flight"] = True
             elif c.kind == "timeout" and ev.status == 408:
                 d["in_flight"] = False  # the server timed out reading the request
