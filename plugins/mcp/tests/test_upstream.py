@@ -715,3 +715,30 @@ async def test_an_upstream_image_reaches_the_gateways_client_as_an_image(kernel:
     assert not res.is_error
     assert [type(b).__name__ for b in res.content] == ["ImageContent"]
     assert res.content[0].data == pixel and res.content[0].mime_type == "image/png"
+
+
+@pytest.mark.parametrize(
+    "text", ["payment backend answered 503 Service Unavailable", "connection reset by peer"]
+)
+async def test_a_remote_tool_that_failed_in_words_of_an_outage_is_not_called_again(
+    text: str,
+) -> None:
+    """The remote tool ran and reported a failure (isError): the server had the call.
+    Before: the ratelimit plugin read the text as an outage (`unavailable`, retryable)
+    and the retry plugin called the tool again — a tool with side effects (``fail`` has
+    no read-only or idempotent hint) ran twice. The error now says the call reached the
+    tool (``in_flight``), which the retry plugin does not repeat."""
+    from toolwire_ratelimit import RateLimitPlugin
+    from toolwire_retry import RetryConfig, RetryPlugin
+
+    plugins = [
+        plugin({"up": upstream_entry()}),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(base_s=0.01)),
+    ]
+    async with Kernel(plugins=plugins) as kernel:
+        r = await kernel.call("up_fail", {"message": text})
+    assert [a.tool for a in r.meta.attempts] == ["up_fail"]
+    assert r.error is not None and r.error.kind == "unavailable"
+    assert r.error.details["in_flight"] is True and not r.error.retryable
+    assert "may have side effects" in r.error.details["gave_up"]

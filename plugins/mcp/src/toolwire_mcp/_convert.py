@@ -253,6 +253,11 @@ def remote_error(
         details["remote_structured_content"] = sc
     if remote_kind is not None:
         details["remote_kind"] = remote_kind
+    if kind == ErrorKind.TOOL_ERROR and remote_info is None:
+        # The remote tool ran and failed: the server had the call, which may have acted
+        # (not to be repeated, whatever its text suggests to a classifier: "503 Service
+        # Unavailable" from the tool's own backend is no outage of this server).
+        details["in_flight"] = True
     if remote_details:
         # A toolwire upstream's details travel on (a chain of gateways keeps them); the
         # facts a caller acts on are lifted: the outcome is unknown, the HTTP status.
