@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 import uuid
 from typing import Any
@@ -199,6 +201,45 @@ async def test_a_refused_connection_of_a_side_effecting_tool_is_retried(
         res = await kernel.call("send", {"to": "x"})
     assert res.error is not None and res.error.kind == "unavailable"
     assert "in_flight" not in res.error.details and len(runs) == 2
+
+
+async def test_a_connect_timeout_of_a_side_effecting_tool_is_retried() -> None:
+    """No connection could be made in time (httpx: ConnectTimeout against a listener whose
+    backlog is full), so nothing was sent: an outage like a refused connection. Before,
+    it was an unknown outcome ("timed out and may have side effects"), not retried, and
+    the error told the caller not to retry either."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(4):  # fill the accept queue: further connections are not answered
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(("127.0.0.1", port))
+        fillers.append(s)
+    runs: list[int] = []
+
+    @tool(name="send")
+    async def send(to: str) -> dict[str, Any]:
+        """Send a message."""
+        runs.append(1)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(5, connect=0.2)) as c:
+            r = await c.post(f"http://127.0.0.1:{port}/send", json={"to": to})
+        return dict(r.json())
+
+    plugins = [RateLimitPlugin(), RetryPlugin(RetryConfig(seed=1, base_s=0.01))]
+    try:
+        async with Kernel(tools=[send], plugins=plugins) as kernel:
+            res = await kernel.call("send", {"to": "x"})
+    finally:
+        for s in [*fillers, listener]:
+            s.close()
+    assert res.error is not None and res.error.kind == "timeout"
+    assert res.error.details["in_flight"] is False
+    assert len(runs) == 2 and [a.decision for a in res.meta.attempts] == ["retry", None]
+    assert "may have side effects" not in str(res.error.details.get("gave_up"))
 
 
 async def test_a_provider_that_never_answers_times_out_and_falls_over_within_the_deadline(

@@ -40,6 +40,7 @@ __all__ = [
     "PatternSet",
     "TextRegex",
     "default_patterns",
+    "request_not_sent",
     "request_went_out",
 ]
 
@@ -415,6 +416,18 @@ _NOT_SENT = frozenset(
         "gaierror",
     }
 )
+
+
+#: Timeouts that say no connection was made, so nothing was sent: httpx's connect and
+#: pool timeouts, aiohttp's connection timeout.
+_NOT_SENT_TIMEOUTS = frozenset({"ConnectTimeout", "PoolTimeout", "ConnectionTimeoutError"})
+
+
+def request_not_sent(ev: Evidence) -> bool:
+    """Whether the exception chain says the attempt timed out before a connection was
+    made (so the request never went out), and nothing in it says it was sent."""
+    names = ev.exc_names
+    return not names.isdisjoint(_NOT_SENT_TIMEOUTS) and names.isdisjoint(_SENT)
 
 
 def request_went_out(ev: Evidence) -> bool:

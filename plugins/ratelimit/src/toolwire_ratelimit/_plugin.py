@@ -34,6 +34,7 @@ from ._classify import (
     PatternSet,
     TextRegex,
     default_patterns,
+    request_not_sent,
     request_went_out,
 )
 from ._config import (
@@ -457,8 +458,9 @@ class RateLimitPlugin:
                 # outcome is unknown (the retry plugin does not repeat a tool with side
                 # effects then)
                 d["in_flight"] = True
-            elif c.kind == "timeout" and ev.status == 408:
-                d["in_flight"] = False  # the server timed out reading the request
+            elif c.kind == "timeout" and (ev.status == 408 or request_not_sent(ev)):
+                # the server timed out reading the request, or no connection was made
+                d["in_flight"] = False
             if ev.status is not None:
                 d["status"] = ev.status
             hdrs = {k: v for k, v in ev.headers.items() if _RELEVANT_HEADER.match(k)}
