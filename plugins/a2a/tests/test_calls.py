@@ -849,4 +849,6 @@ async def test_a_plain_500_after_the_agent_had_the_message_is_not_sent_again(
     assert res.is_error and res.error is not None
     assert res.error.kind == ErrorKind.UNAVAILABLE and res.error.details["status"] == 500
     assert res.error.details["in_flight"] is True and not res.error.retryable
-    assert "may have side effects" in res.error.details["gave_up"]
+    gave_up = res.error.details["gave_up"]
+    assert "failed with HTTP 500 after the request reached the server" in gave_up
+    assert "may have side effects" in gave_up

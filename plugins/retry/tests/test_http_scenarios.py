@@ -177,6 +177,7 @@ async def test_a_gateway_that_gave_up_on_its_upstream_leaves_the_outcome_unknown
     assert alpha.count() == 1
     assert res.error is not None and res.error.kind == "unavailable"
     assert res.error.details["in_flight"] is True and res.error.details["status"] == status
+    assert f"failed with HTTP {status} after the request reached" in res.error.details["gave_up"]
     assert "may have side effects" in res.error.details["gave_up"]
     assert not res.error.retryable
 

@@ -584,9 +584,13 @@ class RetryPlugin:
         # timeout that says nothing was sent (``in_flight`` false: still waiting for a
         # connection) is an outage like any other.
         in_flight = error.details.get("in_flight")
+        status = error.details.get("status")
         unknown = (
             "timed out"
             if str(error.kind) == "timeout" and in_flight is not False
+            else f"failed with HTTP {status} after the request reached the server "
+            "(details.in_flight: the outcome is unknown)"
+            if in_flight is True and isinstance(status, int) and status >= 500
             else "lost its connection during the call (details.in_flight: the outcome is unknown)"
             if in_flight is True
             else None
