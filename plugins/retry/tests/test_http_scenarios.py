@@ -121,6 +121,29 @@ async def test_an_unmatched_500_is_one_attempt_and_terminal(
     assert len(res.meta.attempts) == 1 and alpha.count() == 1 and beta.count() == 0
 
 
+async def test_a_fallback_that_fails_for_good_says_what_failed_before_it(
+    make_kernel: Any, alpha: FakeProvider, beta: FakeProvider
+) -> None:
+    """Before: the call of alpha_search ended with beta_search's own error, "division by
+    zero", and nothing in the error said that alpha_search had been tried and rate
+    limited, or that the answer came from a fallback (an MCP client sees the message)."""
+    alpha.script(Reply(429, json={"error": "rate limit exceeded"}))
+    beta.script(Reply(500, body="internal error: division by zero"))
+    async with make_kernel() as kernel:
+        res = await kernel.call("alpha_search", {"q": "x"})
+    assert [a.tool for a in res.meta.attempts] == ["alpha_search", "alpha_search", "beta_search"]
+    assert res.error is not None and res.error.kind == "tool_error"
+    assert "500 Internal Server Error" in res.error.message
+    assert "(a fallback for 'alpha_search': 'alpha_search' failed with rate_limit)" in (
+        res.error.message
+    )
+    assert res.error.details["fallback_of"] == "alpha_search"
+    assert res.error.details["tried"] == [
+        {"tool": "alpha_search", "provider": "alpha", "kind": "rate_limit"}
+    ]
+    assert alpha.count() == 2 and beta.count() == 1
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 async def test_a_dropped_connection_after_the_request_went_out(
     read_only: bool, alpha: FakeProvider, client: httpx.AsyncClient

@@ -575,9 +575,11 @@ class RetryPlugin:
         pol = self.policy(call.name, provider, rl)
         tp = self.config.tools.get(call.name)
         if tp is not None and not tp.retry:
-            return self._give_up(error, st, detail, "retries are off for this tool", terminal=True)
+            res = self._give_up(error, st, detail, "retries are off for this tool", terminal=True)
+            return self._after_fallback(res, error, st, call.name)
         if not (error.retryable or error.details.get("failover")):
-            return self._give_up(error, st, detail, None, terminal=True)
+            res = self._give_up(error, st, detail, None, terminal=True)
+            return self._after_fallback(res, error, st, call.name)
         # A timeout, or a connection lost after the request went out (``in_flight``:
         # an upstream MCP server that crashed mid-call, an answer that broke off),
         # leaves the outcome unknown: the first attempt may have done its work. A
@@ -603,7 +605,8 @@ class RetryPlugin:
             error.details["retry"] = unsafe
             # nor by its caller: a retryable flag would invite the second run refused here
             error.retryable = False
-            return self._give_up(error, st, detail, unsafe, terminal=True)
+            res = self._give_up(error, st, detail, unsafe, terminal=True)
+            return self._after_fallback(res, error, st, call.name)
         left = float(pol["max_elapsed_s"]) - (kernel.clock.monotonic() - float(st["t0"]))
         time_left = ctx.time_left()
         if time_left is not None:
@@ -781,6 +784,26 @@ class RetryPlugin:
             detail["to"] = cand
             return Fallback(cand, args=args, reason=f"fall over to {cand!r}")
         return None
+
+    @staticmethod
+    def _after_fallback(
+        res: Recover | None, error: ErrorInfo, st: dict[str, Any], tool: str
+    ) -> Recover | None:
+        """A fallback target's error that ends the call says which tools failed before it:
+        it is the answer to a call of another tool, which the caller would not know."""
+        tried: list[str] = st.get("tried") or []
+        if res is not None or not tried or tool == tried[0]:
+            return res
+        before = [
+            f for f in st.get("failed", {}).values() if f["tool"] != tool and f["tool"] in tried
+        ]
+        error.details["fallback_of"] = tried[0]
+        error.details["tried"] = [
+            {"tool": f["tool"], "provider": f["provider"], "kind": f["kind"]} for f in before
+        ]
+        said = ", ".join(f"{f['tool']!r} failed with {f['kind']}" for f in before)
+        error.message += f" (a fallback for {tried[0]!r}" + (f": {said}" if said else "") + ")"
+        return res
 
     def _give_up(
         self,
