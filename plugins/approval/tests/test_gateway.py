@@ -192,9 +192,12 @@ async def test_a_client_without_elicitation_is_not_asked_and_waits_for_another_c
 
 # ------------------------------------------------------------------ HTTP API
 @asynccontextmanager
-async def serving(kernel: Kernel, token: str | None) -> AsyncIterator[str]:
-    """``run_server`` over HTTP on a free port; yields the base URL."""
-    cfg = ServeConfig(transport="http", port=0, auth_token=SecretStr(token) if token else None)
+async def serving(kernel: Kernel, token: str | None, **extra: Any) -> AsyncIterator[str]:
+    """``run_server`` over HTTP on a free port; yields the base URL. ``extra``: more
+    ``[server]`` keys."""
+    cfg = ServeConfig(
+        transport="http", port=0, auth_token=SecretStr(token) if token else None, **extra
+    )
     ready: list[dict[str, Any]] = []
     up = anyio.Event()
 
@@ -616,3 +619,23 @@ async def test_a_call_waiting_for_approval_when_the_gateway_dies_runs_once_on_re
         r = await call(url, {"to": "b", "seconds": 30}, approve=False)
     assert r.is_error and r.meta[ERROR_META_KEY]["details"]["reason"] == "outcome_unknown"
     assert runs.read_text().count("\n") == 2
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_an_approval_from_a_client_with_its_own_token_names_that_client(mode: str) -> None:
+    """A client with a `[server.clients]` token is recorded by that name (authenticated),
+    not by the name it gives itself in clientInfo, which any client may choose."""
+    kernel, p, rec = gateway(tools={"send_email": "REQUIRED"})
+    user = User({"decision": "approve", "reason": "ok"})
+    clients = {"alice": {"token": "alice-token-1"}}
+    async with kernel, serving(kernel, None, clients=clients) as base:
+        url = f"{base}/mcp"
+        async with Client(
+            url, auth="alice-token-1", elicitation_handler=user, mode=mode, timeout=20
+        ) as c:
+            r = await c.call_tool("send_email", ARGS)
+        audit = await p.audit_log()
+    assert r.structured_content == {"sent": "a@x", "count": 1} and len(rec.runs) == 1
+    [decided] = [a for a in audit if a["event"] == "approved"]
+    assert decided["by"] == "client:alice" and decided["via"] == "mcp_elicitation"
+    assert decided["tenant"] == "alice"

@@ -83,7 +83,9 @@ class Elicitor(Protocol):
     call with error kind ``input_required`` and ``toolwire serve`` answers the
     client with an ``InputRequiredResult`` whose ``request_state`` is
     ``state``). ``request_state`` is the state the client echoed (None on a
-    first round). ``client`` names the MCP client, when it said.
+    first round). ``client`` names the MCP client, when it said. An elicitor may
+    also have ``principal``: the authenticated name of the client (``toolwire
+    serve``'s ``[server.clients]`` entry), which the audit records instead.
     """
 
     mode: str

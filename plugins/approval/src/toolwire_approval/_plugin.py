@@ -856,7 +856,11 @@ class ApprovalPlugin:
     ) -> None:
         """Ask the MCP client's user; ``late``: the request is past its LAZY timeout, and
         only an answer the (retried) call carries decides it: without one the call goes on."""
-        by = f"mcp-client:{elicit.client}" if elicit.client else "mcp-client"
+        principal = getattr(elicit, "principal", None)  # a [server.clients] name: authenticated
+        if principal:
+            by = f"client:{principal}"
+        else:  # the name the client gives itself, or none
+            by = f"mcp-client:{elicit.client}" if elicit.client else "mcp-client"
         note = ""
         for _ in range(3):
             try:

@@ -130,6 +130,16 @@ def _progress_sender(rc: FastMCPRequestContext, token: str | int) -> ProgressSen
     return send
 
 
+def _principal(rc: FastMCPRequestContext) -> str | None:
+    """The ``[server.clients]`` name the request's bearer token belongs to, or None."""
+    request = rc.request
+    if request is None or tenant_of(request.scope) is None:
+        return None  # only a client entry's token carries a tenant
+    grant = getattr(request.scope.get("user"), "access_token", None)
+    name = getattr(grant, "client_id", None)
+    return name if isinstance(name, str) else None
+
+
 class MCPElicitation:
     """``ctx.extensions["mcp.elicit"]``: ask the MCP client's user (form elicitation).
 
@@ -156,8 +166,11 @@ class MCPElicitation:
         with contextlib.suppress(RuntimeError, AttributeError):
             params = ctx.session.client_params
             info = params.client_info if params is not None else None
-        #: The client's name (``clientInfo.name``), when it said.
+        #: The client's name (``clientInfo.name``), when it said: the client's own word.
         self.client: str | None = info.name if info is not None else None
+        #: The ``[server.clients]`` name of the client's bearer token (authenticated), or
+        #: None (the shared token, no auth, stdio).
+        self.principal: str | None = _principal(rc)
         self._answers: dict[str, dict[str, Any]] | None = None  # read on first use
         self._request_state: str | None = None
         self._questions: dict[str, mcp_types.ElicitRequest] = {}
