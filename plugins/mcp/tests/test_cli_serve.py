@@ -574,6 +574,51 @@ async def test_a_call_outliving_the_grace_period_is_answered_cancelled(
     assert "Exception in ASGI application" not in p.stderr
 
 
+async def test_a_cut_call_kept_as_outcome_unknown_is_not_promised_a_rerun(
+    tmp_path: Path, serve_process: Any
+) -> None:
+    """Before: with the idempotency plugin's ``unknown_after_interrupt`` on, the cut call's
+    answer still said "a replay with the same call id runs the tool again", and the replay
+    (after a restart) answered ``outcome_unknown`` instead."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": ["idempotency"]},
+        {
+            "tools": {"modules": ["napping"]},
+            "server": {"shutdown_grace_s": 0.5},
+            "plugins.idempotency": {"unknown_after_interrupt": True},
+        },
+    )
+    meta = {CALL_ID_META_KEY: "run-cut"}
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    results: dict[str, Any] = {}
+    async with Client(p.url, timeout=30) as c:
+
+        async def call() -> None:
+            results["cut"] = await c.call_tool_mcp("nap", {"seconds": 60}, meta=meta)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await eventually(_started(tmp_path, 1), 15)
+            p.signal(signal.SIGTERM)
+    assert p.wait(20) == 0
+    message = results["cut"].meta[ERROR_META_KEY]["message"]
+    assert "unknown_after_interrupt" in message and "outcome_unknown" in message
+    again = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert again.url is not None
+    async with Client(again.url, timeout=30) as c:
+        replay = await c.call_tool_mcp("nap", {"seconds": 60}, meta=meta)
+    error = replay.meta[ERROR_META_KEY]
+    assert error["kind"] == "conflict" and error["details"]["reason"] == "outcome_unknown"
+    assert (tmp_path / "started").read_text() == "x"  # the tool ran once
+
+
 def test_stdio_a_client_that_stops_reading_ends_the_server_cleanly(tmp_path: Path) -> None:
     """Before: the next answer hit a broken pipe, and the server ended with exit code 1
     and a 60-line ExceptionGroup traceback on stderr (not JSON lines)."""

@@ -34,7 +34,9 @@ _CUT = (
     "([server] shutdown_grace_s) ended, so it was cancelled; its outcome is unknown: check "
     "whether it took effect before calling it again (idempotency keeps no result of a "
     "cancelled call: a replay with the same call id runs the tool again, unless it had "
-    "returned before the cut), or give calls more time with shutdown_grace_s"
+    "returned before the cut, or plugins.idempotency.unknown_after_interrupt is on for "
+    "this tool: then the replay answers outcome_unknown and does not run it), or give "
+    "calls more time with shutdown_grace_s"
 )
 #: What the kernel makes of numbers JSON cannot carry (``toolwire._types._finite``).
 _NON_FINITE: Final = frozenset({"Infinity", "-Infinity", "NaN"})
