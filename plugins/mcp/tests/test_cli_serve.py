@@ -619,6 +619,59 @@ async def test_a_cut_call_kept_as_outcome_unknown_is_not_promised_a_rerun(
     assert (tmp_path / "started").read_text() == "x"  # the tool ran once
 
 
+_CRASHING_AGENT = (
+    "import asyncio, sys\n"
+    "from fastmcp import Client\n\n"
+    "async def main():\n"
+    "    async with Client(sys.argv[1], timeout=60) as c:\n"
+    "        await c.call_tool_mcp('nap', {'seconds': 3}, meta={sys.argv[2]: 'run-crash'})\n\n"
+    "asyncio.run(main())\n"
+)
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["default", "unknown_after_interrupt"])
+async def test_an_agent_killed_mid_call_over_http_and_its_replay(
+    tmp_path: Path, serve_process: Any, keep: bool
+) -> None:
+    """An agent process killed while its call runs disconnects, which cancels the call
+    (Streamable HTTP: a disconnect is the cancellation). docs/mcp.md said only that "a
+    retried call with the same id replays the first result": by default the replay
+    runs the tool a second time; with ``unknown_after_interrupt`` it answers
+    ``outcome_unknown`` and the tool ran once."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    tables: dict[str, dict[str, Any]] = {"tools": {"modules": ["napping"]}}
+    if keep:
+        tables["plugins.idempotency"] = {"unknown_after_interrupt": True}
+    write_config(tmp_path / "toolwire.toml", {"enabled_plugins": ["idempotency"]}, tables)
+    p = serve_process(
+        "--config", "toolwire.toml", "serve", "--transport", "http", "--port", "0"
+    ).wait_ready()
+    assert p.url is not None
+    agent = await anyio.open_process(
+        [sys.executable, "-c", _CRASHING_AGENT, p.url, CALL_ID_META_KEY],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await eventually(_started(tmp_path, 1), 30)
+        await anyio.sleep(1.0)  # past the lean path's 0.5 s before it watches for a disconnect
+    finally:
+        agent.kill()
+        await agent.wait()
+    async with Client(p.url, timeout=30) as c:
+        replay = await c.call_tool_mcp("nap", {"seconds": 3}, meta={CALL_ID_META_KEY: "run-crash"})
+    runs = (tmp_path / "started").read_text()
+    if keep:
+        error = replay.meta[ERROR_META_KEY]
+        assert error["kind"] == "conflict" and error["details"]["reason"] == "outcome_unknown"
+        assert runs == "x"
+    else:
+        assert replay.structured_content == {"result": "rested"}
+        assert replay.meta[RESULT_META_KEY]["replayed"] is False
+        assert runs == "xx"  # the tool ran a second time
+
+
 def test_stdio_a_client_that_stops_reading_ends_the_server_cleanly(tmp_path: Path) -> None:
     """Before: the next answer hit a broken pipe, and the server ended with exit code 1
     and a 60-line ExceptionGroup traceback on stderr (not JSON lines)."""
