@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import Any
@@ -132,6 +133,30 @@ async def test_same_call_id_different_args_is_a_conflict_and_nothing_runs(env: E
     assert after == before  # the stored record is untouched (same version)
     assert replay.meta.replayed and replay.content == first.content
     assert plugin.counters.mismatches == 1 and plugin.counters.conflicts == 1
+
+
+async def test_other_arguments_while_the_first_call_runs_claim_no_stored_result(
+    env: Env,
+) -> None:
+    """Before: the conflict said "the stored result is kept" while the first call still
+    ran (or had left an outcome unknown): there was no result to look for."""
+    gate = anyio.Event()
+    tool, runs = counting_tool(gate=gate)
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin]) as kernel:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(functools.partial(kernel.call, "send", {"amount": 10}, call_id="pay-2"))
+            with anyio.fail_after(10):
+                while not runs:  # noqa: ASYNC110 - the tool's first run, seen from outside
+                    await anyio.sleep(0.01)
+            bad = await kernel.call("send", {"amount": 1000}, call_id="pay-2")
+            gate.set()
+        done = await kernel.call("send", {"amount": 1000}, call_id="pay-2")
+    assert bad.error is not None and bad.error.details["reason"] == "payload_mismatch"
+    assert "stored result" not in bad.error.message
+    assert "has not finished" in bad.error.message
+    assert done.error is not None and "the stored result is kept" in done.error.message
+    assert len(runs) == 1
 
 
 async def test_a_tool_mutating_its_args_cannot_move_its_record(env: Env) -> None:

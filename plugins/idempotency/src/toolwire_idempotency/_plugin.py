@@ -926,10 +926,16 @@ class IdempotencyPlugin:
             if value["req"] != req:
                 self.counters.conflicts += 1
                 self.counters.mismatches += 1
+                kept = (
+                    "the stored result is kept"
+                    if value["s"] in (DONE, OVERSIZED)
+                    else "the first call's record is kept (that call has not finished, or "
+                    "its outcome is unknown: there is no result to replay yet)"
+                )
                 raise CallRejected(
                     ErrorKind.CONFLICT,
                     f"call_id {call.call_id!r} was already used for tool {call.name!r} with "
-                    "different arguments; nothing was run and the stored result is kept. A "
+                    f"different arguments; nothing was run and {kept}. A "
                     "replay must repeat the original arguments; a new call needs a new call_id",
                     details={"reason": "payload_mismatch", "call_id": call.call_id},
                 )
