@@ -1154,3 +1154,40 @@ def test_nesting_too_deep_is_a_config_error_naming_where(tmp_path: Path) -> None
     # 100 levels is still fine
     ok = write(tmp_path, "[plugins.audit]\npath = " + "[" * 97 + "]" * 97 + "\n", name="ok.toml")
     assert load_config(ok, env={}).plugins["audit"]["path"]
+
+
+@pytest.mark.parametrize(
+    ("line", "value"),
+    [
+        ("B_KEY=ends-with-a-quote'", "ends-with-a-quote'"),
+        ('B_KEY="quoted" # the gateway\'s token', "quoted"),
+        ("B_KEY='single' # a comment", "single"),
+        ("B_KEY=\"'inner quotes kept'\"", "'inner quotes kept'"),
+        ("B_KEY=plain # a comment", "plain"),
+        ("B_KEY=has#hash", "has#hash"),
+        ('export B_KEY = "spaced"', "spaced"),
+    ],
+)
+def test_a_secrets_file_value_keeps_its_own_quotes_and_drops_comments(
+    tmp_path: Path, line: str, value: str
+) -> None:
+    """Before: every quote character at either end was stripped (a token ending in ``'`` lost
+    it; ``'"x"'`` became ``x``) and a comment after a quoted value became part of the secret
+    (``"abc" # note`` -> ``abc" # note``): the service then refused a credential that looked
+    right in the file."""
+    (tmp_path / "app.secrets.env").write_text(line + "\n")
+    p = write(
+        tmp_path, 'secrets_file = "app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
+    )
+    assert load_config(p, env={}).plugins["a"] == {"key": value}
+
+
+def test_a_secrets_file_quoted_value_left_open_is_an_error_naming_the_line(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "app.secrets.env").write_text('A=1\nB_KEY="no closing quote\n')
+    p = write(
+        tmp_path, 'secrets_file = "app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
+    )
+    with pytest.raises(ConfigError, match=r"app\.secrets\.env.*line 2.*closing"):
+        load_config(p, env={})

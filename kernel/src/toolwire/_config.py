@@ -450,6 +450,9 @@ def looked_for(
 def read_secrets_file(path: Path) -> dict[str, str]:
     """Parse a ``NAME=value`` secrets file (``#`` comments, optional ``export``, quotes).
 
+    A value in quotes (``'...'`` or ``"..."``) is taken as it stands between
+    them; a comment may follow. An unquoted value ends before `` #``.
+
     A file that cannot be read (a directory, no permission, not UTF-8) is a
     ``ConfigError`` naming it.
     """
@@ -468,8 +471,25 @@ def read_secrets_file(path: Path) -> dict[str, str]:
             raise ConfigError(f"line {n}: expected NAME=value", file=str(path))
         k, v = line.split("=", 1)
         k = k.strip().removeprefix("export ").strip()
-        out[k] = v.strip().strip("'\"")
+        out[k] = _secrets_value(v.strip(), n)
     return out
+
+
+def _secrets_value(v: str, n: int) -> str:
+    """The value of line ``n``: a quoted one unquoted (one pair), a trailing `` # ...`` dropped."""
+    if v[:1] in ("'", '"'):
+        end = v.find(v[0], 1)
+        rest = v[end + 1 :].strip() if end != -1 else ""
+        if end == -1 or (rest and not rest.startswith("#")):
+            raise ConfigError(
+                f"line {n}: a value that starts with {v[0]} needs its closing {v[0]} "
+                "(only a # comment may follow it)"
+            )
+        return v[1:end]
+    for i, c in enumerate(v):  # unquoted: `# ...` after a space is a comment
+        if c == "#" and i and v[i - 1] in " \t":
+            return v[:i].rstrip()
+    return v
 
 
 def _hide_values(value: Any, secrets: Mapping[str, str]) -> Any:
