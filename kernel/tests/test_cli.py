@@ -739,3 +739,66 @@ def test_sigterm_before_the_calls_first_pause_cancels_it(tmp_path: Path) -> None
     )
     assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr)
     assert "terminated (SIGTERM) while calling 'term'" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "dist"),
+    [
+        (["serve", "--transport", "http"], "toolwire-mcp"),
+        (["--log-level", "info", "stats"], "toolwire-profiling"),
+        (["-c", "x.toml", "keys", "status"], "toolwire-ratelimit"),
+        (["approvals", "list"], "toolwire-approval"),
+    ],
+)
+def test_a_command_of_a_distribution_not_installed_says_what_to_install(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    dist: str,
+) -> None:
+    """Before: with only the kernel installed, `toolwire serve` (the README's first command)
+    answered argparse's "invalid choice: 'serve' (choose from 'plugins', ...)", which does not
+    say that the command comes from toolwire-mcp."""
+    from toolwire import cli as cli_mod
+
+    real = md.entry_points
+
+    def entry_points(*, group: str) -> object:
+        return [] if group == cli_mod.CLI_ENTRY_POINT_GROUP else real(group=group)
+
+    def distribution(name: str) -> object:
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(cli_mod.md, "entry_points", entry_points)
+    monkeypatch.setattr(cli_mod.md, "distribution", distribution)
+    with pytest.raises(SystemExit) as ei:
+        main(argv)
+    assert ei.value.code == 2
+    err = capsys.readouterr().err
+    command = next(a for a in argv if a in ("serve", "stats", "keys", "approvals"))
+    assert f"`toolwire {command}` comes from {dist}, which is not installed" in err
+    assert f"pip install {dist}" in err and "Traceback" not in err
+    # a command nobody provides is still argparse's usage error
+    with pytest.raises(SystemExit) as ei:
+        main(["serv"])
+    assert ei.value.code == 2 and "invalid choice: 'serv'" in capsys.readouterr().err
+
+
+def test_a_first_party_command_that_failed_to_register_is_not_called_missing(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The distribution is installed but its command could not be registered (a warning says
+    why): "pip install" would be the wrong fix."""
+    from toolwire import cli as cli_mod
+
+    real = md.entry_points
+
+    def entry_points(*, group: str) -> object:
+        return [] if group == cli_mod.CLI_ENTRY_POINT_GROUP else real(group=group)
+
+    monkeypatch.setattr(cli_mod.md, "entry_points", entry_points)
+    monkeypatch.setattr(cli_mod.md, "distribution", lambda name: object())
+    with pytest.raises(SystemExit) as ei:
+        main(["serve"])
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and "toolwire-mcp, which is installed but could not register" in err

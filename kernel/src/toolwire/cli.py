@@ -33,7 +33,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import anyio
 import anyio.abc
@@ -66,6 +66,14 @@ __all__ = [
 
 CLI_ENTRY_POINT_GROUP = "toolwire.cli"
 log = logging.getLogger("toolwire.cli")
+
+#: The commands of the first-party distributions: named when one is not installed.
+FIRST_PARTY_COMMANDS = {
+    "serve": "toolwire-mcp",
+    "stats": "toolwire-profiling",
+    "keys": "toolwire-ratelimit",
+    "approvals": "toolwire-approval",
+}
 
 EMBEDDED_STATE = "sqlite:///.toolwire/state.db"
 EXAMPLES_MODULE = "toolwire.examples"
@@ -448,8 +456,33 @@ def add_config_option(parser: argparse.ArgumentParser, note: str = "") -> None:
     )
 
 
+class _TopParser(argparse.ArgumentParser):
+    """Says which distribution brings a first-party command that is not installed.
+
+    (argparse said only "invalid choice: 'serve' (choose from 'plugins', ...)".)
+    """
+
+    def error(self, message: str) -> NoReturn:
+        for command, dist in FIRST_PARTY_COMMANDS.items():
+            if f"invalid choice: {command!r}" in message:
+                try:
+                    md.distribution(dist)
+                except md.PackageNotFoundError:
+                    message = (
+                        f"`toolwire {command}` comes from {dist}, which is not installed in "
+                        f"this environment: pip install {dist} (or uv pip install {dist})"
+                    )
+                else:  # installed, its registration failed: the warning above says why
+                    message = (
+                        f"`toolwire {command}` comes from {dist}, which is installed but could "
+                        "not register the command (see the warning above; reinstall it)"
+                    )
+                break
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _TopParser(
         prog="toolwire",
         description="toolwire: middleware for agent tool calls. Output is JSON on stdout, "
         "logs are JSON lines on stderr.",
@@ -471,7 +504,7 @@ def _parser() -> argparse.ArgumentParser:
         choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
         help="log level for stderr JSON logs, any case (default WARNING)",
     )
-    sub = p.add_subparsers(dest="command", required=True)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=argparse.ArgumentParser)
 
     help_ = "list the loaded plugins as JSON (name, version, distribution, order, hooks)"
     sp = sub.add_parser("plugins", help=help_, description=_sentence(help_))
