@@ -1191,3 +1191,16 @@ def test_a_secrets_file_quoted_value_left_open_is_an_error_naming_the_line(
     )
     with pytest.raises(ConfigError, match=r"app\.secrets\.env.*line 2.*closing"):
         load_config(p, env={})
+
+
+def test_a_table_for_a_plugin_not_installed_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `[plugins.approval]` with toolwire-approval not installed said only
+    "configuration for unknown plugin 'approval'; installed plugins: [...]", where
+    `enabled_plugins = ["approval"]` says `pip install toolwire-approval?`."""
+    fake_eps(monkeypatch, demo=f"{HERE}:DemoPlugin")
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(str(write(tmp_path, '[plugins.approval]\ndefault = "NONE"\n')))
+    assert "configuration for unknown plugin 'approval'" in str(ei.value)
+    assert "pip install toolwire-approval?" in str(ei.value)

@@ -1156,7 +1156,7 @@ def build_kernel(kernel_cls: type[Kernel], cfg: ToolwireConfig, **overrides: Any
             )
             raise ConfigError(
                 f"configuration for unknown plugin {n!r}; installed plugins: "
-                f"{sorted(available) or 'none'}{f' ({meant})' if meant else ''}{by}",
+                f"{sorted(available) or 'none'} ({meant or f'pip install toolwire-{n}?'}){by}",
                 file=None if from_env else file,
                 key=f"plugins.{n}",
             )
