@@ -1204,3 +1204,20 @@ def test_a_table_for_a_plugin_not_installed_says_what_to_install(
         Kernel.from_config(str(write(tmp_path, '[plugins.approval]\ndefault = "NONE"\n')))
     assert "configuration for unknown plugin 'approval'" in str(ei.value)
     assert "pip install toolwire-approval?" in str(ei.value)
+
+
+def test_an_empty_environment_variable_does_not_hide_the_secrets_file_value(
+    tmp_path: Path,
+) -> None:
+    """Before: `BRAVE_API_KEY=` in the environment (an unset ${VAR} in a compose file, a
+    placeholder export) resolved the reference to "" although the secrets file held the
+    key: the provider was listed available with an empty key and every request was refused."""
+    (tmp_path / "app.secrets.env").write_text("B_KEY=from-the-file\n")
+    p = write(
+        tmp_path, 'secrets_file = "app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
+    )
+    assert load_config(p, env={"B_KEY": ""}).plugins["a"] == {"key": "from-the-file"}
+    # a value in the environment still wins; empty everywhere stays empty (plugins judge it)
+    assert load_config(p, env={"B_KEY": "from-env"}).plugins["a"] == {"key": "from-env"}
+    q = write(tmp_path, '[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n', name="q.toml")
+    assert load_config(q, env={"B_KEY": ""}).plugins["a"] == {"key": ""}

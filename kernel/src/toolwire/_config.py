@@ -515,8 +515,9 @@ def resolve_secrets(
 ) -> Any:
     """Replace every ``{"$secretRef": "NAME"}`` by the secret's value.
 
-    Looked up in the environment first, then in the secrets file. A missing
-    secret is a ``ConfigError`` naming the key and the variable to set.
+    Looked up in the environment first, then in the secrets file (also when the
+    environment has it empty). A missing secret is a ``ConfigError`` naming the
+    key and the variable to set.
     ``found`` collects ``NAME -> value`` of every reference resolved.
     """
     if isinstance(value, dict):
@@ -528,7 +529,11 @@ def resolve_secrets(
                     key=key,
                 )
             name = value[SECRET_REF]
-            resolved = env.get(name, secrets.get(name))
+            resolved = env.get(name)
+            in_file = secrets.get(name)
+            # unset, or set to "" (an unset ${VAR} in a compose file): the file's value
+            if resolved is None or (resolved == "" and in_file):
+                resolved = in_file
             if resolved is not None:
                 if found is not None:
                     found[name] = resolved
