@@ -364,3 +364,19 @@ def test_an_id_undecodable_in_the_locale_is_an_unknown_request(
         code, out = cli(capsys, path, *argv)
         assert code == 1 and out["error"]["kind"] == "not_found", argv
     assert cli(capsys, path, "audit", bad) == (0, [])
+
+
+def test_config_may_follow_the_subcommand(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `toolwire approvals list --config PATH` (where `toolwire call`, `tools` and
+    `stats` take it) was argparse's "unrecognized arguments: --config PATH"."""
+    path = config(tmp_path, add="REQUIRED")
+    call(path, {"a": 1, "b": 2}, call_id="run-1", timeout=0.1)  # left pending
+    monkeypatch.chdir(tmp_path.parent)  # not next to the file: only the option finds it
+    assert main(["approvals", "list", "--config", str(path)]) == 0
+    [listed] = json.loads(capsys.readouterr().out)
+    assert main(["approvals", "show", listed["id"], "-c", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["id"] == listed["id"]
+    assert main(["approvals", "reject", listed["id"], "-c", str(path)]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "rejected"

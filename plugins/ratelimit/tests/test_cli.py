@@ -170,3 +170,25 @@ def test_what_a_tool_module_prints_does_not_break_the_json(tmp_path: Path) -> No
     assert out.returncode == 0, out.stderr
     assert set(json.loads(out.stdout)) == {"acme"}
     assert "noisy module loaded" in out.stderr
+
+
+def test_config_may_follow_the_subcommand(tmp_path: Path) -> None:
+    """Before: `toolwire keys status --config PATH` (where `toolwire call`, `tools` and
+    `stats` take it) was argparse's "unrecognized arguments: --config PATH"."""
+    path = write_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLWIRE_")}
+    for argv in (
+        ["keys", "status", "--config", str(path)],
+        ["keys", "clear", "acme", "-c", str(path)],
+    ):
+        r = subprocess.run(
+            [sys.executable, "-m", "toolwire.cli", *argv],
+            cwd=tmp_path.parent,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert r.returncode == 0, r.stderr
+        assert "acme" in r.stdout

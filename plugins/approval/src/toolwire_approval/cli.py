@@ -44,7 +44,7 @@ def register(subparsers: Any) -> None:
         help="list, show, approve and reject tool-call approval requests",
         description="Approval requests of the approval plugin, in the configured state store.",
     )
-    add_config_option(p, "; give it before the subcommand")
+    add_config_option(p)
     sub = p.add_subparsers(dest="approvals_command", required=True)
 
     ls = sub.add_parser("list", help="requests, oldest first (JSON; default: the pending ones)")
@@ -55,10 +55,12 @@ def register(subparsers: Any) -> None:
         help="which requests (default pending)",
     )
     ls.add_argument("--tool", metavar="NAME", help="only requests for this tool")
+    add_config_option(ls)
     ls.set_defaults(fn=_cmd_list)
 
     show = sub.add_parser("show", help="one request with its audit trail (JSON)")
     show.add_argument("id", metavar="ID", help=_ID_HELP)
+    add_config_option(show)
     show.set_defaults(fn=_cmd_show)
 
     ap = sub.add_parser("approve", help="approve a pending request")
@@ -69,6 +71,7 @@ def register(subparsers: Any) -> None:
     ap.add_argument("--comment", metavar="TEXT", help="recorded in the audit log")
     ap.add_argument("--by", metavar="WHO", help="who decides (default: your user name)")
     ap.add_argument("--fingerprint", metavar="FP", help=_FP_HELP)
+    add_config_option(ap)
     ap.set_defaults(fn=_cmd_approve)
 
     rj = sub.add_parser("reject", help="reject a pending request (the call ends 'denied')")
@@ -82,6 +85,7 @@ def register(subparsers: Any) -> None:
     )
     rj.add_argument("--by", metavar="WHO", help="who decides (default: your user name)")
     rj.add_argument("--fingerprint", metavar="FP", help=_FP_HELP)
+    add_config_option(rj)
     rj.set_defaults(fn=_cmd_reject)
 
     au = sub.add_parser("audit", help="the audit log (JSON), of one request or all")
@@ -89,6 +93,7 @@ def register(subparsers: Any) -> None:
     au.add_argument(
         "--limit", metavar="N", type=positive_int, help="only the most recent N entries (N >= 1)"
     )
+    add_config_option(au)
     au.set_defaults(fn=_cmd_audit)
 
 

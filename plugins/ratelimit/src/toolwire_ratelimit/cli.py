@@ -39,7 +39,7 @@ def register(subparsers: Any) -> None:
         description="The ratelimit plugin's key pools, as every process sharing the "
         "configured state store sees them. Secrets are never printed: keys go by alias.",
     )
-    add_config_option(p, "; give it before the subcommand")
+    add_config_option(p)
     sub = p.add_subparsers(dest="keys_command", required=True)
 
     st = sub.add_parser("status", help="each provider's availability and each key's state")
@@ -49,6 +49,7 @@ def register(subparsers: Any) -> None:
     st.add_argument(
         "--json", action="store_true", help="print JSON (KeyPool.status() per provider)"
     )
+    add_config_option(st)
     st.set_defaults(fn=_cmd_status)
 
     cl = sub.add_parser(
@@ -64,6 +65,7 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="leave a suspended pool suspended (by default the suspension is lifted too)",
     )
+    add_config_option(cl)
     cl.set_defaults(fn=_cmd_clear)
 
 
