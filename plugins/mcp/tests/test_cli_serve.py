@@ -23,7 +23,7 @@ from toolwire_mcp_testkit import clean_env, eventually, free_port, wait_until, w
 
 from toolwire import ConfigError
 from toolwire.cli import main
-from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY
+from toolwire_mcp import CALL_ID_META_KEY, ERROR_META_KEY, RESULT_META_KEY, ServeConfig
 from toolwire_mcp.cli import TERMINAL_HINT, loop_options
 
 pytestmark = pytest.mark.anyio
@@ -1327,3 +1327,39 @@ def test_config_check_lists_an_unreachable_server_in_its_warnings(
         assert all(w.startswith("MCP server 'down' ") for w in warnings), warnings
         logged = [json.loads(line) for line in captured.err.splitlines() if line.strip()]
         assert [r["msg"] for r in logged if r["level"] == "warning"] == warnings  # as before
+
+
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [
+        ("localhost:8000", "holds a port"),
+        ("http://127.0.0.1", "is a URL"),
+        ("127.0.0.1/mcp", "is a URL"),
+        ("", "is empty"),
+    ],
+)
+def test_a_host_with_a_port_or_a_scheme_is_a_config_error(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    host: str,
+    says: str,
+) -> None:
+    """Before: `[server] host = "localhost:8000"` passed `config check` ("server": "ok") and
+    `toolwire serve` then failed on "cannot listen on localhost:8000:8000: Name or service
+    not known"."""
+    monkeypatch.chdir(tmp_path)
+    for var in list(os.environ):
+        if var.startswith(("TOOLWIRE_", "TOOLS_AUTH_")):
+            monkeypatch.delenv(var)
+    monkeypatch.setenv("TOOLWIRE_LOAD_PLUGINS", "")
+    write_config(tmp_path / "h.toml", {}, {"server": {"host": host}})
+    assert main(["--config", "h.toml", "config", "check"]) == 2
+    err = capsys.readouterr().err
+    assert "server.host" in err and says in err, err
+    assert main(["serve", "--transport", "http", "--host", host]) == 2
+    err = capsys.readouterr().err
+    assert "server.host" in err and says in err, err
+    # addresses and names, IPv6 included, are fine
+    for good in ("0.0.0.0", "::1", "localhost", "my-host.example"):
+        ServeConfig(host=good)

@@ -407,6 +407,26 @@ class ServeConfig(BaseModel):
         "through FastMCP's handler",
     )
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        # checked here, not first when binding: `config check` passed these and `serve`
+        # then failed on "cannot listen on localhost:8000:8000: Name or service not known"
+        if not v.strip():
+            raise ValueError("is empty; give an address or name of this machine, e.g. 127.0.0.1")
+        if "://" in v or "/" in v:
+            raise ValueError(
+                f"{v!r} is a URL; give only the address or name (e.g. '127.0.0.1'): the port "
+                "goes in `port` (--port), the path in `path`"
+            )
+        name, sep, port = v.rpartition(":")
+        if sep and ":" not in name and port.isdigit():  # one colon: IPv6 has several
+            raise ValueError(
+                f"{v!r} holds a port; give the address alone ({name!r}) and the port in "
+                f"`port` (--port {port})"
+            )
+        return v
+
     @field_validator("path")
     @classmethod
     def _path(cls, v: str) -> str:
