@@ -1221,3 +1221,22 @@ def test_an_empty_environment_variable_does_not_hide_the_secrets_file_value(
     assert load_config(p, env={"B_KEY": "from-env"}).plugins["a"] == {"key": "from-env"}
     q = write(tmp_path, '[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n', name="q.toml")
     assert load_config(q, env={"B_KEY": ""}).plugins["a"] == {"key": ""}
+
+
+def test_every_missing_secret_is_named_at_once(tmp_path: Path) -> None:
+    """Before: only the first missing secret was named, so a config with several (a search
+    backend, a gateway token, an approver token) took one failed start per secret."""
+    p = write(
+        tmp_path,
+        '[server]\nauth_token = {"$secretRef" = "GW_TOKEN"}\n'
+        '[plugins.a]\nkeys = [{"$secretRef" = "A_KEY"}, {"$secretRef" = "B_KEY"}]\n'
+        'again = {"$secretRef" = "A_KEY"}\n',
+    )
+    with pytest.raises(ConfigError) as ei:
+        load_config(p, env={"B_KEY": "set"})
+    text = str(ei.value)
+    assert ei.value.key == "server.auth_token" and "secret 'GW_TOKEN' is not set" in text
+    assert (
+        "also not set: plugins.a.keys[0]: secret 'A_KEY'; plugins.a.again: secret 'A_KEY'" in text
+    )
+    assert "export GW_TOKEN=... A_KEY=... or add them to the secrets file" in text

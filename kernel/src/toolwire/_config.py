@@ -512,13 +512,16 @@ def resolve_secrets(
     file: str | None,
     key: str = "",
     found: dict[str, str] | None = None,
+    missing: list[tuple[str, str]] | None = None,
 ) -> Any:
     """Replace every ``{"$secretRef": "NAME"}`` by the secret's value.
 
     Looked up in the environment first, then in the secrets file (also when the
     environment has it empty). A missing secret is a ``ConfigError`` naming the
     key and the variable to set.
-    ``found`` collects ``NAME -> value`` of every reference resolved.
+    ``found`` collects ``NAME -> value`` of every reference resolved. With
+    ``missing``, a missing secret is appended to it as ``(key, NAME)`` (and left
+    as ``None``) instead, so that the caller can name every one at once.
     """
     if isinstance(value, dict):
         if SECRET_REF in value:
@@ -538,6 +541,9 @@ def resolve_secrets(
                 if found is not None:
                     found[name] = resolved
                 return resolved
+            if missing is not None:
+                missing.append((key, name))
+                return None
             raise ConfigError(
                 f"secret {name!r} is not set; export {name}=... or add it to the secrets file",
                 file=file,
@@ -551,12 +557,21 @@ def resolve_secrets(
                 file=file,
                 key=f"{key}.{k}" if key else k,
                 found=found,
+                missing=missing,
             )
             for k, v in value.items()
         }
     if isinstance(value, list):
         return [
-            resolve_secrets(v, env=env, secrets=secrets, file=file, key=f"{key}[{i}]", found=found)
+            resolve_secrets(
+                v,
+                env=env,
+                secrets=secrets,
+                file=file,
+                key=f"{key}[{i}]",
+                found=found,
+                missing=missing,
+            )
             for i, v in enumerate(value)
         ]
     return value
@@ -670,7 +685,21 @@ def load_config(
                 file=file,
             ) from exc
     found: dict[str, str] = {}
-    data = resolve_secrets(data, env=env, secrets=secrets, file=file, found=found)
+    missing: list[tuple[str, str]] = []
+    data = resolve_secrets(data, env=env, secrets=secrets, file=file, found=found, missing=missing)
+    if missing:  # every one at once: a newcomer with five to set should not learn them one a run
+        (first, name), rest = missing[0], missing[1:]
+        names = list(dict.fromkeys(n for _, n in missing))
+        also = "; ".join(f"{k}: secret {n!r}" for k, n in rest)
+        raise ConfigError(
+            f"secret {name!r} is not set"
+            + (f"; also not set: {also}" if rest else "")
+            + f"; export {' '.join(f'{n}=...' for n in names)} or add "
+            + ("them" if len(names) > 1 else "it")
+            + " to the secrets file",
+            file=file,
+            key=first,
+        )
     try:
         cfg = ToolwireConfig.model_validate(data)
     except pydantic.ValidationError as exc:
