@@ -1240,3 +1240,18 @@ def test_every_missing_secret_is_named_at_once(tmp_path: Path) -> None:
         "also not set: plugins.a.keys[0]: secret 'A_KEY'; plugins.a.again: secret 'A_KEY'" in text
     )
     assert "export GW_TOKEN=... A_KEY=... or add them to the secrets file" in text
+
+
+def test_a_byte_order_mark_is_read_past_in_the_config_and_the_secrets_file(
+    tmp_path: Path,
+) -> None:
+    """Before: a file saved "UTF-8 with BOM" (Windows Notepad's default) gave "invalid TOML:
+    Invalid statement (at line 1, column 1)" for toolwire.toml, and for a secrets file made
+    its first name "\\ufeffB_KEY", so the secret was reported "not set" though it was there."""
+    (tmp_path / "app.secrets.env").write_bytes(b"\xef\xbb\xbfB_KEY=from-the-file\n")
+    p = tmp_path / "toolwire.toml"
+    p.write_bytes(
+        b"\xef\xbb\xbf"
+        + b'secrets_file = "app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
+    )
+    assert load_config(p, env={}).plugins["a"] == {"key": "from-the-file"}

@@ -458,7 +458,7 @@ def read_secrets_file(path: Path) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"not UTF-8 text: {exc}", file=str(path)) from exc
     except OSError as exc:
@@ -609,7 +609,7 @@ def load_config(
     if p.exists():
         file = str(p)
         try:
-            data = tomllib.loads(p.read_text(encoding="utf-8"))
+            data = tomllib.loads(p.read_text(encoding="utf-8-sig"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"invalid TOML: {exc}", file=file) from exc
         except RecursionError:
