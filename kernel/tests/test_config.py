@@ -1255,3 +1255,20 @@ def test_a_byte_order_mark_is_read_past_in_the_config_and_the_secrets_file(
         + b'secrets_file = "app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n'
     )
     assert load_config(p, env={}).plugins["a"] == {"key": "from-the-file"}
+
+
+def test_a_home_relative_config_path_and_secrets_file_are_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: `secrets_file = "~/app.secrets.env"` (no shell expands a path written in the
+    file) and a quoted `TOOLWIRE_CONFIG="~/toolwire.toml"` were "not found" although the
+    files existed; the SQLite path of `state` already expanded `~`."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "app.secrets.env").write_text("B_KEY=from-home\n")
+    write(
+        tmp_path,
+        'secrets_file = "~/app.secrets.env"\n[plugins.a]\nkey = {"$secretRef" = "B_KEY"}\n',
+    )
+    cfg = load_config(None, env={"TOOLWIRE_CONFIG": "~/toolwire.toml"})
+    assert cfg.plugins["a"] == {"key": "from-home"}
+    assert load_config("~/toolwire.toml", env={}).plugins["a"] == {"key": "from-home"}

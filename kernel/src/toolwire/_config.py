@@ -590,7 +590,12 @@ def load_config(
     """
     env = os.environ if env is None else env
     explicit = path is not None or bool(env.get("TOOLWIRE_CONFIG"))
-    p = Path(path) if path is not None else Path(env.get("TOOLWIRE_CONFIG") or DEFAULT_CONFIG_FILE)
+    # `~` expanded: a quoted TOOLWIRE_CONFIG="~/..." or --config '~/...' reaches us unexpanded
+    p = Path(
+        os.path.expanduser(
+            path if path is not None else env.get("TOOLWIRE_CONFIG") or DEFAULT_CONFIG_FILE
+        )
+    )
     data: dict[str, Any] = {}
     file: str | None = None
     from_env = path is None and bool(env.get("TOOLWIRE_CONFIG"))
@@ -667,7 +672,7 @@ def load_config(
             file=file,
         )
     if secrets_path:
-        sp = Path(secrets_path)
+        sp = Path(os.path.expanduser(secrets_path))  # as the SQLite path of `state` is
         # relative to the file that names it; from the environment (TOOLWIRE_SECRETS_FILE),
         # to the working directory, as TOOLWIRE_STATE's SQLite path is
         if file and not sp.is_absolute() and "secrets_file" not in env_sources:
