@@ -708,27 +708,10 @@ def test_stdio_calls_finishing_within_the_grace_period_are_answered(tmp_path: Pa
     """Before: on SIGTERM the stdio transport stopped as soon as the last call left the
     kernel, before the SDK had written its answer: the client got the -32000 "still
     unanswered when the shutdown grace period ended" error for a call that had finished."""
-    (tmp_path / "napping.py").write_text(NAPPING)
-    write_config(
-        tmp_path / "toolwire.toml",
-        {"enabled_plugins": []},
-        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 30}},
-    )
-    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
-    frames += [
+    calls = [
         rpc(i, "tools/call", {"name": "nap", "arguments": {"seconds": 0.5}}) for i in range(2, 12)
     ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
-    proc.stdin.flush()
+    proc = _stdio_napping(tmp_path, 30, calls)
     try:
         wait_until(_started(tmp_path, 10), 20)
         proc.send_signal(signal.SIGTERM)  # stdin stays open
@@ -746,25 +729,9 @@ def test_stdio_calls_finishing_within_the_grace_period_are_answered(tmp_path: Pa
 def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
     tmp_path: Path, serve_process: Any
 ) -> None:
-    (tmp_path / "napping.py").write_text(NAPPING)
-    write_config(
-        tmp_path / "toolwire.toml",
-        {"enabled_plugins": []},
-        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 0.5}},
+    proc = _stdio_napping(
+        tmp_path, 0.5, [rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 60}})]
     )
-    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
-    frames.append(rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 60}}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
-    )
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
-    proc.stdin.flush()
     try:
         wait_until(_started(tmp_path, 1), 20)
         proc.send_signal(signal.SIGTERM)  # stdin stays open
@@ -782,25 +749,9 @@ def test_stdio_a_call_outliving_the_grace_period_is_answered_cancelled(
 def test_a_second_signal_ends_the_grace_period_at_once(tmp_path: Path) -> None:
     """Before: a second Ctrl-C (or SIGTERM) during the shutdown grace period did nothing;
     with a long grace the server sat there until it ran out."""
-    (tmp_path / "napping.py").write_text(NAPPING)
-    write_config(
-        tmp_path / "toolwire.toml",
-        {"enabled_plugins": []},
-        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": 600}},
-    )
-    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
-    frames.append(rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 600}}))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=tmp_path,
-        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
-    )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
-    proc.stdin.flush()
+    call = rpc(2, "tools/call", {"name": "nap", "arguments": {"seconds": 600}})
+    proc = _stdio_napping(tmp_path, 600, [call])
+    assert proc.stderr is not None
     try:
         wait_until(_started(tmp_path, 1), 20)
         proc.send_signal(signal.SIGINT)  # stdin stays open
@@ -1363,3 +1314,29 @@ def test_a_host_with_a_port_or_a_scheme_is_a_config_error(
     # addresses and names, IPv6 included, are fine
     for good in ("0.0.0.0", "::1", "localhost", "my-host.example"):
         ServeConfig(host=good)
+
+
+def _stdio_napping(
+    tmp_path: Path, grace_s: float, calls: list[dict[str, Any]]
+) -> subprocess.Popen[bytes]:
+    """`toolwire serve` over stdio with the ``nap`` tool and ``shutdown_grace_s``, sent the
+    handshake and ``calls`` (stdin stays open)."""
+    (tmp_path / "napping.py").write_text(NAPPING)
+    write_config(
+        tmp_path / "toolwire.toml",
+        {"enabled_plugins": []},
+        {"tools": {"modules": ["napping"]}, "server": {"shutdown_grace_s": grace_s}},
+    )
+    frames = [INIT, {"jsonrpc": "2.0", "method": "notifications/initialized"}, *calls]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "toolwire.cli", "--config", "toolwire.toml", "serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env=clean_env(TOOLWIRE_LOAD_PLUGINS=""),
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("".join(json.dumps(f) + "\n" for f in frames).encode())
+    proc.stdin.flush()
+    return proc
