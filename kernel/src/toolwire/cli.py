@@ -73,6 +73,7 @@ FIRST_PARTY_COMMANDS = {
     "stats": "toolwire-profiling",
     "keys": "toolwire-ratelimit",
     "approvals": "toolwire-approval",
+    "idempotency": "toolwire-idempotency",
 }
 
 EMBEDDED_STATE = "sqlite:///.toolwire/state.db"

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import secrets
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
@@ -1060,8 +1061,10 @@ class IdempotencyPlugin:
             "started_at": value.get("at"),
             "lease_expired_at": lease,
         }
-        forget = f"IdempotencyPlugin.forget({call.name!r}, {call.call_id!r}" + (
-            f", tenant={call.tenant!r})" if call.tenant is not None else ")"
+        forget = f"`toolwire idempotency forget {shlex.quote(call.name)} " + (
+            f"{shlex.quote(str(call.call_id))}"
+            + (f" --tenant {shlex.quote(call.tenant)}" if call.tenant is not None else "")
+            + "` (or IdempotencyPlugin.forget() in code)"
         )
         interrupted = value.get("i")
         if type(interrupted) is dict and interrupted.get("why") in ("timeout", "cancelled", "lost"):
