@@ -401,11 +401,15 @@ class FastCallPath:
         # earlier than that has its call finish (the answer goes nowhere).
         loop = asyncio.get_running_loop()
         watcher: list[asyncio.Task[None]] = []
+        # A call with a call id (de-duplicated) runs to its end when its client goes away,
+        # so that the client's replay after a crash gets its stored result instead of
+        # running the tool again; other calls are cancelled, as the protocol says.
+        resumable = isinstance(call_id_from_meta(call.meta), str)
         try:
             with anyio.CancelScope() as scope:
 
                 def start_watching() -> None:
-                    watcher.append(loop.create_task(self._watch(receive, reply, scope)))
+                    watcher.append(loop.create_task(self._watch(receive, reply, scope, resumable)))
 
                 timer = loop.call_later(_WATCH_AFTER_S, start_watching)
                 try:
@@ -469,21 +473,26 @@ class FastCallPath:
             "result": wire_result(result, self.server_info, blocks),
         }
 
-    async def _watch(self, receive: Receive, reply: _Reply, scope: anyio.CancelScope) -> None:
-        """Cancel the call when the client disconnects; ping an SSE stream after 15 s of silence."""
+    async def _watch(
+        self, receive: Receive, reply: _Reply, scope: anyio.CancelScope, resumable: bool
+    ) -> None:
+        """Cancel the call when the client disconnects (``resumable``: let it run to its end,
+        its answer unsent); ping an SSE stream after 15 s of silence."""
         try:
             while True:
                 quiet_for = time.monotonic() - reply.last_event
                 with anyio.move_on_after(max(0.0, _PING_INTERVAL_S - quiet_for)):
                     message = await receive()
                     if message["type"] == "http.disconnect":
-                        scope.cancel()
+                        if not resumable:
+                            scope.cancel()
                         return
                     continue
                 await reply.event(_PING)
         except Exception as exc:  # the connection broke under a ping: nothing to answer
             log.debug("tools/call watcher stopped: %s", exc)
-            scope.cancel()
+            if not resumable:
+                scope.cancel()
 
 
 class _Call:
