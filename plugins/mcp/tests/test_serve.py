@@ -407,3 +407,25 @@ async def test_run_server_under_trio_says_it_needs_asyncio() -> None:
             await run_server(Kernel(tools=[reporter]), cfg, on_ready=ready.append)
         assert "toolwire serve" in str(info.value) and "anyio.run(main)" in str(info.value)
     assert ready == []
+
+
+async def test_run_server_stopped_by_cancellation_shuts_uvicorn_down() -> None:
+    """Before: cancelling ``run_server`` (how an embedder stops a task) skipped uvicorn's
+    exit, closing the listening socket under the event loop and leaving the app's
+    lifespan running; the next server in that process was given the same file
+    descriptor and never answered a request."""
+    import asyncio
+
+    import httpx
+    from toolwire_mcp_testkit import running_server
+
+    from toolwire_mcp import ServeConfig
+
+    for _ in range(2):
+        cfg = ServeConfig(transport="http", port=0)
+        async with Kernel(tools=[reporter]) as kernel, running_server(kernel, cfg) as info:
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(f"http://127.0.0.1:{info['port']}/nowhere")
+            assert answer.status_code == 404
+        left = [t for t in asyncio.all_tasks() if "uvicorn" in repr(t.get_coro())]
+        assert left == []

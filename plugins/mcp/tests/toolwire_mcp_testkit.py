@@ -425,3 +425,27 @@ async def serving_http(
         finally:
             server.should_exit = True
     sock.close()
+
+
+@asynccontextmanager
+async def running_server(kernel: Any, cfg: Any) -> AsyncIterator[dict[str, Any]]:
+    """``run_server(kernel, cfg)`` in a task of this loop, no signal handlers; yields what
+    it announces (``port``, ``url``, ...) once it serves, and stops it by cancellation."""
+    from toolwire_mcp import run_server
+
+    started = anyio.Event()
+    info: dict[str, Any] = {}
+
+    def on_ready(announced: dict[str, Any]) -> None:
+        info.update(announced)
+        started.set()
+
+    async def serve() -> None:
+        await run_server(kernel, cfg, on_ready=on_ready, handle_signals=False)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(serve)
+        with anyio.fail_after(30):
+            await started.wait()
+        yield info
+        tg.cancel_scope.cancel()

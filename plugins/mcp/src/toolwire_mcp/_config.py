@@ -5,6 +5,7 @@ Both are plain pydantic models, importable without loading FastMCP.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import urllib.parse
@@ -348,6 +349,12 @@ class ServeConfig(BaseModel):
     allowed_origins: list[str] = Field(
         default_factory=list, description="extra browser Origins accepted"
     )
+    forwarded_allow_ips: list[str] | None = Field(
+        None,
+        description="HTTP: addresses or networks of the reverse proxies whose X-Forwarded-For "
+        "/ X-Forwarded-Proto are believed ('*': any); None: uvicorn's FORWARDED_ALLOW_IPS "
+        "where set, else none (the client address is the connection's)",
+    )
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="on SIGINT/SIGTERM, how long in-flight calls may finish"
     )
@@ -426,6 +433,22 @@ class ServeConfig(BaseModel):
                 f"`port` (--port {port})"
             )
         return v
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _forwarded(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return v
+        for entry in v:
+            if entry != "*":
+                try:
+                    ipaddress.ip_network(entry.strip(), strict=False)
+                except ValueError:
+                    raise ValueError(
+                        f"{entry!r} is not an IP address or network; give the proxies' "
+                        "addresses (e.g. '127.0.0.1', '10.0.0.0/8') or '*' for any"
+                    ) from None
+        return [entry.strip() for entry in v]
 
     @field_validator("path")
     @classmethod

@@ -710,6 +710,22 @@ def route_foreign_logs() -> None:
         lg.setLevel(max(ours.getEffectiveLevel(), logging.WARNING))
 
 
+def _proxy_headers(allow: list[str] | None) -> dict[str, Any]:
+    """uvicorn's proxy-header settings for ``[server] forwarded_allow_ips``.
+
+    uvicorn on its own believes ``X-Forwarded-For`` / ``-Proto`` from 127.0.0.1:
+    on a gateway bound to loopback any local process could then name the client
+    address recorded (the approval audit's ``client``). Here nobody is believed
+    unless the config, or uvicorn's own ``FORWARDED_ALLOW_IPS``, names the proxies.
+    """
+    if allow is None:
+        env = os.environ.get("FORWARDED_ALLOW_IPS", "").strip()
+        allow = [part.strip() for part in env.split(",") if part.strip()] if env else []
+    if not allow:
+        return {"proxy_headers": False}
+    return {"proxy_headers": True, "forwarded_allow_ips": allow}
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn without its own signal handlers: ``run_server`` drains first, then stops it."""
 
@@ -952,6 +968,7 @@ async def run_server(
                     else "httptools"
                 ),
                 timeout_graceful_shutdown=1,
+                **_proxy_headers(cfg.forwarded_allow_ips),
                 log_level=logging.WARNING,
                 # uvicorn refuses at len(connections) >= limit, the asking one included
                 limit_concurrency=(
@@ -1000,9 +1017,22 @@ async def run_server(
         tg.start_soon(announce)
         try:
             await server.serve(sockets=[sock])
+        except BaseException:
+            # Cancelled (an embedder stopping run_server by cancelling its task):
+            # uvicorn's own exit path did not run, which left the listening socket
+            # registered with the loop (closing it under the loop made the next
+            # server given that file descriptor deaf) and the app's lifespan running.
+            if server.started:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_SHUTDOWN_S):
+                    await server.shutdown(sockets=[sock])
+            raise
         finally:
             sock.close()
         tg.cancel_scope.cancel()
+
+
+#: How long a cancelled ``run_server`` gives uvicorn to close (its in-flight requests get 1 s).
+_CANCEL_SHUTDOWN_S = 5.0
 
 
 def _loop_name() -> str:
