@@ -13,7 +13,8 @@ function builds its kernel with ``load_cli_config(args)`` and
 command that opens the state store itself takes its URL from
 ``cli_state_url(cfg)``), and takes the plugin it works with from
 ``cli_plugin(kernel, name)``, which says what left the plugin out when it is
-not loaded. A command may also set
+not loaded (``cli_kernel_plugin(args, name)`` does all three, starting and
+closing the kernel with its output on stderr). A command may also set
 ``backend_options`` to ``def (args) -> dict``: the options ``anyio.run`` gets
 for it (``toolwire serve`` picks its event loop there); a ``KernelError`` it
 raises is reported like the command's own.
@@ -31,7 +32,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -57,6 +58,7 @@ __all__ = [
     "CLI_ENTRY_POINT_GROUP",
     "add_config_option",
     "build_cli_kernel",
+    "cli_kernel_plugin",
     "cli_plugin",
     "cli_state_url",
     "load_cli_config",
@@ -172,6 +174,26 @@ def cli_plugin(kernel: Kernel, name: str, *, dist: str | None = None) -> Any:
     except KeyError:
         cfg = kernel.config if kernel.config is not None else ToolwireConfig()
         raise plugin_not_loaded(cfg, name, dist=dist) from None
+
+
+@contextlib.asynccontextmanager
+async def cli_kernel_plugin(
+    args: argparse.Namespace, name: str, *, dist: str | None = None
+) -> AsyncIterator[tuple[Kernel, Any]]:
+    """The kernel of ``--config`` (``build_cli_kernel``), started, and its plugin ``name``
+    (``cli_plugin``: a ``ConfigError`` naming what left it out); closed on exit.
+
+    What tool modules and plugins print while the kernel starts and closes goes to
+    stderr (``stdout_to_stderr``), so a command's JSON on stdout parses.
+    """
+    with stdout_to_stderr():
+        kernel = build_cli_kernel(load_cli_config(args))
+        await kernel.start()
+    try:
+        yield kernel, cli_plugin(kernel, name, dist=dist)
+    finally:
+        with stdout_to_stderr():
+            await kernel.close()
 
 
 async def _cmd_plugins(args: argparse.Namespace) -> int:

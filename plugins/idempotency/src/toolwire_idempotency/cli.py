@@ -18,13 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolwire import Kernel
-from toolwire.cli import (
-    add_config_option,
-    build_cli_kernel,
-    cli_plugin,
-    load_cli_config,
-    stdout_to_stderr,
-)
+from toolwire.cli import add_config_option, cli_kernel_plugin
 
 from ._plugin import DONE, OVERSIZED, PENDING, IdempotencyPlugin
 
@@ -100,15 +94,11 @@ def describe(value: Any, now: float) -> dict[str, Any]:
 async def _with_plugin(
     args: argparse.Namespace, action: Callable[[Kernel, IdempotencyPlugin], Awaitable[int]]
 ) -> int:
-    with stdout_to_stderr():
-        kernel = build_cli_kernel(load_cli_config(args))
-        await kernel.start()
-    try:
-        plugin: IdempotencyPlugin = cli_plugin(kernel, "idempotency", dist="toolwire-idempotency")
+    async with cli_kernel_plugin(args, "idempotency", dist="toolwire-idempotency") as (
+        kernel,
+        plugin,
+    ):
         return await action(kernel, plugin)
-    finally:
-        with stdout_to_stderr():
-            await kernel.close()
 
 
 def _what(args: argparse.Namespace) -> str:

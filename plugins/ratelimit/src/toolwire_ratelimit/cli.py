@@ -18,13 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from toolwire import Kernel
-from toolwire.cli import (
-    add_config_option,
-    build_cli_kernel,
-    cli_plugin,
-    load_cli_config,
-    stdout_to_stderr,
-)
+from toolwire.cli import add_config_option, cli_kernel_plugin
 
 from ._plugin import RateLimitPlugin
 
@@ -118,17 +112,8 @@ def _known(known: list[str]) -> str:
 async def _with_plugin(
     args: argparse.Namespace, action: Callable[[Kernel, RateLimitPlugin], Awaitable[int]]
 ) -> int:
-    # what tool modules and plugins print while the kernel starts and stops goes to
-    # stderr, so the command's JSON on stdout parses
-    with stdout_to_stderr():
-        kernel = build_cli_kernel(load_cli_config(args))
-        await kernel.start()
-    try:
-        plugin: RateLimitPlugin = cli_plugin(kernel, "ratelimit", dist="toolwire-ratelimit")
+    async with cli_kernel_plugin(args, "ratelimit", dist="toolwire-ratelimit") as (kernel, plugin):
         return await action(kernel, plugin)
-    finally:
-        with stdout_to_stderr():
-            await kernel.close()
 
 
 async def _cmd_status(args: argparse.Namespace) -> int:
