@@ -629,17 +629,22 @@ _CRASHING_AGENT = (
 )
 
 
+@pytest.mark.parametrize("fast_path", [True, False], ids=["lean_path", "fastmcp_handler"])
 @pytest.mark.parametrize("keep", [False, True], ids=["default", "unknown_after_interrupt"])
 async def test_an_agent_killed_mid_call_over_http_gets_the_result_when_it_replays(
-    tmp_path: Path, serve_process: Any, keep: bool
+    tmp_path: Path, serve_process: Any, keep: bool, fast_path: bool
 ) -> None:
     """The crash-and-resume case: an agent process killed while its call runs disconnects.
     Before, the disconnect cancelled the call (Streamable HTTP: a disconnect is the
     cancellation) and by default the agent's replay ran the tool a second time (with
     ``unknown_after_interrupt``: "outcome unknown"). A call with a call id now runs to
-    its end and the replay gets its stored result, the tool having run once."""
+    its end and the replay gets its stored result, the tool having run once, on the
+    lean path and on FastMCP's own handler alike."""
     (tmp_path / "napping.py").write_text(NAPPING)
-    tables: dict[str, dict[str, Any]] = {"tools": {"modules": ["napping"]}}
+    tables: dict[str, dict[str, Any]] = {
+        "tools": {"modules": ["napping"]},
+        "server": {"fast_path": fast_path},
+    }
     if keep:
         tables["plugins.idempotency"] = {"unknown_after_interrupt": True}
     write_config(tmp_path / "toolwire.toml", {"enabled_plugins": ["idempotency"]}, tables)

@@ -57,6 +57,9 @@ class ServeGate:
         self.cutting = False
         self._idle: anyio.Event | None = None
         self._scopes: set[anyio.CancelScope] = set()
+        #: Calls running on in tasks of their own after their request was cancelled
+        #: (a call with a call id outlives its client, on FastMCP's handler).
+        self.detached: set[Any] = set()
         #: tool name -> (the tool, its output schema's checker, quick check); None: no check
         self._outputs: dict[str, tuple[Tool, Any, Any]] = {}
 

@@ -306,7 +306,7 @@ class KernelTool(MCPTool):
         if token is not None and rc is not None:
             progress = _progress_sender(rc, token)
         elicit = MCPElicitation.offered(ctx, rc)
-        result = await run_call(
+        call = run_call(
             self._kernel,
             self._gate,
             self.name,
@@ -318,11 +318,36 @@ class KernelTool(MCPTool):
             progress=progress,
             extensions={ELICIT_EXTENSION: elicit} if elicit is not None else None,
         )
+        # A call with a call id runs to its end when its request is cancelled (a client
+        # that went away, or sent notifications/cancelled), as on the lean path: its
+        # result is stored for the client's replay after a crash. The gate still cuts
+        # it at the end of the shutdown grace period; its timeouts still bound it.
+        result = await (_outliving(call, self._gate) if call_id is not None else call)
         if elicit is not None and result.error is not None and result.error.kind == INPUT_REQUIRED:
             asked = elicit.input_required()
             if asked is not None:
                 return InputRequiredToolResult(asked)
         return to_mcp_result(result, await self._gate.images.blocks(result))
+
+
+async def _outliving(call: Awaitable[ToolResult], gate: ServeGate) -> ToolResult:
+    """``call`` in a task of its own, which a cancellation of the awaiting request does not
+    reach (asyncio; elsewhere it is simply awaited)."""
+    if asyncio._get_running_loop() is None:
+        return await call
+    task = asyncio.ensure_future(call)
+    gate.detached.add(task)
+    task.add_done_callback(_detached_done(gate))
+    return await asyncio.shield(task)
+
+
+def _detached_done(gate: ServeGate) -> Callable[[asyncio.Future[ToolResult]], None]:
+    def done(task: asyncio.Future[ToolResult]) -> None:
+        gate.detached.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a call outliving its request failed", exc_info=task.exception())
+
+    return done
 
 
 class ListChanged:
