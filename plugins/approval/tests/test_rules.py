@@ -137,6 +137,51 @@ def test_bad_config_is_refused(cfg: dict[str, Any], problem: str) -> None:
         ApprovalConfig.model_validate(cfg)
 
 
+def test_a_hint_spelled_two_ways_is_refused_naming_both() -> None:
+    """Hints match case-insensitively: the two entries were merged and one policy won
+    silently (here NONE, turning off the approval of destructive tools)."""
+    cfg = {"annotations": {"destructiveHint": "REQUIRED", "destructivehint": "NONE"}}
+    with pytest.raises(pydantic.ValidationError) as exc:
+        ApprovalConfig.model_validate(cfg)
+    msg = str(exc.value)
+    assert "'destructiveHint' and 'destructivehint' both set the annotation" in msg
+    assert "case-insensitive" in msg
+    # one spelling, whichever, is fine
+    assert ApprovalConfig.model_validate(
+        {"annotations": {"DESTRUCTIVEHINT": "NONE", "readOnlyHint": "LAZY"}}
+    ).annotations == {"destructiveHint": Policy.NONE, "readOnlyHint": Policy.LAZY}
+
+
+def test_a_hint_spelled_two_ways_in_the_file_or_by_the_environment_fails_at_load(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "toolwire.toml"
+    path.write_text(
+        'enabled_plugins = ["approval"]\n\n[plugins.approval]\n'
+        'annotations = { destructiveHint = "REQUIRED", destructivehint = "NONE" }\n'
+    )
+    with pytest.raises(ConfigError, match=r"plugins\.approval\.annotations: 'destructiveHint' and"):
+        Kernel.from_config(load_config(path, env={}))
+    # an environment variable's key is read lower-case: it names the file's hint again
+    path.write_text(
+        'enabled_plugins = ["approval"]\n\n[plugins.approval]\n'
+        'annotations = { destructiveHint = "REQUIRED" }\n'
+    )
+    env = {"TOOLWIRE_PLUGINS__APPROVAL__ANNOTATIONS__DESTRUCTIVEHINT": "NONE"}
+    with pytest.raises(ConfigError) as exc:
+        Kernel.from_config(load_config(path, env=env))
+    assert "'destructiveHint' and 'destructivehint'" in str(exc.value)
+    assert "TOOLWIRE_PLUGINS__APPROVAL__ANNOTATIONS__DESTRUCTIVEHINT" in str(exc.value)
+    # the file spelling it lower-case lets the variable override it
+    path.write_text(
+        'enabled_plugins = ["approval"]\n\n[plugins.approval]\n'
+        'annotations = { destructivehint = "REQUIRED" }\n'
+    )
+    p = Kernel.from_config(load_config(path, env=env)).get_plugin("approval")
+    assert isinstance(p, ApprovalPlugin)
+    assert p.config.annotations == {"destructiveHint": Policy.NONE}
+
+
 def test_config_from_toml_and_environment(tmp_path: Path) -> None:
     path = tmp_path / "toolwire.toml"
     path.write_text(

@@ -131,12 +131,21 @@ class ApprovalConfig(BaseModel):
         if not isinstance(value, dict):
             return value
         out: dict[str, Any] = {}
+        spelled: dict[str, str] = {}
         for name, policy in value.items():
             hint = _HINTS_BY_LOWER.get(str(name).lower())
             if hint is None:
                 raise ValueError(
                     f"unknown annotation {name!r}; use one of {', '.join(ANNOTATION_HINTS)}"
                 )
+            if hint in spelled:
+                # Hints match case-insensitively: the two entries were merged and the later
+                # one won silently, whichever policy the operator meant.
+                raise ValueError(
+                    f"{spelled[hint]!r} and {name!r} both set the annotation {hint!r} (hint "
+                    "names are case-insensitive); keep one"
+                )
+            spelled[hint] = str(name)
             out[hint] = policy
         return out
 
