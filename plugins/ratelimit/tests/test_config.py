@@ -140,6 +140,8 @@ def test_a_bad_key_entry_names_its_field_not_pydantics_union(tmp_path: Path) -> 
         ("max_cooldown_seconds = inf", "max_cooldown_seconds", "finite number"),
         ("cooldown_seconds = 1e308", "cooldown_seconds", "less than or equal"),
         ("probe_timeout_seconds = nan", "probe_timeout_seconds", "finite number"),
+        ("removed_key_grace_seconds = inf", "removed_key_grace_seconds", "finite number"),
+        ("removed_key_grace_seconds = -1", "removed_key_grace_seconds", "greater than or equal"),
     ],
 )
 def test_durations_must_be_finite(tmp_path: Path, toml: str, key: str, problem: str) -> None:

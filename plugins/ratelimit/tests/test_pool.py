@@ -331,6 +331,119 @@ async def test_a_replica_without_a_key_keeps_its_quarantine(tmp_path: Path) -> N
         assert {(await pool1.acquire()).alias for _ in range(4)} == {"b"}
 
 
+SECRET_C = "sk-charlie-555555555"
+A_AND_C = [{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_C}]
+
+
+def aliases_in(record: Any) -> set[str]:
+    """Every alias the stored pool record mentions, in any of its tables."""
+    return {a for table in ("rr", "picks", "keys", "gone") for a in (record.get(table) or {})}
+
+
+async def test_a_renamed_key_is_forgotten_after_the_grace(tmp_path: Path) -> None:
+    """Before: the record kept every alias ever configured (rotation weight, picks, strikes,
+    quarantine) for the life of the deployment; each rename grew it for good."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    async with kernel_with(config(), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        for _ in range(8):
+            await (await pool.acquire()).success()
+        await pool.report("b", "rate_limit")
+        assert aliases_in(await kernel.state.get("ratelimit:pool:acme")) == {"a", "b"}
+    # b renamed to c; a restart, an hour later: b is kept (a replica still listing it may run)
+    clock.advance(3600)
+    async with kernel_with(config(keys=A_AND_C), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        for _ in range(4):
+            await (await pool.acquire()).success()
+        assert "b" in aliases_in(await kernel.state.get("ratelimit:pool:acme"))
+        status = await pool.status()
+        assert set(status["keys"]) == {"a", "c"} and set(status["keys"]) == set(
+            (await pool.availability()).keys
+        )
+    # a week later (removed_key_grace_seconds), the next write forgets b
+    clock.advance(7 * 86400)
+    async with kernel_with(config(keys=A_AND_C), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await (await pool.acquire()).success()
+        assert aliases_in(await kernel.state.get("ratelimit:pool:acme")) == {"a", "c"}
+
+
+async def test_a_removed_key_is_kept_while_a_replica_still_lists_it(tmp_path: Path) -> None:
+    """A rolling configuration change that takes longer than the grace: the replica without
+    key b must not forget b's quarantine while a replica listing b still leases from the
+    pool; once none does, the grace runs and b is forgotten."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    without_b = config(keys=A_AND_C, removed_key_grace_seconds=3600)
+    async with (
+        kernel_with(config(), state=url, clock=clock) as old,
+        kernel_with(without_b, state=url, clock=clock) as new,
+    ):
+        pool_old, pool_new = key_pool(old, "acme"), key_pool(new, "acme")
+        await pool_old.report("b", "auth", pattern="default.status.401")
+        for _ in range(5):  # both replicas serve for 5 hours
+            clock.advance(3599)
+            await (await pool_new.acquire()).success()
+            await (await pool_old.acquire()).success()
+        assert (await pool_old.status())["keys"]["b"]["state"] == "quarantined"
+        # the old replica has gone: the grace runs from the new one's next write
+        clock.advance(60)
+        await (await pool_new.acquire()).success()
+        clock.advance(3599)
+        await (await pool_new.acquire()).success()
+        assert "b" in aliases_in(await new.state.get("ratelimit:pool:acme"))
+        clock.advance(1)
+        await (await pool_new.acquire()).success()
+        assert aliases_in(await new.state.get("ratelimit:pool:acme")) == {"a", "c"}
+
+
+async def test_a_removed_key_still_cooling_is_kept_until_its_cooldown_ends(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    kw: dict[str, Any] = {"suspend_on_monthly_exhausted": False, "removed_key_grace_seconds": 0}
+    async with kernel_with(config(**kw), state=url, clock=clock) as kernel:
+        await key_pool(kernel, "acme").report("b", "quota", retry_after_s=86400)  # cools a day
+    async with kernel_with(config(keys=A_AND_C, **kw), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await (await pool.acquire()).success()
+        assert "b" in aliases_in(await kernel.state.get("ratelimit:pool:acme"))
+        clock.advance(86401)
+        await (await pool.acquire()).success()
+        assert aliases_in(await kernel.state.get("ratelimit:pool:acme")) == {"a", "c"}
+
+
+async def test_a_key_back_within_the_grace_keeps_its_quarantine(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    async with kernel_with(config(), state=url, clock=clock) as kernel:
+        await key_pool(kernel, "acme").report("b", "auth")
+    for days in (1, 8):  # b removed for a day, then for 8 days (past the 7-day grace)
+        async with kernel_with(config(keys=A_AND_C), state=url, clock=clock) as kernel:
+            await (await key_pool(kernel, "acme").acquire()).success()
+        clock.advance(days * 86400)
+        async with kernel_with(config(keys=A_AND_C), state=url, clock=clock) as kernel:
+            await (await key_pool(kernel, "acme").acquire()).success()
+        async with kernel_with(config(), state=url, clock=clock) as kernel:
+            state = (await key_pool(kernel, "acme").status())["keys"]["b"]["state"]
+            assert state == ("quarantined" if days == 1 else "ok")
+
+
+async def test_a_keyless_provider_given_keys_forgets_its_implicit_key() -> None:
+    clock = FakeClock()
+    async with Kernel(state="memory://", clock=clock, plugins=[RateLimitPlugin()]) as kernel:
+        await (await key_pool(kernel, "acme").acquire()).success()
+        assert aliases_in(await kernel.state.get("ratelimit:pool:acme")) == {"-"}
+        pool = RateLimitPlugin.of(kernel).register_keys("acme", [("k1", SECRET_A)])
+        await (await pool.acquire()).success()
+        clock.advance(7 * 86400)
+        await (await pool.acquire()).success()
+        assert aliases_in(await kernel.state.get("ratelimit:pool:acme")) == {"k1"}
+
+
 async def test_quota_suspends_the_whole_pool() -> None:
     clock = FakeClock()
     async with kernel_with(config(suspend_seconds=600), clock=clock) as kernel:

@@ -446,6 +446,16 @@ class ProviderConfig(PatternKeys):
         description="suspension when the provider names no reset time",
     )
     probe_timeout_seconds: float = Field(60.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False)
+    removed_key_grace_seconds: float = Field(
+        7 * 86400.0,
+        ge=0,
+        le=MAX_SECONDS,
+        allow_inf_nan=False,
+        description=(
+            "how long the stored state of a key alias no process configures any more "
+            "(quarantine included) is kept before it is forgotten"
+        ),
+    )
     rate: Rate | None = None
     # read by toolwire-retry
     max_provider_attempts: int | None = Field(None, ge=1, le=100)

@@ -370,6 +370,7 @@ class RateLimitPlugin:
             suspend_on_monthly_exhausted=pc.suspend_on_monthly_exhausted,
             suspend_s=pc.suspend_seconds,
             probe_timeout_s=pc.probe_timeout_seconds,
+            removed_key_grace_s=pc.removed_key_grace_seconds,
             max_retry_after_s=self.settings.max_retry_after_seconds,
         )
         throttle = self._throttle(f"providers.{provider}", pc.rate) if pc.rate else None

@@ -10,10 +10,13 @@ holds everything replicas must agree on; keys appear in it by alias only::
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
                       "q": {...}}},             # sticky quarantine (auth failure)
-     "suspended": {"until": t, ...} | null}     # whole pool (quota/budget)
+     "suspended": {"until": t, ...} | null,     # whole pool (quota/budget)
+     "gone": {alias: t}}                        # stored aliases the last writer did not
+                                                # configure, since when (only when any)
 
 Every change is a compare-and-set, so concurrent picks in one process or many
-never lose an update.
+never lose an update. Every write also forgets aliases no process configures any
+more, ``removed_key_grace_s`` after they went (see ``KeyPool._forget_removed``).
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ class PoolSettings:
     suspend_s: float = 3600.0
     probe_timeout_s: float = 60.0
     max_retry_after_s: float = 31 * 86400.0
+    removed_key_grace_s: float = 7 * 86400.0
 
 
 def _iso(t: float) -> str:
@@ -141,9 +145,9 @@ class PoolUnavailable(ToolError):
 
 
 def _norm(value: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = {"rr": {}, "picks": {}, "keys": {}, "suspended": None}
+    rec: dict[str, Any] = {"rr": {}, "picks": {}, "keys": {}, "suspended": None, "gone": {}}
     if isinstance(value, dict):
-        for k in ("rr", "picks", "keys"):
+        for k in ("rr", "picks", "keys", "gone"):
             if isinstance(value.get(k), dict):
                 rec[k] = dict(value[k])
         if isinstance(value.get("suspended"), dict):
@@ -211,11 +215,44 @@ class KeyPool:
         kernel = self._plugin.bound_kernel()
 
         def wrapped(value: Any, now: float) -> tuple[Any, Any]:
-            return fn(_norm(value), now)
+            result, new = fn(_norm(value), now)
+            if isinstance(new, dict):
+                self._forget_removed(new, now)
+            return result, new
 
         return await cas_update(
             kernel.state, self._key, wrapped, lock=self._lock, now=kernel.clock.time
         )
+
+    def _forget_removed(self, rec: dict[str, Any], now: float) -> None:
+        """Drop from ``rec`` the aliases no process configures any more (on every write).
+
+        A stored alias this process does not configure is noted in ``rec["gone"]`` with
+        the time; a write by a process that configures it removes the note again. So
+        during a rolling configuration change the replicas still listing the alias keep
+        renewing it, and only once none of them has written for
+        ``removed_key_grace_s`` is the alias forgotten: its rotation weight, picks,
+        strikes and quarantine. A cooldown or probe still running is waited for too.
+        """
+        gone: dict[str, Any] = rec["gone"]
+        stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
+        for a in list(gone):
+            if a in self._keys or a not in stored:
+                del gone[a]
+        grace = self.settings.removed_key_grace_s
+        for a in sorted(stored.difference(self._keys)):
+            since = _num(gone, a) if a in gone else 0.0
+            if not 0 < since <= now:  # new, or a bad or future value: count from now
+                since = gone[a] = now
+            ks = rec["keys"].get(a)
+            if isinstance(ks, dict) and max(_num(ks, "cool_until"), _num(ks, "probe_until")) > now:
+                continue
+            if now - since >= grace:
+                for table in ("keys", "picks", "rr"):
+                    rec[table].pop(a, None)
+                del gone[a]
+        if not gone:
+            del rec["gone"]
 
     # ------------------------------------------------------------ health
     def _key_state(self, rec: dict[str, Any], alias: str, now: float) -> str:
@@ -519,9 +556,9 @@ class KeyPool:
                     keys[a] = ks
                 else:
                     keys.pop(a, None)
-            # Records of aliases this process does not know stay: another replica (a
-            # rolling configuration change) may still use them, and a quarantine is sticky
-            # until the key's secret changes or an operator clears it.
+            # Records of aliases this process does not know stay for now: another replica
+            # (a rolling configuration change) may still use them, and a quarantine is
+            # sticky; _forget_removed drops them once removed_key_grace_s has passed.
             return None, rec
 
         await self._update(fn)
