@@ -8,7 +8,8 @@ import anyio
 import pytest
 
 from toolwire import Kernel
-from toolwire_ratelimit import PoolUnavailable, RateLimitConfig, RateLimitPlugin, key_pool
+from toolwire.testing import FakeClock
+from toolwire_ratelimit import KeyPool, PoolUnavailable, RateLimitConfig, RateLimitPlugin, key_pool
 
 pytestmark = [pytest.mark.anyio, pytest.mark.redis]
 
@@ -65,6 +66,52 @@ async def test_health_is_shared_between_replicas(redis_url: str, prefix: str) ->
         await p1.report(None, "quota")
         assert (await p2.availability()).state == "suspended"
         await k1.state.delete(RateLimitPlugin.of(k1).state_key("pool", "acme"))
+
+
+async def test_a_rolling_key_rename_keeps_the_old_key_until_no_replica_lists_it(
+    redis_url: str, prefix: str
+) -> None:
+    """Replicas with keys {a, b} and {a, c} write the record concurrently, past the grace:
+    b (quarantined) stays while the old replica leases, and goes once it stopped."""
+    renamed = RateLimitConfig.model_validate(
+        {
+            "state_prefix": prefix,
+            "providers": {
+                "acme": {
+                    "keys": [
+                        {"alias": "a", "secret": "redis-secret-aaaaaa"},
+                        {"alias": "c", "secret": "redis-secret-cccccc"},
+                    ],
+                    "removed_key_grace_seconds": 600,
+                }
+            },
+        }
+    )
+    clock = FakeClock()
+    old = Kernel(state=redis_url, clock=clock, plugins=[RateLimitPlugin(cfg(prefix))])
+    new = Kernel(state=redis_url, clock=clock, plugins=[RateLimitPlugin(renamed)])
+    key = RateLimitPlugin.of(old).state_key("pool", "acme")
+    async with old, new:
+        p_old, p_new = key_pool(old, "acme"), key_pool(new, "acme")
+        await p_old.report("b", "auth")
+
+        async def lease(pool: KeyPool) -> None:
+            await (await pool.acquire()).success()
+
+        for _ in range(3):  # 30 minutes of both serving, writes racing
+            clock.advance(599)
+            async with anyio.create_task_group() as tg:
+                for i in range(40):
+                    tg.start_soon(lease, (p_old, p_new)[i % 2])
+        assert (await p_old.availability()).keys["b"] == "quarantined"
+        async with anyio.create_task_group() as tg:  # only the new replica from here
+            for _ in range(20):
+                tg.start_soon(lease, p_new)
+        clock.advance(600)
+        await lease(p_new)
+        assert set((await new.state.get(key))["picks"]) == {"a", "c"}
+        assert "b" not in (await new.state.get(key))["keys"]
+        await old.state.delete(key)
 
 
 async def test_outbound_rate_is_shared(redis_url: str, prefix: str) -> None:
