@@ -230,9 +230,10 @@ class KeyPool:
         A stored alias this process does not configure is noted in ``rec["gone"]`` with
         the time; a write by a process that configures it removes the note again. So
         during a rolling configuration change the replicas still listing the alias keep
-        renewing it, and only once none of them has written for
-        ``removed_key_grace_s`` is the alias forgotten: its rotation weight, picks,
-        strikes and quarantine. A cooldown or probe still running is waited for too.
+        renewing it, and the grace counts from the first write without it after the last
+        write with it: once the note is ``removed_key_grace_s`` old, the alias is
+        forgotten (rotation weight, picks, strikes, quarantine), unless its cooldown or
+        probe is still running.
         """
         gone: dict[str, Any] = rec["gone"]
         stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
