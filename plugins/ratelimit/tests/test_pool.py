@@ -314,6 +314,38 @@ async def test_auth_failure_quarantines_until_the_key_changes_or_is_cleared(tmp_
         assert "a" in {(await pool.acquire()).alias for _ in range(4)}
 
 
+async def test_a_replaced_secret_does_not_inherit_the_old_keys_cooldown(tmp_path: Path) -> None:
+    """Before: the cooldown (and strikes) were the alias's, whatever its secret: a key
+    replaced because its monthly quota ran out stayed put aside for the month, and
+    removing the first of unnamed keys moved its cooldown onto the next one."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    kw: dict[str, Any] = {"suspend_on_monthly_exhausted": False}
+    async with kernel_with(config(**kw), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("a", "quota", retry_after_s=20 * 86400)  # exhausted for 20 days
+        await pool.report("b", "rate_limit", retry_after_s=600)
+        with pytest.raises(PoolUnavailable):
+            await pool.acquire()
+    # the operator replaced key a's secret: the new key is used at once, b still cools
+    new_a = [{"alias": "a", "secret": "sk-alpha-NEW-000000"}, {"alias": "b", "secret": SECRET_B}]
+    async with kernel_with(config(keys=new_a, **kw), state=url, clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        assert (await pool.availability()).keys == {"a": "ok", "b": "cooling"}
+        assert (await pool.status())["keys"]["a"]["strikes"] == 0
+        lease = await pool.acquire()
+        assert lease.alias == "a" and not lease.probe
+        await lease.failure(kind="rate_limit")  # the new key's own first strike
+        assert (await pool.status())["keys"]["a"]["strikes"] == 1
+    # unnamed keys: removing the first renames the second; its own state follows the secret
+    async with kernel_with(
+        config(keys=[SECRET_A, SECRET_B], **kw), state=url, clock=clock
+    ) as kernel:
+        await key_pool(kernel, "acme").report("acme-1", "quota", retry_after_s=20 * 86400)
+    async with kernel_with(config(keys=[SECRET_B], **kw), state=url, clock=clock) as kernel:
+        assert (await key_pool(kernel, "acme").availability()).keys == {"acme-1": "ok"}
+
+
 async def test_a_replica_without_a_key_keeps_its_quarantine(tmp_path: Path) -> None:
     """A rolling configuration change: replica 1 has keys a and b, replica 2 already only b.
     Replica 2's reports on b kept dropping a's record, quarantine included, and replica 1

@@ -5,7 +5,8 @@ holds everything replicas must agree on; keys appear in it by alias only::
 
     {"rr": {alias: current_weight},             # smooth weighted round-robin
      "picks": {alias: n},                       # leases handed out (monotonic)
-     "keys": {alias: {"strikes": n,             # rate limits in a row
+     "keys": {alias: {"fp": fingerprint,        # the key (secret) this state is of
+                      "strikes": n,             # rate limits in a row
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
@@ -256,9 +257,23 @@ class KeyPool:
             del rec["gone"]
 
     # ------------------------------------------------------------ health
-    def _key_state(self, rec: dict[str, Any], alias: str, now: float) -> str:
+    def _state_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any]:
+        """The stored state of ``alias``'s key; without the cooldown, strikes and probe
+        when they were recorded for another secret (the key was replaced, or unnamed keys
+        were renumbered): those were another key's. Its quarantine is kept for replicas
+        that still send that secret (``q`` carries its own fingerprint)."""
         ks = rec["keys"].get(alias)
         if not isinstance(ks, dict):
+            return {}
+        fp = ks.get("fp")
+        if fp is not None and fp != self._keys[alias].fingerprint:
+            q = ks.get("q")
+            return {"q": q} if isinstance(q, dict) else {}
+        return ks
+
+    def _key_state(self, rec: dict[str, Any], alias: str, now: float) -> str:
+        ks = self._state_of(rec, alias)
+        if not ks:
             return "ok"
         q = ks.get("q")
         if isinstance(q, dict) and q.get("fp") == self._keys[alias].fingerprint:
@@ -308,7 +323,7 @@ class KeyPool:
             )
         waits = []
         for a, s in states.items():
-            ks = rec["keys"].get(a) or {}
+            ks = self._state_of(rec, a)
             if s == "cooling":
                 waits.append(_num(ks, "cool_until"))
             elif s == "probing":
@@ -342,7 +357,7 @@ class KeyPool:
         av = self._describe(rec, now)
         keys = {}
         for a in self.aliases:
-            ks = rec["keys"].get(a) or {}
+            ks = self._state_of(rec, a)
             q = ks.get("q") if isinstance(ks.get("q"), dict) else None
             if q is not None and q.get("fp") != self._keys[a].fingerprint:
                 q = None  # its secret changed since: that quarantine no longer holds
@@ -422,9 +437,10 @@ class KeyPool:
                 # A fresh id per probe: a probe whose holder outlived probe_timeout_s must not
                 # end (or settle) the probe that took over from it.
                 probe_id = secrets.token_hex(8)
-                ks = dict(rec["keys"].get(best) or {})
+                ks = dict(self._state_of(rec, best))
                 ks["probe_until"] = now + probe_ttl
                 ks["probe_id"] = probe_id
+                ks["fp"] = self._keys[best].fingerprint
                 rec["keys"][best] = ks
             return (best, probe_id), rec
 
@@ -489,7 +505,7 @@ class KeyPool:
             logged.clear()  # fn runs again when a concurrent writer won the update
             suspended.clear()
             keys = rec["keys"]
-            ks = dict(keys.get(a) or {}) if a is not None else {}
+            ks = dict(self._state_of(rec, a)) if a is not None else {}
             before = dict(ks)
             # a probe that is not the key's current one is no better than a lease from before
             stale = probe is False or (probe_id is not None and ks.get("probe_id") != probe_id)
@@ -550,6 +566,8 @@ class KeyPool:
             elif not stale:
                 _end_probe(ks)
             if a is not None:
+                if ks:
+                    ks["fp"] = self._keys[a].fingerprint
                 if ks == before:
                     if outcome != "quota":
                         return None, NOCHANGE
