@@ -583,6 +583,26 @@ async def test_outbound_rate_waits_or_fails_fast_and_is_shared() -> None:
         assert exc.value.details["pattern"] == "outbound.providers.acme"
 
 
+@pytest.mark.parametrize("mode", ["wait", "fail_fast"])
+async def test_a_pool_that_cannot_serve_takes_no_outbound_slot(mode: str) -> None:
+    """Before: acquire took (and in "wait" mode slept for) an outbound slot, then found every
+    key cooling or the pool suspended. Calls during a suspension queued for slots only to
+    fail, and used up the slots of the first requests once the pool served again."""
+    clock = FakeClock()
+    rate = {"requests": 1, "per_seconds": 10, "burst": 1, "mode": mode, "max_wait_seconds": 60}
+    async with kernel_with(config(rate=rate), clock=clock) as kernel:
+        pool = key_pool(kernel, "acme")
+        await pool.report("a", "quota", retry_after_s=3600)  # the whole pool, for an hour
+        for _ in range(3):
+            with pytest.raises(PoolUnavailable) as exc:
+                await pool.acquire()
+            assert exc.value.kind == "quota"  # at once, not after a wait for a slot
+        assert clock.sleeps == []
+        await pool.clear()
+        lease = await pool.acquire()  # the slot is still there
+        assert lease.alias in ("a", "b") and clock.sleeps == []
+
+
 async def test_tool_rate_limit_in_before_call() -> None:
     clock = FakeClock()
     cfg = RateLimitConfig.model_validate(

@@ -388,10 +388,18 @@ class KeyPool:
 
         Raises ``PoolUnavailable`` (a classified ``ToolError``) when every key is
         cooling, quarantined or the pool is suspended, or when the outbound
-        rate limit is in ``fail_fast`` mode (or would wait too long).
+        rate limit is in ``fail_fast`` mode (or would wait too long). A pool that
+        cannot serve raises before the outbound rate is waited for: it takes no slot.
         """
         waited = 0.0
         if throttle and self._throttle is not None:
+            # A pool that cannot serve says so now: waiting for (and spending) an outbound
+            # slot first made calls during a suspension queue for slots only to fail, took
+            # the slots of the first requests once it served again, and in fail_fast mode
+            # reported an hour's suspension as the outbound rate's few seconds.
+            av = await self.availability()
+            if not av.available:
+                raise PoolUnavailable(av)
             left = ctx.time_left() if ctx is not None else None
             try:
                 waited = await self._throttle.take(left)
