@@ -236,7 +236,7 @@ class KeyPool:
         forgotten (rotation weight, picks, strikes, quarantine), unless its cooldown or
         probe is still running.
         """
-        gone: dict[str, Any] = rec["gone"]
+        gone: dict[str, Any] = rec.setdefault("gone", {})
         stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
         for a in list(gone):
             if a in self._keys or a not in stored:
