@@ -450,3 +450,76 @@ async def test_a_write_racing_shutdown_on_another_thread_is_never_lost(tmp_path:
         assert _race_a_write_with_shutdown(k.get_plugin("audit"), call, res, ctx) == []
     got = [(x["tool"], x["call_id"]) for x in lines(log)]
     assert got == [("login", "c1"), ("login", "raced")]  # every line, once, whole
+
+
+# -- the writer: audit I/O never runs on the event loop
+
+#: How long a gated write waits before giving up: only a writer on the event loop
+#: (which nothing else can then release) ever waits this long. A safety net against a
+#: hung test, not a speed assertion.
+_GATE_SAFETY_S = 5.0
+
+
+class _GatedStream:
+    """A text stream whose writes wait for ``release``: a stalled disk, NFS server, or a
+    pipe whose reader stopped reading."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.events: list[str] = []
+        self.chunks: list[str] = []
+        self.closed = False
+
+    def write(self, text: str) -> int:
+        if not self.entered.is_set():
+            self.events.append("write blocked")
+            self.entered.set()
+        if not self.release.wait(_GATE_SAFETY_S):
+            self.events.append("write gave up waiting")
+        self.chunks.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+    def lines(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in "".join(self.chunks).splitlines()]
+
+
+@pytest.mark.xfail(strict=True, reason="audit lines are written on the event loop")
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_stalled_write_does_not_block_the_event_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: the line was written (json.dumps, a stat, write and flush under a thread
+    lock) on the event loop, so a write that stalled (a slow disk, NFS, stderr piped to a
+    reader that stopped reading) stalled every other task of the loop with it: here, the
+    one task that could release the write could not run until the write gave up."""
+    import sys
+
+    import anyio
+
+    stream = _GatedStream()
+    monkeypatch.setattr(sys, "stderr", stream)
+    k = Kernel(plugins=[AuditPlugin(AuditConfig(path="-"))])
+    k.add_tool(login)
+    async with k:
+
+        async def unrelated() -> None:  # another task of the same loop
+            while not stream.entered.is_set():  # noqa: ASYNC110 - set by another thread
+                await anyio.sleep(0.001)
+            stream.events.append("another task ran")
+            stream.release.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(unrelated)
+            r = await k.call("login", {"user": "ann", "password": "pw"}, call_id="c1")
+            assert not r.is_error and not r.meta.plugin_errors
+    assert stream.events == ["write blocked", "another task ran"]
+    assert [x["call_id"] for x in stream.lines()] == ["c1"]
