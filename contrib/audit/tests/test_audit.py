@@ -114,12 +114,21 @@ async def test_only_errors_and_attempt_level(tmp_path: Path) -> None:
     assert got[0]["attempt_log"][0]["error_kind"] == "auth"  # type: ignore[index]
 
 
-def test_invalid_config_is_rejected(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ('level = "verbose"', "level"),
+        ("queue_size = 0", "queue_size"),
+        ("drain_timeout_s = 0", "drain_timeout_s"),
+        ("drain_timeout_s = inf", "drain_timeout_s"),
+    ],
+)
+def test_invalid_config_is_rejected(tmp_path: Path, setting: str, key: str) -> None:
     cfg = tmp_path / "toolwire.toml"
-    cfg.write_text('enabled_plugins = ["audit"]\n[plugins.audit]\nlevel = "verbose"\n')
+    cfg.write_text(f'enabled_plugins = ["audit"]\n[plugins.audit]\n{setting}\n')
     from toolwire import ConfigError
 
-    with pytest.raises(ConfigError, match=r"plugins\.audit\.level"):
+    with pytest.raises(ConfigError, match=rf"plugins\.audit\.{key}"):
         Kernel.from_config(str(cfg))
 
 

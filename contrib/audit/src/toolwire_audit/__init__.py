@@ -41,7 +41,7 @@ _MAX_DEPTH = 64
 #: How often a task waiting for the writer looks again (it doubles up to the maximum):
 #: a thread has no event loop to tell, and the plugin may serve several loops.
 _POLL_FIRST_S = 0.001
-_POLL_MAX_S = 0.05
+_POLL_MAX_S = 0.01
 
 #: While writes fail, the ERROR saying how many lines were lost is repeated this often.
 _REPORT_EVERY_S = 60.0
