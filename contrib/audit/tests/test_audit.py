@@ -778,3 +778,43 @@ def test_a_program_that_never_closes_its_kernel_still_gets_its_lines(tmp_path: P
     )
     assert proc.returncode == 0 and proc.stdout == "returned\n", proc.stderr
     assert [x["call_id"] for x in lines(log)] == ["x0", "x1", "x2"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_named_pipe_nobody_reads_fails_the_start_instead_of_hanging_it(
+    tmp_path: Path,
+) -> None:
+    """Before: opening a FIFO for writing waits until a process opens it for reading, for
+    ever: the kernel's start hung (it could not even be cancelled). Now the start fails
+    at once, saying so; with a reader, the lines go through the pipe."""
+    import threading
+
+    import anyio
+
+    fifo = tmp_path / "audit.pipe"
+    os.mkfifo(fifo)
+    k = Kernel(plugins=[AuditPlugin(AuditConfig(path=str(fifo)))])
+    k.add_tool(login)
+    with pytest.raises(PluginError, match=r"plugins\.audit\.path = .*no process reads"):
+        await k.start()
+
+    received: list[str] = []
+
+    def reader() -> None:
+        with open(fifo) as f:
+            received.extend(f)
+
+    reading = threading.Thread(target=reader)
+    reading.start()
+    while True:  # the reader's open returns once a writer opens the pipe: retry until then
+        try:
+            await k.start()
+            break
+        except PluginError:
+            await anyio.sleep(0.01)
+    async with k:
+        await k.call("login", {"user": "ann", "password": "pw"}, call_id="c1")
+    await anyio.to_thread.run_sync(reading.join)
+    assert [json.loads(x)["call_id"] for x in received] == ["c1"]

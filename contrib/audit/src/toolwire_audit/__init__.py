@@ -12,6 +12,7 @@ reading never stalls the kernel's other calls.
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import logging
 import math
@@ -53,8 +54,17 @@ def _owner_only(path: str, flags: int) -> int:
     The lines hold who called what, and arguments with ``include_args``; on a
     shared host the umask's usual 0644 let every local user read them. A file
     that exists keeps its mode (a log rotator's ``create 0640``, say).
+
+    Opened non-blocking, then made blocking again: a named pipe that no process reads
+    is then refused (ENXIO) rather than waited for, for ever.
     """
-    return os.open(path, flags, 0o600)
+    fd = os.open(path, flags | _NONBLOCK, 0o600)
+    if _NONBLOCK:
+        os.set_blocking(fd, True)
+    return fd
+
+
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _open_log(path: Path) -> IO[str]:
@@ -303,12 +313,15 @@ class _Writer:
     def _report(self, exc: BaseException | None = None) -> None:
         self._last_report = time.monotonic()
         what = f" ({type(exc).__name__}: {exc})" if exc is not None else ""
-        fix = (
-            "free space on its disk or fix its permissions (the file is opened again for the "
-            "next line)"
-            if self.path is not None
-            else "make sure whatever reads stderr keeps reading"
-        )
+        if self.path is None:
+            fix = "make sure whatever reads stderr keeps reading"
+        elif isinstance(exc, OSError) and exc.errno == errno.ENXIO:
+            fix = "it is a named pipe no process reads: start its reader"
+        else:
+            fix = (
+                "free space on its disk or fix its permissions (the file is opened again "
+                "for the next line)"
+            )
         log.error(
             "audit: cannot write to %s%s: %d line(s) lost; tool calls go on unaudited until "
             "a write succeeds: %s, or set plugins.audit.path to a writable file",
@@ -362,7 +375,11 @@ class AuditPlugin:
         stream: IO[str] | None = None
         if self.config.path != "-":
             cfg_file = kernel.config.path if kernel.config is not None else None
-            path, stream = await anyio.to_thread.run_sync(self._open_at_start, cfg_file)
+            # Abandoned if the start is cancelled (an NFS open may hang): a file it
+            # opens later is dropped, and closed by the garbage collector.
+            path, stream = await anyio.to_thread.run_sync(
+                self._open_at_start, cfg_file, abandon_on_cancel=True
+            )
         with self._lock:
             self._kernel = kernel
             self._path = path
@@ -390,6 +407,13 @@ class AuditPlugin:
             path.parent.mkdir(parents=True, exist_ok=True)
             return path, _open_log(path)
         except OSError as exc:
+            if exc.errno == errno.ENXIO:  # see _owner_only
+                raise PluginError(
+                    self.name,
+                    f"plugins.audit.path = {self.config.path!r}: {str(path)!r} is a named "
+                    "pipe and no process reads it; start its reader first, or set the path "
+                    "to a file, or '-' for stderr",
+                ) from exc
             # "File exists" (a file where a folder of the path should be) or "Is a
             # directory" alone did not say which setting was wrong, nor what to do.
             raise PluginError(
