@@ -584,7 +584,7 @@ async def test_concurrent_lines_keep_their_order_and_a_full_queue_makes_calls_wa
             ended_while_stalled[:] = done
             stream.release.set()
     assert stream.events == ["write blocked"]  # the one write that waited, no other
-    assert 1 <= len(ended_while_stalled) <= 5  # queue_size lines queued, the writer stalled
+    assert len(ended_while_stalled) <= 5  # queue_size lines queued, the writer stalled
     got = [x["call_id"] for x in stream.lines()]
     assert sorted(got) == sorted(f"{t}-{i}" for t in range(10) for i in range(20))
     for t in range(10):
