@@ -24,6 +24,7 @@ from toolwire import (
     CallContext,
     CallEvent,
     CallRejected,
+    Clock,
     ConfigError,
     ErrorInfo,
     Fallback,
@@ -1044,6 +1045,101 @@ async def test_steps_before_the_first_attempt_run_once_and_may_reject() -> None:
     assert "plugin 'claim' failed in before_call: RuntimeError: store down" in r.error.message
     assert "attempt" not in log
     await k.close()
+
+
+async def test_steps_before_the_next_attempt_run_once_after_the_wait() -> None:
+    """hooks.md: while the call waits between attempts `ctx.between_attempts` is the
+    failed attempt's error; `(plugin, fn)` added to `ctx.before_next_attempt` then (even
+    from another task, during the Retry's wait) is awaited once after the wait and before
+    the next attempt; a CallRejected or another exception from it ends the call and the
+    next attempt does not run. `between_attempts` is None while an attempt runs and after."""
+    log: list[str] = []
+    outcome: dict[str, BaseException | None] = {"step": None}
+    seen: list[Any] = []
+    contexts: list[CallContext] = []
+
+    class Waits(Clock):
+        """The Retry's wait lasts until the step was added from another task."""
+
+        def __init__(self) -> None:
+            self.added = anyio.Event()
+
+        def monotonic(self) -> float:
+            return 0.0
+
+        def time(self) -> float:
+            return 0.0
+
+        async def sleep(self, seconds: float) -> None:
+            log.append("wait")
+            await self.added.wait()
+            self.added = anyio.Event()
+
+    clock = Waits()
+
+    class Backoff:
+        name, order = "backoff", 100
+
+        @hookimpl
+        def before_call(self, ctx: CallContext) -> None:
+            contexts.append(ctx)
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry | None:
+            async def register_later() -> None:  # from another task, during the wait
+                await wait_for(lambda: ctx.between_attempts is not None)
+                seen.append(ctx.between_attempts)
+                if ctx.before_next_attempt is None:
+                    ctx.before_next_attempt = []
+                ctx.before_next_attempt.append(("backoff", step))
+                clock.added.set()
+
+            async def step() -> None:
+                log.append("step")
+                seen.append(ctx.between_attempts)
+                if outcome["step"] is not None:
+                    raise outcome["step"]
+
+            ctx.kernel.spawn(register_later)
+            return Retry(1) if ctx.attempt == 1 else None
+
+    def run(args: dict[str, Any]) -> Any:
+        log.append("attempt")
+        assert contexts[-1].between_attempts is None
+        if log.count("attempt") == 1:
+            raise ToolError("slow down", kind="rate_limit")
+        return {"ok": True}
+
+    fake = FakeTool("t", script=[run])
+    k = Kernel(tools=[fake.tool], plugins=[Backoff()], clock=clock)
+    r = await k.call("t", {})
+    assert r.content == {"ok": True}, r.error
+    assert log == ["attempt", "wait", "step", "attempt"]  # once, before the next attempt
+    first, in_step = seen
+    assert first is in_step and first.kind == "rate_limit"  # the failed attempt's error
+    assert contexts[-1].between_attempts is None
+
+    for failure, kind, source in (
+        (CallRejected("conflict", "taken by another call"), "conflict", "backoff"),
+        (RuntimeError("store down"), "internal", "backoff"),
+    ):
+        log.clear()
+        seen.clear()
+        outcome["step"] = failure
+        r = await k.call("t", {})
+        assert r.error is not None and (r.error.kind, r.error.source) == (kind, source)
+        assert log == ["attempt", "wait", "step"]  # the next attempt did not run
+        assert contexts[-1].between_attempts is None
+    assert "before attempt 2" in r.error.message and "store down" in r.error.message
+    [err] = r.meta.plugin_errors
+    assert err["plugin"] == "backoff" and err["hook"] == "before_next_attempt"
+    await k.close()
+
+
+async def wait_for(predicate: Callable[[], Any]) -> None:
+    with anyio.fail_after(10):
+        while not predicate():  # noqa: ASYNC110
+            await anyio.sleep(0.001)
 
 
 class _RetryOnce:

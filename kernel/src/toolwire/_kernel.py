@@ -1303,6 +1303,7 @@ class Kernel:
         a plugin answered): the hooks not yet started get that result, not ``cancelled``,
         so that it is kept (idempotency records it for a replay) rather than dropped.
         """
+        ctx.between_attempts = None  # cancelled in a wait between attempts: no more attempts
         start, res = entered
         if len(ctx.hooks[2]) <= start:
             return
@@ -1547,8 +1548,56 @@ class Kernel:
             attempts.append(attempt)
             step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
             if isinstance(step, ToolResult):
+                ctx.between_attempts = None
                 return step
+            if ctx.before_next_attempt:
+                refused = await self._before_next_attempt(ctx)
+                if refused is not None:
+                    ctx.between_attempts = None
+                    return refused
+            # no await from the last look at before_next_attempt to here: a step added
+            # while the call waited has run before the next attempt starts
+            ctx.between_attempts = None
             cur_tool, cur_call = step
+
+    async def _before_next_attempt(self, ctx: CallContext) -> ToolResult | None:
+        """The ``ctx.before_next_attempt`` steps, each once (those added meanwhile too):
+        None lets the next attempt run; a result ends the call."""
+        while ctx.before_next_attempt:  # (a plugin may have replaced the list meanwhile)
+            plugin, fn = ctx.before_next_attempt.pop(0)
+            try:
+                await fn()
+            except CallRejected as rej:
+                return self._rejected(ctx, plugin, rej)
+            except Exception as exc:
+                return self._step_failed(ctx, plugin, exc)
+            except asyncio.CancelledError as exc:
+                if not _foreign_cancel(exc):
+                    raise
+                return self._step_failed(ctx, plugin, exc)
+        return None
+
+    def _step_failed(self, ctx: CallContext, plugin: str, exc: BaseException) -> ToolResult:
+        """A ``ctx.before_next_attempt`` step of ``plugin`` raised: the call ends
+        ``internal``, its next attempt not run (fail-closed, as a failed before_call)."""
+        name = ctx.call.name
+        log.error(
+            "plugin %r: a before_next_attempt step failed for tool %r", plugin, name, exc_info=exc
+        )
+        ctx.meta.plugin_errors.append(
+            {
+                "plugin": plugin,
+                "hook": "before_next_attempt",
+                "error": f"{type(exc).__name__}: {exc}",
+            }
+        )
+        return self._fail(
+            ctx,
+            ErrorKind.INTERNAL,
+            f"plugin {plugin!r} failed before attempt {ctx.attempt + 1} of tool {name!r}: "
+            f"{type(exc).__name__}: {exc}; that attempt was not run",
+            source=plugin,
+        )
 
     @staticmethod
     def _took_turn(attempt: Attempt, ctx: CallContext) -> None:
@@ -1799,6 +1848,7 @@ class Kernel:
                     f"deadline: retry after {wait:.3f}s would pass the call's deadline"
                 )
                 return ToolResult.from_error(err, ctx.meta)
+            ctx.between_attempts = err
             next_tool = cur_tool
             if self.events.active:
                 await self.events.emit(
@@ -1813,6 +1863,7 @@ class Kernel:
                     f"plugin {by!r} chose fallback tool {decision.tool!r}, which does not exist"
                 )
                 return ToolResult.from_error(err, ctx.meta)
+            ctx.between_attempts = err
             next_tool = nt
             if self.events.active:
                 await self.events.emit(

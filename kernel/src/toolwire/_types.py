@@ -439,6 +439,16 @@ class CallContext:
     #: ``CallRejected`` (or another exception) ends the call as in ``before_call``: the tool
     #: is not run. The idempotency plugin uses it to record that a parked call now runs.
     before_first_attempt: list[tuple[str, Callable[[], Awaitable[None]]]] | None = None
+    #: Set by the kernel while the call waits between two attempts (a ``Retry``'s
+    #: ``after_s``, a ``Fallback``'s ``before_fallback`` hooks): the failed attempt's error
+    #: as ``on_error`` left it; ``None`` while an attempt runs and outside the attempt loop.
+    between_attempts: ErrorInfo | None = None
+    #: ``(plugin, fn)`` pairs a plugin adds while ``between_attempts`` is set: the kernel
+    #: awaits each ``fn()`` once, after the wait and before the next attempt (then clears
+    #: ``between_attempts``); a ``CallRejected`` (or another exception) ends the call with
+    #: that error, the next attempt not run. The idempotency plugin uses it to take back
+    #: the "nothing applied" mark it put on a call backing off after a rate limit.
+    before_next_attempt: list[tuple[str, Callable[[], Awaitable[None]]]] | None = None
     #: The kernel's (before_call, on_error, after_call, before_fallback) lists as the
     #: call started: a plugin added or removed meanwhile does not change this call's hooks.
     hooks: tuple[list[Any], list[Any], list[Any], list[Any]] = field(
