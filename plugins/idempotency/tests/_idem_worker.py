@@ -78,11 +78,72 @@ async def die(url: str, prefix: str, runs_file: str, read_only: bool) -> None:
         await kernel.call("charge", {"amount": 42}, call_id="killed-call")
 
 
+def make_flaky_tool(runs_file: str, first_error: str) -> Any:
+    """A side-effecting tool whose first execution (in any process) fails with
+    ``first_error`` ("rate_limit": refused with a 429, nothing done; "timeout": the
+    upstream did not answer, so it may have been done), each asking to retry after 10
+    minutes. Every execution appends ``<pid> fail|ok`` to ``runs_file``."""
+    from toolwire import CallContext, Tool, ToolAnnotations, ToolError
+
+    async def executor(args: dict[str, Any], ctx: CallContext) -> Any:
+        fd = os.open(runs_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            first = os.fstat(fd).st_size == 0
+            os.write(fd, f"{os.getpid()} {'fail' if first else 'ok'}\n".encode())
+        finally:
+            os.close(fd)
+        if first and first_error == "rate_limit":
+            raise ToolError(
+                "429 Too Many Requests", kind="rate_limit", status=429, retry_after_s=600
+            )
+        if first:
+            raise ToolError(
+                "the upstream did not answer in time", kind="timeout", retry_after_s=600
+            )
+        return {"token": uuid.uuid4().hex, "pid": os.getpid(), "args": args}
+
+    return Tool(
+        name="charge",
+        description="charges a card",
+        input_schema={"type": "object", "properties": {}, "additionalProperties": True},
+        executor=executor,
+        annotations=ToolAnnotations(readOnlyHint=False),
+    )
+
+
+def retrying_kernel_for(
+    url: str, prefix: str, runs_file: str, first_error: str, *, lease_secs: float
+) -> Any:
+    """Idempotency with the real ratelimit (classifies) and retry (backs off) plugins; the
+    retry policy repeats timeouts too (idempotent = true), so a timeout is backed off."""
+    from toolwire import Kernel
+    from toolwire_idempotency import IdempotencyConfig, IdempotencyPlugin
+    from toolwire_ratelimit import RateLimitPlugin
+    from toolwire_retry import RetryConfig, RetryPlugin
+
+    plugins = [
+        IdempotencyPlugin(IdempotencyConfig(prefix=prefix, lease_secs=lease_secs), env={}),
+        RateLimitPlugin(),
+        RetryPlugin(RetryConfig(cap_s=3600, max_elapsed_s=7200, idempotent=True)),
+    ]
+    tool = make_flaky_tool(runs_file, first_error)
+    return Kernel(tools=[tool], plugins=plugins, state=url)
+
+
+async def back_off(url: str, prefix: str, runs_file: str, first_error: str) -> None:
+    """Run the call: its first attempt fails, and the parent SIGKILLs us in the backoff."""
+    kernel = retrying_kernel_for(url, prefix, runs_file, first_error, lease_secs=0.4)
+    async with kernel:
+        await kernel.call("charge", {"amount": 42}, call_id="backoff-call")
+
+
 def main(mode: str, **kwargs: Any) -> None:
     if mode == "replay":
         anyio.run(lambda: replay(**kwargs))
     elif mode == "die":
         anyio.run(lambda: die(**kwargs))
+    elif mode == "back_off":
+        anyio.run(lambda: back_off(**kwargs))
     else:
         raise ValueError(mode)
 

@@ -168,6 +168,71 @@ async def test_owner_killed_between_running_and_storing(
             assert not result.error.retryable
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("first_error", ["rate_limit", "timeout"])
+async def test_owner_killed_in_the_backoff_between_two_attempts(
+    shared: tuple[str, str], tmp_path: Path, first_error: str
+) -> None:
+    """The first attempt of a side-effecting call fails, the retry plugin backs off (10
+    minutes), and the process is SIGKILLed during that wait. Refused with a rate limit
+    (429), the attempt did nothing: the replay takes the claim over and runs the tool,
+    once. Timed out, it may have done its work: the replay answers outcome_unknown."""
+    url, prefix = shared
+    runs_file = tmp_path / "runs.txt"
+    ctx = multiprocessing.get_context("spawn")
+    child = spawn(
+        ctx,
+        mode="back_off",
+        url=url,
+        prefix=prefix,
+        runs_file=str(runs_file),
+        first_error=first_error,
+    )
+    kernel = worker["retrying_kernel_for"](url, prefix, str(runs_file), first_error, lease_secs=0.4)
+    try:
+        async with kernel:
+            plugin = kernel.get_plugin("idempotency")
+            key = plugin.key_for("charge", "backoff-call")
+            deadline = time.monotonic() + 60
+            while not executions(runs_file):
+                assert time.monotonic() < deadline, "the child never ran the tool"
+                assert child.is_alive(), f"the child died early ({child.exitcode})"
+                await anyio.sleep(0.02)
+            # in the backoff now (or about to be): let the child renew its lease three
+            # times (lease_secs / 4 = 0.1 s apart), whatever its record says then
+            seen: set[int] = set()
+            while len(seen) < 4:
+                assert time.monotonic() < deadline, f"the child renewed its claim {seen}"
+                assert child.is_alive(), f"the child died early ({child.exitcode})"
+                entry = await kernel.state.get_entry(key)
+                assert entry is not None and entry.value["s"] == "pending", entry
+                seen.add(entry.version)
+                await anyio.sleep(0.02)
+            os.kill(child.pid, signal.SIGKILL)
+            child.join(timeout=30)
+            assert child.exitcode == -signal.SIGKILL
+            assert executions(runs_file) == [str(child.pid), "fail"]
+
+            # the lease (0.4 s) has not lapsed yet: the replay waits for it, then decides
+            first = await kernel.call("charge", {"amount": 42}, call_id="backoff-call")
+            second = await kernel.call("charge", {"amount": 42}, call_id="backoff-call")
+    finally:
+        if child.is_alive():
+            child.kill()
+
+    if first_error == "rate_limit":
+        assert first.error is None, first.error
+        assert not first.meta.replayed
+        assert executions(runs_file)[1::2] == ["fail", "ok"]  # run once more, here
+        assert second.meta.replayed and second.content == first.content
+        assert plugin.counters.reclaims == 1
+    else:
+        assert executions(runs_file)[1::2] == ["fail"]  # never run again
+        for result in (first, second):
+            assert result.error is not None and result.error.kind == "conflict"
+            assert result.error.details["reason"] == "outcome_unknown"
+
+
 def _stop_toolwire_call(
     tmp_path: Path, sig: signal.Signals, extra_config: str = ""
 ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]:

@@ -4,6 +4,9 @@ Record lifecycle at ``{prefix}:idempotency:{sha256(tenant, tool, call_id)}``::
 
     absent --claim (set_if_absent_or_get, owner=o, lease)--> pending(o)
     pending(o) --renew (CAS on o)--> pending(o) with a later lease
+    pending(o) --renew while the call waits in before_call, or between attempts after
+        refusals only (CAS on o)--> pending(o) with "w": nothing applied, a replay after a
+        crash may take it over; taken off (CAS on o) before the next attempt starts
     pending(o) --complete (CAS on o, owner cleared)--> done | oversized
     pending(o) --release (compare-and-delete on o)--> absent
     pending(o), lease lapsed --reclaim (CAS on o + version, read-only tools)--> pending(o')
@@ -158,6 +161,33 @@ def _not_started(error: Any) -> bool:
     )
 
 
+#: Error kinds that say the upstream refused the request: nothing of it was applied.
+_REFUSALS = frozenset({ErrorKind.RATE_LIMIT, ErrorKind.QUOTA})
+
+
+def _nothing_applied(error: ErrorInfo) -> bool:
+    """Whether a failed attempt's ``error`` (as classified) says it applied nothing.
+
+    Yes: a refusal (``rate_limit``, ``quota``: a 429, an exhausted quota, the tool's
+    ``ToolError(kind="rate_limit")``) that no 5xx status nor ``details.in_flight = true``
+    contradicts, an error whose ``details.in_flight`` is false (the request was never
+    sent), and the kernel's timeout for an attempt it never started. Anything else (a
+    timeout, a 5xx, a lost connection, an unclassified error) may have done its work.
+    """
+    details = error.details
+    if not isinstance(details, Mapping):
+        return False
+    in_flight = details.get("in_flight")
+    if in_flight is True:
+        return False
+    if in_flight is False or details.get("reason") == _DEADLINE_BEFORE_START:
+        return True
+    if str(error.kind) not in _REFUSALS:
+        return False
+    status = details.get("status")
+    return not (isinstance(status, int) and not isinstance(status, bool) and status >= 500)
+
+
 def _when(t: Any) -> str:
     """Kernel clock seconds as an ISO 8601 UTC time, for a message."""
     try:
@@ -221,6 +251,17 @@ class _Claim:
     parked: bool = False
     started: bool = False
     lock: anyio.Lock | None = None
+    #: The attempt after whose failure the call waits (a retry's backoff) with its record
+    #: marked "nothing applied" (``"w"``; every attempt so far was refused): ``idle`` until
+    #: the step in ``ctx.before_next_attempt`` takes the mark off. 0: never marked so.
+    idle_after: int = 0
+    idle: bool = False
+    #: A write saying ``"w"`` was sent (it may have been applied, even when its answer was
+    #: lost): the mark must be taken off before the tool runs.
+    marked: bool = False
+    #: Each failed attempt's error (by attempt number), the very object the classifying
+    #: plugins refine after this plugin's on_error: read when deciding whether to mark.
+    failures: dict[int, ErrorInfo] | None = None
     #: Found gone or taken over (counted in ``lost_claims`` and logged then, once).
     lost: bool = False
     #: Attempt numbers (1-based) that ended with the kernel's timeout for an attempt it never
@@ -474,17 +515,18 @@ class IdempotencyPlugin:
     def on_error(self, error: ErrorInfo, ctx: CallContext) -> None:
         """Note when an attempt of a claimed call ended with ``timeout`` or lost its
         connection mid-call (for ``unknown_after_interrupt``), or that the kernel never
-        started it."""
-        if error.kind != ErrorKind.TIMEOUT:
-            if error.details.get("in_flight") is True:
-                claim = ctx.state.get(STATE_KEY)
-                if claim is not None:
-                    if claim.lost_at is None:
-                        claim.lost_at = {}
-                    claim.lost_at[ctx.attempt] = claim.clock()
-            return
+        started it; keep the error (classified later) for marking a backoff."""
         claim = ctx.state.get(STATE_KEY)
         if claim is None:
+            return
+        if claim.failures is None:
+            claim.failures = {}
+        claim.failures[ctx.attempt] = error
+        if error.kind != ErrorKind.TIMEOUT:
+            if error.details.get("in_flight") is True:
+                if claim.lost_at is None:
+                    claim.lost_at = {}
+                claim.lost_at[ctx.attempt] = claim.clock()
             return
         if _not_started(error):
             if claim.not_started is None:
@@ -1275,21 +1317,69 @@ class IdempotencyPlugin:
             if hooks is None:
                 hooks = ctx.before_first_attempt = []
             hooks.append((self.name, functools.partial(self._mark_started, claim)))
+        elif (
+            ctx is not None
+            and ctx.between_attempts is not None
+            and claim.idle_after != ctx.attempt
+            and self._applied_nothing(claim, ctx)
+        ):
+            # Backing off between two attempts, every one of them refused (a rate limit):
+            # the record says nothing was applied, so that a replay after a crash runs the
+            # call; the kernel calls _resume before the next attempt (registered first,
+            # and only while it waits: it clears between_attempts right after the steps).
+            if claim.lock is None:
+                claim.lock = anyio.Lock()
+            claim.idle_after = ctx.attempt
+            claim.idle = True
+            hooks = ctx.before_next_attempt
+            if hooks is None:
+                hooks = ctx.before_next_attempt = []
+            hooks.append((self.name, functools.partial(self._resume, claim)))
         if claim.lock is not None:
             async with claim.lock:
-                if claim.started and "w" in claim.pending:
-                    return  # _mark_started took over
                 await self._renew_locked(claim)
         else:
             await self._renew_locked(claim)
 
+    @staticmethod
+    def _applied_nothing(claim: _Claim, ctx: CallContext) -> bool:
+        """Whether every attempt of the call so far failed saying it applied nothing (each
+        seen by on_error, and classified since), and none runs now."""
+        n = len(ctx.attempts)
+        failures = claim.failures
+        if n == 0 or ctx.attempt != n or failures is None or ctx.between_attempts is None:
+            return False
+        if not _nothing_applied(ctx.between_attempts):
+            return False
+        for i in range(1, n + 1):
+            error = failures.get(i)
+            if error is None or not _nothing_applied(error):
+                return False
+        return True
+
+    @staticmethod
+    def _marking(claim: _Claim) -> bool:
+        """Whether the record is to say "w" (nothing applied) at the next renewal."""
+        return claim.idle or (claim.parked and not claim.started)
+
     async def _mark_started(self, claim: _Claim) -> None:
         """Before the first attempt of a parked call: the record stops saying "not started"."""
         claim.started = True
+        await self._unmark(claim, "while it waited to run")
+
+    async def _resume(self, claim: _Claim) -> None:
+        """Before the next attempt of a call marked while it backed off: the record stops
+        saying "nothing applied"."""
+        claim.idle = False
+        await self._unmark(claim, "while it waited between two attempts")
+
+    async def _unmark(self, claim: _Claim, when: str) -> None:
+        """Take the "w" mark off the record (a compare-and-set on the owner) before the
+        tool runs; a claim found gone or taken over is a retryable ``lost_claim``."""
         assert claim.lock is not None
         async with claim.lock:
-            if "w" not in claim.pending:
-                return
+            if not claim.marked:
+                return  # never sent, or a renewal took it off since
             now = claim.clock()
             value = {k: v for k, v in claim.pending.items() if k != "w"}
             value["lease"] = now + self.config.lease_secs
@@ -1304,6 +1394,10 @@ class IdempotencyPlugin:
                     ttl=self._pending_ttl,
                 )
             except StateStoreError as exc:
+                # The mark may still be there: the next renewal writes without it (a
+                # fail_open call runs meanwhile; until then a replay after a crash could
+                # run it too). Renewals copy claim.pending, so it must not say "w".
+                claim.pending = value
                 if call is None:
                     raise
                 self._store_failed(call, claim.store, exc)  # raises unless fail_open
@@ -1312,15 +1406,16 @@ class IdempotencyPlugin:
                 if self._lost(claim):
                     log.warning(
                         "idempotency: the claim of tool %r call %r was gone or taken over "
-                        "when it was about to start (its lease lapsed and another caller "
+                        "when it was about to %s (its lease lapsed and another caller "
                         "took it, or it was forgotten); not run here",
                         name,
                         call.call_id if call else None,
+                        "start" if claim.idle_after == 0 else "run again",
                     )
                 raise CallRejected(
                     ErrorKind.CONFLICT,
                     f"tool {name!r} call {call.call_id if call else None!r} lost its "
-                    "idempotency claim while it waited to run (its lease lapsed and another "
+                    f"idempotency claim {when} (its lease lapsed and another "
                     "caller took it, or it was forgotten); it was not run here, so it cannot "
                     "run twice. Replay it to get the other run's result",
                     retryable=True,
@@ -1328,6 +1423,7 @@ class IdempotencyPlugin:
                 )
             claim.pending = value
             claim.renewed_at = now
+            claim.marked = False
 
     def _lost(self, claim: _Claim) -> bool:
         """Mark ``claim`` lost; True (and counted) only the first time, so log it then."""
@@ -1340,8 +1436,12 @@ class IdempotencyPlugin:
     async def _renew_locked(self, claim: _Claim) -> None:
         now = claim.clock()
         value = {**claim.pending, "lease": now + self.config.lease_secs}
-        if claim.parked and not claim.started:
+        marking = self._marking(claim)
+        if marking:
             value["w"] = True
+            claim.marked = True  # from now on it may be there, whatever the answer
+        else:
+            value.pop("w", None)
         try:
             with anyio.move_on_after(self._renew_every):
                 renewed = await claim.store.compare_and_set(
@@ -1354,6 +1454,8 @@ class IdempotencyPlugin:
                 if renewed is not None:
                     claim.pending = value
                     claim.renewed_at = now
+                    if not marking:
+                        claim.marked = False
                     self.counters.renewals += 1
                 elif not claim.finished:
                     self._active.pop(claim.owner, None)
@@ -1366,8 +1468,16 @@ class IdempotencyPlugin:
                             claim.key,
                             call.name if call is not None else "?",
                             call.call_id if call is not None else None,
-                            "before it started" if waiting else "while the tool ran",
-                            "it will not run here" if waiting else "its result will not be stored",
+                            "before it started"
+                            if waiting
+                            else "between two attempts"
+                            if claim.idle
+                            else "while the tool ran",
+                            "it will not run here"
+                            if waiting
+                            else "it will not run again here"
+                            if claim.idle
+                            else "its result will not be stored",
                         )
         except StateStoreError as exc:
             self.counters.store_errors += 1
