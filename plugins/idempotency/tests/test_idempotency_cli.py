@@ -121,3 +121,15 @@ def test_the_outcome_unknown_answer_names_the_command_to_forget_the_record() -> 
     call = ToolCall(name="charge", args={}, call_id="run 1", tenant="acme")
     err = plugin._outcome_unknown(call, {"s": "pending", "at": 1.0}, 2.0)
     assert "`toolwire idempotency forget charge 'run 1' --tenant acme`" in str(err)
+
+
+def test_show_says_a_replay_runs_a_lapsed_claim_marked_nothing_applied() -> None:
+    """A claim lapsed while its call waited for an approval or backed off after a rate
+    limit: the replay takes it over and runs the call, so it is no outcome unknown."""
+    from toolwire_idempotency.cli import describe
+
+    pending = {"s": "pending", "req": "x", "lease": 10.0, "at": 1.0, "ro": False}
+    assert describe(pending, 20.0)["state"] == "outcome_unknown"
+    shown = describe({**pending, "w": True}, 20.0)
+    assert shown["state"] == "lapsed" and "a replay runs it" in shown["message"]
+    assert describe({**pending, "w": True}, 5.0)["state"] == "running"

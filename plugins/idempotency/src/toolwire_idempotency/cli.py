@@ -80,6 +80,12 @@ def describe(value: Any, now: float) -> dict[str, Any]:
         elif value.get("ro") is True:
             out["state"] = "lapsed"
             out["message"] = "a read-only call's lapsed claim: a replay runs it again"
+        elif value.get("w") is True:
+            out["state"] = "lapsed"
+            out["message"] = (
+                "its caller stopped while the call waited with nothing applied (for an "
+                "approval, or between attempts after a refusal): a replay runs it"
+            )
         else:
             out["state"] = "outcome_unknown"
             out["message"] = (
