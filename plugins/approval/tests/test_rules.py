@@ -207,3 +207,35 @@ def test_config_from_toml_and_environment(tmp_path: Path) -> None:
     path.write_text('[plugins.approval]\ntools = { x = "SOMETIMES" }\n')
     with pytest.raises(ConfigError, match=r"plugins\.approval\.tools\.x"):
         Kernel.from_config(load_config(path, env={}))
+
+
+def test_a_tool_rule_set_by_an_environment_variable_matches_a_mixed_case_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: TOOLWIRE_PLUGINS__APPROVAL__TOOLS__SENDEMAIL became the rule `sendemail`
+    (environment keys are lower-case), which matched no tool named `sendEmail`: the tool
+    the operator meant to hold for approval ran without one, silently."""
+    path = tmp_path / "toolwire.toml"
+    path.write_text('enabled_plugins = ["approval"]\n')
+    env = {
+        "TOOLWIRE_PLUGINS__APPROVAL__TOOLS__SENDEMAIL": "REQUIRED",
+        "TOOLWIRE_PLUGINS__APPROVAL__TOOLS__DROP_*": "LAZY",
+    }
+    plugin = Kernel.from_config(load_config(path, env=env)).get_plugin("approval")
+    assert isinstance(plugin, ApprovalPlugin)
+    with caplog.at_level("WARNING", logger="toolwire_approval"):
+        res = plugin.rules.resolve(make("sendEmail"))
+    assert (str(res.policy), res.rule) == ("REQUIRED", "tools.sendemail")
+    assert "differs in case" in caplog.text and "'sendEmail'" in caplog.text
+    assert str(plugin.rules.resolve(make("Drop_Table")).policy) == "LAZY"
+
+
+def test_an_exact_rule_in_the_right_case_still_wins() -> None:
+    cfg = {"tools": {"sendemail": "NONE", "sendEmail": "REQUIRED", "*": "LAZY"}}
+    assert rule(cfg, make("sendEmail")) == ("REQUIRED", "tools.sendEmail")
+    # a lower-case exact rule goes before the globs, as an exact rule does
+    assert rule({"tools": {"sendemail": "REQUIRED", "*": "NONE"}}, make("SendEmail"))[0] == (
+        "REQUIRED"
+    )
+    # a name in lower case is matched only as it is
+    assert rule({"tools": {"SENDEMAIL": "REQUIRED"}}, make("sendemail")) == ("NONE", "default")

@@ -77,6 +77,13 @@ class RuleSet:
         self.config = config
         self._exact_tools = {k: v for k, v in config.tools.items() if not _is_glob(k)}
         self._glob_tools = _glob_table(config.tools)
+        # Rules written in lower case also match a tool whose name differs only in case:
+        # environment variables give lower-case keys, and a rule set that way for
+        # `sendEmail` (TOOLWIRE_PLUGINS__APPROVAL__TOOLS__SENDEMAIL) otherwise matched nothing,
+        # leaving the tool without the approval it was meant to need.
+        self._folded_tools = [
+            (k, v) for k, v in config.tools.items() if k == k.lower() and k != k.upper()
+        ]
         self._exact_sources = {k: v for k, v in config.sources.items() if not _is_glob(k)}
         self._glob_sources = _glob_table(config.sources)
         self._cache: dict[str, tuple[Tool, Resolution]] = {}
@@ -90,14 +97,34 @@ class RuleSet:
         self._cache[tool.name] = (tool, res)
         return res
 
+    @staticmethod
+    def _folded(key: str, name: str, policy: Policy) -> Resolution:
+        log.warning(
+            "approval: rule tools.%s applies to tool %r, whose name differs in case (keys "
+            "from environment variables are lower-case); write the tool's exact name in the "
+            "config file",
+            _quoted(key),
+            name,
+        )
+        return Resolution(policy, f"tools.{_quoted(key)}")
+
     def _resolve(self, tool: Tool) -> Resolution:
         cfg = self.config
         name = tool.name
         if name in self._exact_tools:
             return Resolution(self._exact_tools[name], f"tools.{_quoted(name)}")
+        folded = name.lower() if name != name.lower() else None
+        if folded is not None:  # an exact rule in lower case: still an exact rule
+            for key, policy in self._folded_tools:
+                if key == folded:
+                    return self._folded(key, name, policy)
         for pattern, policy in self._glob_tools:
             if fnmatch.fnmatchcase(name, pattern):
                 return Resolution(policy, f"tools.{_quoted(pattern)}")
+        if folded is not None:
+            for key, policy in self._folded_tools:
+                if _is_glob(key) and fnmatch.fnmatchcase(folded, key):
+                    return self._folded(key, name, policy)
         if cfg.use_tool_settings and "approval" in tool.settings:
             raw = tool.settings["approval"]
             try:
