@@ -369,6 +369,9 @@ async def test_a_crash_mid_call_answers_unavailable_then_reconnects(direct: bool
             assert r.error.details["in_flight"] is True
             if direct:
                 assert first is not None and up.direct_calls == 1
+            # The server is gone: the supervisor finds out (on the direct path by checking
+            # it, the lost connection being one of the pool's) and reconnects with backoff.
+            await eventually(lambda: up.status == "down")
             server.start()  # the same port again
             r = await call_until_back(k, "up_forecast", {"city": "Oslo"})
             assert r.content == {"result": "sunny in Oslo"}

@@ -428,10 +428,37 @@ async def test_each_broken_answer(name: str, direct: bool) -> None:
             assert case.details.items() <= r.error.details.items(), r.error.details
             if case.details.get("invalid_answer"):
                 assert "The call may have taken effect upstream" in r.error.message
-        if not case.lost:  # an answer, however wrong, is no reason to reconnect
+        if case.lost and direct:
+            # The direct path's broken connection was one of its pool's, not the FastMCP
+            # client's: the supervisor checks the server (it answers) and keeps the session.
+            await eventually(lambda: up.health_checks == 1)
+        if not case.lost or direct:  # an answer, however wrong, is no reason to reconnect
             assert up._client is session and up.status == "up"
         await still_serving(k, up)
         assert (up.direct_calls > 0) == direct  # the path under test was taken
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if case.lost])
+async def test_a_broken_direct_answer_fails_only_its_own_call(name: str) -> None:
+    """Direct path: an answer that breaks its connection (a reset, a close mid-stream, bytes
+    that are no HTTP, an event stream ending without the response) fails that call alone.
+    Before, the supervisor took it for a dead server: it dropped the FastMCP session and
+    reconnected, and the calls made meanwhile answered ``unavailable`` ("is not
+    connected") though the server answered them all along."""
+    async with serving(scripted_upstream(SCRIPTS)) as srv, gateway(srv, direct=True) as (k, up):
+        session = up._client
+        broken = await call(k, name)
+        assert broken.error is not None and broken.error.kind == "unavailable", broken.error
+        assert broken.error.details["in_flight"] is True  # the outcome is unknown
+        for _ in range(3):  # the next calls, at once: served, no retry needed
+            r = await call(k, "ok")
+            assert r.content == {"result": "ok"}, r.error
+        await eventually(lambda: up.health_checks == 1)  # the server was checked, once
+        assert up._client is session and up.status == "up"
+        r = await call(k, "ok")
+        assert r.content == {"result": "ok"}, r.error
+        caller = up._http
+        assert caller is not None and not [c for c in caller._pool._all if c.busy]
 
 
 async def test_a_byte_order_mark_split_across_reads_opens_the_stream() -> None:

@@ -616,6 +616,11 @@ class Upstream:
         self._relist_at = 0.0  # after a failed re-listing: not before this (monotonic)
         self._lost_client: Client[Any] | None = None
         self._lost_why = "the connection was lost"  # what the supervisor logs for it
+        #: A session whose server the supervisor is to check: a direct-path call lost its
+        #: HTTP connection (one of the pool's, not the FastMCP client's).
+        self._suspect: Client[Any] | None = None
+        #: Such checks done (tests wait for them)
+        self.health_checks = 0
         self._session_client: Client[Any] | None = None
         self._session_down = anyio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -915,9 +920,50 @@ class Upstream:
                 self._client = None  # no new calls on this client from here on
                 why = self._lost_why if self._lost_client is client else None
                 raise _ConnectionLost(why or "the connection was lost")
+            if self._suspect is not None:
+                suspect, self._suspect = self._suspect, None
+                if suspect is client:
+                    await self._check(client)
             if self._want_relist and monotonic() >= self._relist_at:
                 self._want_relist = False
                 await self._relist_live(client)
+
+    async def _check(self, client: Client[Any]) -> None:
+        """Whether the server still answers, after a direct-path call lost its connection.
+
+        That connection was one of the direct caller's pool (dropped with its call), not
+        the FastMCP client's: a broken answer (a reset, a close mid-answer, bytes that are
+        no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28 server
+        may answer it "method not found") means it is up: the session goes on. No answer
+        within ``connect_timeout_s``, or none the client can get, ends the session and the
+        supervisor reconnects, as for a session that died.
+        """
+        limit = self.plugin_cfg.connect_timeout_s
+        why: str | None = None
+        try:
+            with anyio.fail_after(limit):
+                await client.ping()
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
+                why = self.shown(_describe(exc))  # the client could not reach it
+        except Exception as exc:
+            why = (
+                f"no answer within connect_timeout_s={limit}s"
+                if isinstance(exc, TimeoutError)
+                else self.shown(_describe(exc))
+            )
+        finally:
+            self.health_checks += 1
+        if why is not None and not self._stop.is_set():
+            self._client = None  # no new calls on this client from here on
+            raise _ConnectionLost(
+                f"the connection was lost during a call, and the server does not answer ({why})"
+            )
+        if why is None:
+            log.info(
+                "MCP server %r answers after a call lost its connection; the session goes on",
+                self.name,
+            )
 
     async def _relist_live(self, client: Client[Any]) -> None:
         """Re-list a live session after ``tools/list_changed``, bounded by connect_timeout_s.
@@ -1401,11 +1447,26 @@ class Upstream:
             details={"server": self.name, "remote_tool": remote_tool, "status": self.status},
         )
 
-    async def _lost(self, client: Client[Any], remote_tool: str, exc: BaseException) -> ToolError:
+    async def _lost(
+        self, client: Client[Any], remote_tool: str, exc: BaseException, *, direct: bool = False
+    ) -> ToolError:
+        """The error of a call whose connection was lost. On the FastMCP client's path the
+        session is ended (the supervisor reconnects); on the direct path (``direct``) only
+        the call's pooled connection was, and the supervisor checks the server."""
+        msg = self.shown(_describe(exc))
+        if direct:
+            if self._suspect is None:
+                self._suspect = client
+            self._wake.set()
+            return ToolError(
+                f"MCP server {self.name!r}: the connection was lost during the call to "
+                f"{remote_tool!r} ({msg}); the outcome is unknown; checking the server",
+                kind=ErrorKind.UNAVAILABLE,
+                details={"server": self.name, "remote_tool": remote_tool, "in_flight": True},
+            )
         self._lost_why = "the connection was lost"
         self._lost_client = client
         self._wake.set()
-        msg = self.shown(_describe(exc))
         if self._session_client is client:
             # The supervisor notes why the session ended (with the server's last stderr lines).
             down = self._session_down
@@ -1428,13 +1489,16 @@ class Upstream:
         meta = {CALL_ID_META_KEY: ctx.call.call_id} if ctx.call.call_id else None
         progress = ctx.report_progress if ctx.progress is not None else None
         direct = self._direct
+        on_direct = False  # the call went over the direct path (its failures are its own)
         try:
             if direct is not None and remote_tool not in self._param_header_tools:
                 try:
+                    on_direct = True
                     result = await self._call_direct(
                         direct, client, remote_tool, args, meta, progress
                     )
                 except NotMirrored as exc:  # nothing ran: the FastMCP client handles this one
+                    on_direct = False
                     log.info(
                         "MCP server %r: %s; tools/call goes through the FastMCP client from now on",
                         self.name,
@@ -1446,7 +1510,7 @@ class Upstream:
             else:
                 result = await self._call_client(client, remote_tool, args, meta, progress)
         except Exception as exc:
-            error = await self._failure(client, remote_tool, exc)
+            error = await self._failure(client, remote_tool, exc, direct=on_direct)
             if error is None:
                 raise
             raise error from exc
@@ -1539,15 +1603,16 @@ class Upstream:
         return result
 
     async def _failure(
-        self, client: Client[Any], remote_tool: str, exc: Exception
+        self, client: Client[Any], remote_tool: str, exc: Exception, *, direct: bool = False
     ) -> ToolError | None:
-        """The ``ToolError`` for a failed call (either path); None: not ours to map."""
+        """The ``ToolError`` for a failed call (either path: ``direct`` for the direct
+        path's); None: not ours to map."""
         where = {"server": self.name, "remote_tool": remote_tool}
         prefix = f"MCP server {self.name!r}, tool {remote_tool!r}"
         if isinstance(exc, MCPError):
             code = exc.code
             if code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
-                return await self._lost(client, remote_tool, exc)
+                return await self._lost(client, remote_tool, exc, direct=direct)
             if _no_answer(exc):
                 # A 2xx the client could not read as the answer: the server took the request.
                 # (The SDK's text of a pydantic error runs over many lines: the first says it.)
@@ -1685,5 +1750,5 @@ class Upstream:
                 details={**where, "in_flight": False},
             )
         if isinstance(exc, _LOST):
-            return await self._lost(client, remote_tool, exc)
+            return await self._lost(client, remote_tool, exc, direct=direct)
         return None
