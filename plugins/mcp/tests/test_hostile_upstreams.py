@@ -154,6 +154,12 @@ def short_length(rid: int) -> bytes:
     return JSON_HEAD.replace(b"100", b"%d" % (len(body) - 5)) + body
 
 
+def encoded(ctype: bytes, coding: bytes, body: bytes, status: bytes = b"200 OK") -> bytes:
+    """An HTTP answer whose body is ``body`` as it stands, declared in ``coding``."""
+    head = b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-encoding: %s\r\ncontent-length: %d\r\n\r\n"
+    return head % (status, ctype, coding, len(body)) + body
+
+
 LOG = json.dumps(
     {"jsonrpc": "2.0", "method": "notifications/message", "params": {"level": "info", "data": "x"}}
 ).encode()
@@ -370,6 +376,52 @@ CASES: dict[str, Case] = {
         send(
             lambda rid: b"HTTP/1.1 500 Oops\r\ncontent-length: 5000000\r\n\r\n" + b"x" * 5_000_000
         ),
+        "unavailable",
+        "HTTP 500",
+        {"status": 500},
+    ),
+    # --- compressed bodies that cannot be read: an answer came (the call may have run),
+    # unreadable; no reason to reconnect (before, on the direct path, a lost connection)
+    "json-in-an-unknown-encoding": Case(
+        send(lambda rid: encoded(b"application/json", b"br", json.dumps(result(rid)).encode())),
+        "tool_error",
+        "Content-Encoding 'br'",
+        UNREADABLE,
+    ),
+    "json-in-corrupt-gzip": Case(
+        send(
+            lambda rid: encoded(b"application/json", b"gzip", b"\x1f\x8b\x08\x00" + b"garbage" * 4)
+        ),
+        "tool_error",
+        "bad gzip body",
+        UNREADABLE,
+    ),
+    "json-in-gzip-cut-short": Case(  # the deflate data whole, the gzip trailer cut
+        send(
+            lambda rid: encoded(
+                b"application/json", b"gzip", gzip.compress(json.dumps(result(rid)).encode())[:-6]
+            )
+        ),
+        "tool_error",
+        "the gzip body ends before its compressed stream",
+        UNREADABLE,
+    ),
+    "events-in-an-unknown-encoding": Case(
+        send(lambda rid: encoded(b"text/event-stream", b"br", event(result(rid)))),
+        "tool_error",
+        "Content-Encoding 'br'",
+        UNREADABLE,
+    ),
+    "events-in-corrupt-gzip": Case(
+        send(
+            lambda rid: encoded(b"text/event-stream", b"gzip", b"\x1f\x8b\x08\x00" + b"garbage" * 4)
+        ),
+        "tool_error",
+        "bad gzip body",
+        UNREADABLE,
+    ),
+    "a-500-in-an-unknown-encoding": Case(  # the status speaks
+        send(lambda rid: encoded(b"application/json", b"br", b"oops", b"500 Oops")),
         "unavailable",
         "HTTP 500",
         {"status": 500},
@@ -621,9 +673,14 @@ async def test_bytes_after_a_compressed_answer_fail_it(direct: bool) -> None:
             srv, direct=direct, max_answer_bytes=65536, headers={"Accept-Encoding": "gzip"}
         ) as (k, up),
     ):
+        session = up._client
         r = await call(k, "junk")
         assert r.error is not None, r.content
         assert "goes on after its compressed stream ends" in r.error.message, r.error
+        # an answer came, unreadable: the call's own failure (before, on the direct path,
+        # a lost connection: `unavailable`, and the session dropped)
+        assert r.error.kind == "tool_error" and r.error.details["invalid_answer"], r.error
+        assert up._client is session and up.status == "up"
         await still_serving(k, up)
 
 

@@ -18,6 +18,9 @@ paths' failures with the same code:
   stand-ins (404 -> ``METHOD_NOT_FOUND`` "Not Found", else ``INTERNAL_ERROR``);
 - the request timeout (``timeout_s``) -> ``MCPError(REQUEST_TIMEOUT)``;
 - a stream that ends without the response -> ``MCPError(CONNECTION_CLOSED)``;
+- a 2xx body that cannot be decoded (its Content-Encoding) -> ``MCPError(PARSE_ERROR)``
+  ("Failed to parse JSON response: ..." / "Failed to parse SSE stream: ..."), as the
+  FastMCP path's reader (``_upstream._CappedStream``) words it;
 - connection failures -> ``_wire.WireError`` (``ConnectError``: nothing was
   sent) / ``TimeoutError`` (the read timeout: ``_READ_S`` without a byte);
 - a redirect (the SDK follows some) -> ``NotMirrored``: nothing ran, the
@@ -53,7 +56,7 @@ from mcp.shared.inbound import (
 from pydantic import ValidationError
 
 from ._lenient import from_json
-from ._wire import Pool, PoolTimeout, Response, Sending, TooLarge, WireError
+from ._wire import Pool, PoolTimeout, Response, Sending, TooLarge, UndecodableBody, WireError
 
 __all__ = ["CLIENT_INFO", "DirectCaller", "HTTPRefusal", "NotMirrored", "ProgressFn"]
 
@@ -349,14 +352,14 @@ class DirectCaller:
                     msg = mcp_types.jsonrpc_message_adapter.validate_json(
                         await self._read(resp), by_name=False
                     )
-                except (ValidationError, ValueError, AnswerTooLarge):
+                except (ValidationError, ValueError, AnswerTooLarge, UndecodableBody):
                     msg = None  # the status speaks (a refusal's body is not the answer)
                 if isinstance(msg, mcp_types.JSONRPCError):
                     raise MCPError.from_error_data(msg.error)
             elif _small(resp):
                 # read to its end, the connection can serve the next call (one over
                 # the cap, decompressed, is not kept and loses its connection)
-                with contextlib.suppress(TooLarge):
+                with contextlib.suppress(TooLarge, UndecodableBody):
                     await resp.read()
             if refused(status):
                 raise HTTPRefusal(status, resp.headers.get("retry-after"))
@@ -364,7 +367,12 @@ class DirectCaller:
                 raise MCPError(code=mcp_types.METHOD_NOT_FOUND, message="Not Found")
             raise MCPError(code=mcp_types.INTERNAL_ERROR, message=SDK_REFUSED_TEXT)
         if ctype.startswith("application/json"):
-            raw = await self._read(resp)
+            try:
+                raw = await self._read(resp)
+            except UndecodableBody as exc:  # an answer came, unreadable
+                raise MCPError(
+                    code=mcp_types.PARSE_ERROR, message=f"Failed to parse JSON response: {exc}"
+                ) from None
             try:
                 msg = from_json(raw)
             except ValueError as exc:
@@ -428,6 +436,10 @@ class DirectCaller:
             return await self._read_events(resp, name, rid, progress)
         except TooLarge as exc:  # one compressed read expanding past the cap
             raise AnswerTooLarge(exc.limit) from None
+        except UndecodableBody as exc:  # an answer came, unreadable
+            raise MCPError(
+                code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE stream: {exc}"
+            ) from None
 
     async def _read_events(
         self, resp: Response, name: str, rid: int, progress: ProgressFn | None

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import shutil
 import ssl
 import threading
@@ -82,7 +83,7 @@ from ._direct import (
     refused,
 )
 from ._lenient import from_json, install_stdio_reader
-from ._wire import ConnectError, PoolTimeout, WireError
+from ._wire import ConnectError, PoolTimeout, WireError, unsupported_coding
 
 __all__ = ["Upstream"]
 
@@ -164,7 +165,15 @@ class _Unreadable(httpx2.StreamError):
 
 
 class _UnreadableEvents(httpx2.SSEError):
-    """An event stream that cannot be decompressed (the SDK ends the stream's request)."""
+    """An event stream that cannot be decompressed (the SDK ends the stream's request with
+    "SSE stream failed: ...", which ``_call_client`` turns into the direct path's error)."""
+
+
+#: What ``_CappedStream`` (and the direct path's ``_wire``) say of a body they cannot decode.
+_UNDECODABLE: Final = re.compile(
+    r"unsupported Content-Encoding |bad \S+ body: |the \S+ body (goes on after|ends before) "
+    r"its compressed stream"
+)
 
 
 _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
@@ -275,10 +284,7 @@ class _CappedStream(httpx2.AsyncByteStream):
             raise self._over()
         decoder: zlib._Decompress | None = None
         if self._encoding is not None and self._encoding not in _DECODED:
-            raise self._unreadable(
-                f"MCP server {self._server!r} answered with Content-Encoding "
-                f"{self._encoding!r}; toolwire reads identity, gzip and deflate"
-            )
+            raise self._unreadable(unsupported_coding(self._encoding))
         if self._encoding is not None:
             decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
         maybe_raw = self._encoding == "deflate"  # "deflate" is meant zlib-wrapped; some send raw
@@ -318,6 +324,10 @@ class _CappedStream(httpx2.AsyncByteStream):
             tail = decoder.flush()
             if len(tail) > limit - (size if whole else 0):
                 raise self._over()
+            if not decoder.eof:  # as the direct path: a cut compressed body is no answer
+                raise self._unreadable(
+                    f"the {self._encoding} body ends before its compressed stream"
+                )
             if held is not None:
                 held.append(tail)
             elif tail:
@@ -1558,6 +1568,15 @@ class Upstream:
                 raise HTTPRefusal(*refusals[-1]) from exc
             if self._expired(client, exc, refusals):
                 raise _SessionExpired(f"MCP error {exc.code}: {exc.message}") from exc
+            failed = "SSE stream failed: "
+            if exc.code == mcp_types.CONNECTION_CLOSED and exc.message.startswith(failed):
+                why = exc.message[len(failed) :]
+                if _UNDECODABLE.match(why):
+                    # An event stream whose body cannot be decoded: an answer came,
+                    # unreadable (not a lost connection); worded as the direct path does.
+                    raise MCPError(
+                        code=mcp_types.PARSE_ERROR, message=f"Failed to parse SSE stream: {why}"
+                    ) from exc
             if unsent and exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 # the session ended because this call's request could not be sent: it
                 # did not run (the direct path tells it so too)

@@ -45,6 +45,7 @@ __all__ = [
     "Response",
     "Sending",
     "TooLarge",
+    "UndecodableBody",
     "WireError",
 ]
 
@@ -68,6 +69,18 @@ class Disconnected(WireError):
 
 class ProtocolError(WireError):
     """The server's bytes are not an HTTP/1.1 response this client can read."""
+
+
+class UndecodableBody(ProtocolError):
+    """An answer came, but its body cannot be decoded: a Content-Encoding other than gzip
+    or deflate, a corrupt compressed body, one cut short, or bytes after its end. The
+    status and headers stand; nothing of the body is kept; the connection is dropped."""
+
+
+def unsupported_coding(coding: str) -> str:
+    """What an answer in a Content-Encoding this client does not decode is told (both MCP
+    call paths word it alike)."""
+    return f"unsupported Content-Encoding {coding!r}: toolwire reads identity, gzip and deflate"
 
 
 class PoolTimeout(TimeoutError):
@@ -168,7 +181,8 @@ class Response:
             try:
                 data = self._decoder.decompress(data, room)
             except zlib.error as exc:
-                self._fail(ProtocolError(f"bad {self.headers.get('content-encoding')} body: {exc}"))
+                coding = self.headers.get("content-encoding")
+                self._fail(UndecodableBody(f"bad {coding} body: {exc}"))
                 return
             if limit is not None and self._unread + len(data) > limit:
                 self._too_large(limit)
@@ -191,7 +205,7 @@ class Response:
         self._chunks.clear()
         self._unread = 0
         self._decoder = None
-        self._fail(ProtocolError(f"the {coding} body goes on after its compressed stream ends"))
+        self._fail(UndecodableBody(f"the {coding} body goes on after its compressed stream ends"))
 
     def _too_large(self, limit: int) -> None:
         self._chunks.clear()  # nothing of it is kept, even when it all came
@@ -206,7 +220,8 @@ class Response:
             try:
                 tail = self._decoder.flush()
             except zlib.error as exc:
-                self._fail(ProtocolError(f"bad {self.headers.get('content-encoding')} body: {exc}"))
+                coding = self.headers.get("content-encoding")
+                self._fail(UndecodableBody(f"bad {coding} body: {exc}"))
                 return
             if tail:
                 self._size += len(tail)
@@ -220,7 +235,7 @@ class Response:
                 self._unread += len(tail)
             if not self._decoder.eof:
                 coding = self.headers.get("content-encoding")
-                self._fail(ProtocolError(f"the {coding} body ends before its compressed stream"))
+                self._fail(UndecodableBody(f"the {coding} body ends before its compressed stream"))
                 return
         self._done = True
         self._wake()
@@ -432,8 +447,9 @@ class _Conn(asyncio.Protocol):
             resp._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
             resp._raw_deflate_ok = coding == "deflate"
         elif coding != "identity":
-            self._failed(ProtocolError(f"unsupported Content-Encoding {coding!r}"))
-            raise ProtocolError("unsupported content-encoding")
+            # An answer all the same (its status may speak): the reader gets the error
+            # for its body, which is dropped as it comes; the connection is not reused.
+            resp._fail(UndecodableBody(unsupported_coding(coding)))
         head, self._head = self._head, None
         if head is not None and not head.done():
             head.set_result(resp)
