@@ -1465,8 +1465,7 @@ class Upstream:
         the call's pooled connection was, and the supervisor checks the server."""
         msg = self.shown(_describe(exc))
         if direct:
-            if self._suspect is None:
-                self._suspect = client
+            self._suspect = client  # one check for the calls failing meanwhile
             self._wake.set()
             return ToolError(
                 f"MCP server {self.name!r}: the connection was lost during the call to "
