@@ -555,6 +555,35 @@ async def test_endless_empty_data_lines_are_capped(direct: bool) -> None:
 
 
 @PATHS
+@pytest.mark.parametrize("where", ["the-answer", "a-notification"])
+async def test_an_event_over_max_answer_bytes_arriving_whole_is_too_large(
+    direct: bool, where: str
+) -> None:
+    """An event over max_answer_bytes fails the call however its bytes arrive. Before, the
+    direct path checked the cap only against what was left unparsed after each read: an
+    event that came whole in one read (70 kB, a 64 KiB cap) was taken, the answer a
+    success where the FastMCP client's path said it was too large."""
+    big = event(result(0, "x" * 70_000)) if where == "a-notification" else b""
+
+    async def script(rid: int, r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> bool:
+        answer = event(result(rid, "x" * 70_000)) if not big else big + event(result(rid))
+        w.write(events(answer))
+        await w.drain()
+        return True
+
+    async with (
+        serving(scripted_upstream({**SCRIPTS, "big-event": script})) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=65536) as (k, up),
+    ):
+        session = up._client
+        r = await call(k, "big-event")
+        assert r.error is not None and r.error.kind == "tool_error", r.content
+        assert r.error.details["answer_too_large"] is True, r.error
+        assert up._client is session and up.status == "up"
+        await still_serving(k, up)
+
+
+@PATHS
 async def test_an_error_page_over_max_answer_bytes_is_told_by_its_status(direct: bool) -> None:
     """A 500 with a JSON body over max_answer_bytes: the FastMCP client drops the body and
     maps the status; the direct path now does the same (before: answer_too_large, with its

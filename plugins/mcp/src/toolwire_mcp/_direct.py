@@ -470,12 +470,17 @@ class DirectCaller:
                 if line:
                     if line.startswith(b":"):
                         continue  # a comment (keep-alive ping)
+                    # The event's lines count toward the cap as they are read (as httpx2's
+                    # SSE decoder counts them: a "data:" line of nothing is 5 bytes), even
+                    # when the whole event came in one read.
+                    size += len(line)
+                    if size > self._max_answer:
+                        raise AnswerTooLarge(self._max_answer)
                     field, _, value = line.partition(b":")
                     if value.startswith(b" "):
                         value = value[1:]
                     if field == b"data":
                         data.append(value)
-                        size += len(value) + 1  # and its line break: "data:" lines add up
                     elif field == b"event":
                         event = value
                     continue
