@@ -626,8 +626,8 @@ class Upstream:
         self._relist_at = 0.0  # after a failed re-listing: not before this (monotonic)
         self._lost_client: Client[Any] | None = None
         self._lost_why = "the connection was lost"  # what the supervisor logs for it
-        #: A session whose server the supervisor is to check: a direct-path call lost its
-        #: HTTP connection (one of the pool's, not the FastMCP client's).
+        #: A session whose server the supervisor is to check: a call lost a connection of
+        #: its own (the direct path's, or one event stream), not the session's (``_lost``).
         self._suspect: Client[Any] | None = None
         #: Such checks done (tests wait for them)
         self.health_checks = 0
@@ -939,11 +939,11 @@ class Upstream:
                 await self._relist_live(client)
 
     async def _check(self, client: Client[Any]) -> None:
-        """Whether the server still answers, after a direct-path call lost its connection.
+        """Whether the server still answers, after a call lost its connection (``_lost``).
 
-        That connection was one of the direct caller's pool (dropped with its call), not
-        the FastMCP client's: a broken answer (a reset, a close mid-answer, bytes that are
-        no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28 server
+        That connection was one of the direct caller's pool (dropped with its call), or an
+        event stream of one request: a broken answer (a reset, a close mid-answer, bytes
+        that are no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28 server
         may answer it "method not found") means it is up: the session goes on. No answer
         within ``connect_timeout_s``, or none the client can get, ends the session and the
         supervisor reconnects, as for a session that died.
@@ -1460,11 +1460,20 @@ class Upstream:
     async def _lost(
         self, client: Client[Any], remote_tool: str, exc: BaseException, *, direct: bool = False
     ) -> ToolError:
-        """The error of a call whose connection was lost. On the FastMCP client's path the
-        session is ended (the supervisor reconnects); on the direct path (``direct``) only
-        the call's pooled connection was, and the supervisor checks the server."""
+        """The error of a call whose connection was lost.
+
+        On the direct path (``direct``) that connection was one of its pool's, dropped with
+        the call; an event stream of the FastMCP client's that ended (or failed) without
+        the response is that one request's failure, its session still connected. Either
+        way the session may well be sound: the supervisor checks the server (``_check``).
+        Otherwise the session is ended and the supervisor reconnects."""
         msg = self.shown(_describe(exc))
-        if direct:
+        stream_cut = (
+            isinstance(exc, MCPError)
+            and exc.message.startswith("SSE stream ")
+            and client.is_connected()
+        )
+        if direct or stream_cut:
             self._suspect = client  # one check for the calls failing meanwhile
             self._wake.set()
             return ToolError(
