@@ -950,10 +950,15 @@ class Upstream:
         """
         limit = self.plugin_cfg.connect_timeout_s
         why: str | None = None
+        refusals: list[tuple[int, str | None]] = []
+        token = _REFUSALS.set(refusals)
         try:
             with anyio.fail_after(limit):
                 await client.ping()
         except MCPError as exc:
+            if self._expired(client, exc, refusals):  # a handshake-era session it forgot
+                self._session_gone(client)
+                raise _SessionExpired(self._lost_why) from exc
             if exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 why = self.shown(_describe(exc))  # the client could not reach it
         except Exception as exc:
@@ -963,6 +968,7 @@ class Upstream:
                 else self.shown(_describe(exc))
             )
         finally:
+            _REFUSALS.reset(token)
             self.health_checks += 1
         if why is not None and not self._stop.is_set():
             self._client = None  # no new calls on this client from here on
