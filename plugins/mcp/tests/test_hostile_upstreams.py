@@ -286,6 +286,20 @@ CASES: dict[str, Case] = {
         send(lambda rid: events(event(result(rid, "first")), event(result(rid, "second")))),
         says="first",
     ),
+    "input-required-for-ever": Case(  # a server that never lets the call complete
+        send(
+            lambda rid: json_answer(
+                {
+                    "jsonrpc": "2.0",
+                    "id": rid,
+                    "result": {"resultType": "input_required", "requestState": "again"},
+                }
+            )
+        ),
+        "tool_error",
+        "input_required for more than 10 rounds; the call did not complete",
+        {"input_required_rounds": 10},
+    ),
     # --- event streams
     "events-cut-at-every-byte": Case(bytewise(lambda rid: event(result(rid)))),
     "events-with-a-bom-cut-at-every-byte": Case(

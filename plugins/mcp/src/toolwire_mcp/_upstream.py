@@ -45,6 +45,7 @@ from fastmcp.client.transports import (
     StdioTransport,
     StreamableHttpTransport,
 )
+from mcp.client import InputRequiredRoundsExceededError
 from mcp.client.subscriptions import ListenNotSupportedError, ToolsListChanged, listen
 from mcp.shared.dispatcher import coerce_request_id
 from mcp.shared.exceptions import MCPError
@@ -1730,6 +1731,16 @@ class Upstream:
                 "answers this large are expected",
                 kind=ErrorKind.TOOL_ERROR,
                 details={**where, "answer_too_large": True, "max_answer_bytes": exc.limit},
+            )
+        if isinstance(exc, InputRequiredRoundsExceededError):
+            # The server answered every round with input_required (a RuntimeError, once
+            # taken for a lost connection: `unavailable`, and the session ended).
+            return ToolError(
+                f"{prefix}: the server answered input_required for more than "
+                f"{exc.max_rounds} rounds; the call did not complete. It may have taken "
+                "effect upstream: check before calling it again",
+                kind=ErrorKind.TOOL_ERROR,
+                details={**where, "input_required_rounds": exc.max_rounds},
             )
         if _schema_violation(exc):
             # The SDK's check of a result against the tool's output schema: the server
