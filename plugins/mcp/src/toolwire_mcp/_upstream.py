@@ -944,10 +944,11 @@ class Upstream:
 
         That connection was one of the direct caller's pool (dropped with its call), or an
         event stream of one request: a broken answer (a reset, a close mid-answer, bytes
-        that are no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28 server
-        may answer it "method not found") means it is up: the session goes on. No answer
-        within ``connect_timeout_s``, or none the client can get, ends the session and the
-        supervisor reconnects, as for a session that died.
+        that are no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28
+        server may answer it "method not found") means it is up: the session goes on. No
+        answer within ``connect_timeout_s``, or none the client can get, ends the session
+        and the supervisor reconnects, as for a session that died; an HTTP 404 to a
+        handshake-era session starts a new one at once.
         """
         limit = self.plugin_cfg.connect_timeout_s
         why: str | None = None
