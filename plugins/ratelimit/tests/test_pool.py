@@ -363,6 +363,28 @@ async def test_a_replica_without_a_key_keeps_its_quarantine(tmp_path: Path) -> N
         assert {(await pool1.acquire()).alias for _ in range(4)} == {"b"}
 
 
+async def test_a_rolling_secret_change_keeps_the_old_secrets_quarantine(tmp_path: Path) -> None:
+    """A rolling change of key a's secret: replica 1 still sends the old secret, replica 2
+    the new one. Replica 1's quarantine of the old secret was dropped by replica 2's next
+    success on a (the quarantine was not its own secret's), and replica 1 sent the
+    rejected key again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    new_a = config(
+        keys=[{"alias": "a", "secret": "sk-alpha-NEW-000000"}, {"alias": "b", "secret": SECRET_B}]
+    )
+    async with kernel_with(config(), state=url) as one, kernel_with(new_a, state=url) as two:
+        pool1, pool2 = key_pool(one, "acme"), key_pool(two, "acme")
+        await pool1.report("a", "auth", pattern="default.status.401")
+        assert (await pool2.availability()).keys["a"] == "ok"  # the new secret is not rejected
+        for _ in range(4):  # replica 2 uses its a (and b), and reports the successes
+            await (await pool2.acquire()).success()
+        await pool2.report("a", "success")
+        assert (await pool1.availability()).keys["a"] == "quarantined"
+        assert {(await pool1.acquire()).alias for _ in range(4)} == {"b"}
+        # the old secret's quarantine does not hold the new one back meanwhile
+        assert "a" in {(await pool2.acquire()).alias for _ in range(4)}
+
+
 SECRET_C = "sk-charlie-555555555"
 A_AND_C = [{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_C}]
 

@@ -523,14 +523,11 @@ class KeyPool:
                     # is half-open: this one was taken before the rate limit and says
                     # nothing about the key now (it must not end the probe in flight).
                     return None, NOCHANGE
+                # A quarantine stays, whichever secret it is of: one of another secret
+                # (a rolling change of the key's secret) holds for the replicas that still
+                # send that secret, and is never honoured for this one (its fingerprint).
                 q = ks.get("q")
-                ks = (
-                    {"q": q}
-                    if isinstance(q, dict)
-                    and a is not None
-                    and q.get("fp") == self._keys[a].fingerprint
-                    else {}
-                )
+                ks = {"q": q} if isinstance(q, dict) and a is not None else {}
             elif outcome == "rate_limit":
                 until = _num(ks, "cool_until")
                 strikes = int(_num(ks, "strikes"))
