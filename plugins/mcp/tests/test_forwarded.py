@@ -72,6 +72,17 @@ async def test_the_configured_proxies_are_believed(monkeypatch: pytest.MonkeyPat
     assert other == {"client": "127.0.0.1", "scheme": "http"}
 
 
+async def test_every_entry_the_config_accepts_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before: a network written with host bits ('127.0.0.1/8') passed the check, but
+    uvicorn parses networks strictly and took it for a host name that never matches; a
+    '*' beside other entries was taken for a literal too. Both proxies went unbelieved,
+    silently."""
+    monkeypatch.delenv("FORWARDED_ALLOW_IPS", raising=False)
+    believed = {"client": "203.0.113.9", "scheme": "https"}
+    assert await _seen(forwarded_allow_ips=["127.0.0.1/8"]) == believed
+    assert await _seen(forwarded_allow_ips=["10.0.0.1", "*"]) == believed
+
+
 async def test_uvicorns_variable_still_names_the_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FORWARDED_ALLOW_IPS", "10.0.0.1, 127.0.0.1")
     assert await _seen() == {"client": "203.0.113.9", "scheme": "https"}

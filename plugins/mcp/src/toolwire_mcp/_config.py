@@ -439,16 +439,24 @@ class ServeConfig(BaseModel):
     def _forwarded(cls, v: list[str] | None) -> list[str] | None:
         if v is None:
             return v
+        out: list[str] = []
         for entry in v:
-            if entry != "*":
-                try:
-                    ipaddress.ip_network(entry.strip(), strict=False)
-                except ValueError:
-                    raise ValueError(
-                        f"{entry!r} is not an IP address or network; give the proxies' "
-                        "addresses (e.g. '127.0.0.1', '10.0.0.0/8') or '*' for any"
-                    ) from None
-        return [entry.strip() for entry in v]
+            entry = entry.strip()
+            if entry == "*":
+                # uvicorn trusts everyone only for a lone "*"; beside other entries it
+                # would be a literal that never matches
+                return ["*"]
+            try:
+                net = ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"{entry!r} is not an IP address or network; give the proxies' "
+                    "addresses (e.g. '127.0.0.1', '10.0.0.0/8') or '*' for any"
+                ) from None
+            # uvicorn parses a network strictly: one with host bits set ('10.0.0.1/8')
+            # would be taken for a host name and never match. Given as its network.
+            out.append(str(net) if "/" in entry else entry)
+        return out
 
     @field_validator("path")
     @classmethod
