@@ -385,6 +385,31 @@ async def test_a_rolling_secret_change_keeps_the_old_secrets_quarantine(tmp_path
         assert "a" in {(await pool2.acquire()).alias for _ in range(4)}
 
 
+async def test_a_quarantine_follows_its_secret_to_a_new_alias(tmp_path: Path) -> None:
+    """Before: the quarantine was the alias's: a rolling rename of a rejected key (b
+    becoming c, same secret), or removing the first of unnamed keys (acme-2 becoming
+    acme-1), lifted it, and the renamed key was sent again; the docs say only a changed
+    secret or a clear lifts it."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    renamed = config(keys=[{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_B}])
+    async with kernel_with(config(), state=url) as old, kernel_with(renamed, state=url) as new:
+        p_old, p_new = key_pool(old, "acme"), key_pool(new, "acme")
+        await p_old.report("b", "auth", pattern="default.status.401")
+        assert (await p_new.availability()).keys == {"a": "ok", "c": "quarantined"}
+        assert {(await p_new.acquire()).alias for _ in range(4)} == {"a"}
+        status = await p_new.status()
+        assert status["keys"]["c"]["quarantine"]["pattern"] == "default.status.401"
+        assert (await p_old.availability()).keys["b"] == "quarantined"
+        await p_new.clear("c")  # the operator says the key works again: under either alias
+        assert (await p_new.availability()).keys["c"] == "ok"
+        assert (await p_old.availability()).keys["b"] == "ok"
+    async with kernel_with(config(keys=[SECRET_A, SECRET_B]), state=url) as kernel:
+        await key_pool(kernel, "acme").report("acme-2", "auth")
+    async with kernel_with(config(keys=[SECRET_B]), state=url) as kernel:
+        with pytest.raises(PoolUnavailable):
+            await key_pool(kernel, "acme").acquire()
+
+
 SECRET_C = "sk-charlie-555555555"
 A_AND_C = [{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_C}]
 

@@ -10,7 +10,8 @@ holds everything replicas must agree on; keys appear in it by alias only::
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
-                      "q": {...}}},             # sticky quarantine (auth failure)
+                      "q": {...}}},             # sticky quarantine (auth failure), with
+                                                # "fp" and "sfp" (the secret's alone)
      "suspended": {"until": t, ...} | null,     # whole pool (quota/budget)
      "gone": {alias: t}}                        # stored aliases the last writer did not
                                                 # configure, since when (only when any)
@@ -72,6 +73,13 @@ class ApiKey:
         h = hashlib.sha256(
             b"toolwire-ratelimit\0" + self.alias.encode() + b"\0" + self.secret.encode()
         )
+        return h.hexdigest()[:16]
+
+    @property
+    def secret_fingerprint(self) -> str:
+        """A one-way fingerprint of the secret alone: a quarantine follows its key to a new
+        alias (a rename, unnamed keys renumbered)."""
+        h = hashlib.sha256(b"toolwire-ratelimit-secret\0" + self.secret.encode())
         return h.hexdigest()[:16]
 
 
@@ -216,7 +224,7 @@ class KeyPool:
         kernel = self._plugin.bound_kernel()
 
         def wrapped(value: Any, now: float) -> tuple[Any, Any]:
-            result, new = fn(_norm(value), now)
+            result, new = fn(self._read(value), now)
             if isinstance(new, dict):
                 self._forget_removed(new, now)
             return result, new
@@ -255,6 +263,33 @@ class KeyPool:
                 del gone[a]
         if not gone:
             del rec["gone"]
+
+    def _read(self, value: Any) -> dict[str, Any]:
+        """The stored record, normalised, with the quarantines of this process's secrets
+        recorded under another alias (a rename, unnamed keys renumbered) adopted by the
+        alias that now sends the secret: the rejected key is not sent again."""
+        rec = _norm(value)
+        if self._implicit:
+            return rec
+        keys = rec["keys"]
+        held: dict[str, tuple[str, dict[str, Any]]] = {}  # secret fingerprint -> alias, q
+        for other, ks in keys.items():
+            q = ks.get("q") if isinstance(ks, dict) else None
+            if isinstance(q, dict) and isinstance(q.get("sfp"), str):
+                held.setdefault(q["sfp"], (other, q))
+        if not held:
+            return rec
+        for alias, key in self._keys.items():
+            found = held.get(key.secret_fingerprint)
+            if found is None or found[0] == alias:
+                continue
+            own = self._state_of(rec, alias).get("q")
+            if isinstance(own, dict) and own.get("fp") == key.fingerprint:
+                continue
+            mine = dict(self._state_of(rec, alias))
+            mine.update(q={**found[1], "fp": key.fingerprint}, fp=key.fingerprint)
+            keys[alias] = mine
+        return rec
 
     # ------------------------------------------------------------ health
     def _state_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any]:
@@ -347,12 +382,12 @@ class KeyPool:
         """Whether a lease would get a key now (no state is changed)."""
         kernel = self._plugin.bound_kernel()
         value = await kernel.state.get(self._key)
-        return self._describe(_norm(value), kernel.clock.time())
+        return self._describe(self._read(value), kernel.clock.time())
 
     async def status(self) -> dict[str, Any]:
         """Availability plus per-key facts (strikes, cooldown, quarantine, picks); no secrets."""
         kernel = self._plugin.bound_kernel()
-        rec = _norm(await kernel.state.get(self._key))
+        rec = self._read(await kernel.state.get(self._key))
         now = kernel.clock.time()
         av = self._describe(rec, now)
         keys = {}
@@ -367,7 +402,7 @@ class KeyPool:
                 "picks": int(_num(rec["picks"], a)),
                 "strikes": int(_num(ks, "strikes")),
                 "cool_until": ks.get("cool_until"),
-                "quarantine": {k: v for k, v in q.items() if k != "fp"} if q else None,
+                "quarantine": {k: v for k, v in q.items() if k not in ("fp", "sfp")} if q else None,
             }
         return {**av.to_dict(), "keys": keys, "suspended": rec["suspended"]}
 
@@ -564,6 +599,7 @@ class KeyPool:
                     "reason": reason or "authentication failed",
                     "pattern": pattern,
                     "fp": self._keys[a].fingerprint,
+                    "sfp": self._keys[a].secret_fingerprint,
                 }
                 logged.append(
                     "quarantined until the key changes in the configuration or is cleared"
@@ -606,6 +642,17 @@ class KeyPool:
                 rec["keys"] = {}
             else:
                 rec["keys"].pop(alias, None)
+                # the same secret's quarantine under another alias (before a rename), else
+                # it would be adopted again
+                sfp = self._keys[alias].secret_fingerprint
+                for other, ks in list(rec["keys"].items()):
+                    q = ks.get("q") if isinstance(ks, dict) else None
+                    if isinstance(q, dict) and q.get("sfp") == sfp:
+                        rest = {k: v for k, v in ks.items() if k not in ("q", "fp")}
+                        if rest:
+                            rec["keys"][other] = {**rest, "fp": ks.get("fp")}
+                        else:
+                            del rec["keys"][other]
             if suspension:
                 rec["suspended"] = None
             return None, rec
