@@ -1136,6 +1136,38 @@ async def test_steps_before_the_next_attempt_run_once_after_the_wait() -> None:
     await k.close()
 
 
+async def test_between_attempts_is_cleared_when_the_wait_itself_fails() -> None:
+    """hooks.md: `ctx.between_attempts` is None after the attempt loop. A wait that raised
+    (a custom `Clock.sleep` with a bug) left it set, so `after_call` saw the call as
+    still waiting between attempts."""
+    seen: list[Any] = []
+
+    class Broken(FakeClock):
+        async def sleep(self, seconds: float) -> None:
+            raise RuntimeError("the clock broke")
+
+    class Watch:
+        name, order = "watch", 100
+
+        @hookimpl
+        def on_error(self, ctx: CallContext) -> Retry | None:
+            return Retry(1) if ctx.attempt == 1 else None
+
+        @hookimpl
+        def after_call(self, ctx: CallContext) -> None:
+            seen.append(ctx.between_attempts)
+
+    def run(args: dict[str, Any]) -> Any:
+        raise ToolError("slow down", kind="rate_limit")
+
+    fake = FakeTool("t", script=[run, run])
+    k = Kernel(tools=[fake.tool], plugins=[Watch()], clock=Broken())
+    r = await k.call("t", {})  # a bug inside the kernel's loop: an internal error
+    assert r.error is not None and r.error.kind == "internal", r.error
+    assert seen == [None]
+    await k.close()
+
+
 async def wait_for(predicate: Callable[[], Any]) -> None:
     with anyio.fail_after(10):
         while not predicate():  # noqa: ASYNC110

@@ -1546,7 +1546,11 @@ class Kernel:
             if cur_tool.serial_key is not None:
                 self._took_turn(attempt, ctx)
             attempts.append(attempt)
-            step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
+            try:
+                step = await self._after_failure(call, cur_tool, cur_call, err, attempt, ctx)
+            except BaseException:  # cancelled in the wait, or a bug (a custom Clock.sleep)
+                ctx.between_attempts = None  # after_call must not see the call as waiting
+                raise
             if isinstance(step, ToolResult):
                 ctx.between_attempts = None
                 return step
