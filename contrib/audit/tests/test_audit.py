@@ -573,6 +573,21 @@ async def test_concurrent_lines_keep_their_order_and_a_full_queue_makes_calls_wa
 
     stream = _GatedStream()
     monkeypatch.setattr(sys, "stderr", stream)
+    # One task polls the full queue; the other waiting calls wait on its event (before,
+    # every waiting call polled: thousands of wake-ups a second in a long stall).
+    polling = {"now": 0, "most": 0, "polls": 0}
+    real_sleep = toolwire_audit._poll_sleep
+
+    async def counted(seconds: float) -> None:
+        polling["now"] += 1
+        polling["most"] = max(polling["most"], polling["now"])
+        polling["polls"] += 1
+        try:
+            await real_sleep(seconds)
+        finally:
+            polling["now"] -= 1
+
+    monkeypatch.setattr(toolwire_audit, "_poll_sleep", counted)
     k = Kernel(plugins=[AuditPlugin(AuditConfig(path="-", queue_size=5))])
     k.add_tool(login)
     done: list[str] = []
@@ -590,8 +605,12 @@ async def test_concurrent_lines_keep_their_order_and_a_full_queue_makes_calls_wa
             with anyio.fail_after(30):  # a safety net: the warning comes, or the test fails
                 while "calls now wait for room" not in caplog.text:  # noqa: ASYNC110
                     await anyio.sleep(0.001)
+            with anyio.fail_after(30):  # the other callers are waiting too, and polls go on
+                while polling["polls"] < 20:  # noqa: ASYNC110
+                    await anyio.sleep(0.001)
             ended_while_stalled[:] = done
             stream.release.set()
+    assert polling["most"] == 1, polling
     assert stream.events == ["write blocked"]  # the one write that waited, no other
     assert len(ended_while_stalled) <= 5  # queue_size lines queued, the writer stalled
     got = [x["call_id"] for x in stream.lines()]

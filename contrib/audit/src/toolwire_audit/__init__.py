@@ -191,6 +191,11 @@ class _Writer:
             self._cond.notify()
             return self._queued - self._handled
 
+    def full(self) -> bool:
+        """The queue is at ``queue_size`` and the thread still takes lines."""
+        with self._cond:
+            return self._accepting and self._queued - self._handled >= self.queue_size
+
     def handled(self, seq: int) -> bool:
         """Line ``seq`` was written (or lost to an error that was logged)."""
         with self._cond:
@@ -344,6 +349,11 @@ class _Writer:
 _WRITERS: weakref.WeakSet[_Writer] = weakref.WeakSet()
 
 
+async def _poll_sleep(seconds: float) -> None:
+    """The pause between two looks at a full queue (a hook for tests to count them)."""
+    await anyio.sleep(seconds)
+
+
 @atexit.register
 def _drain_at_exit() -> None:
     """A program that never closed its kernel still gets its lines written."""
@@ -364,6 +374,8 @@ class AuditPlugin:
         self.config = config or AuditConfig()
         self._path: Path | None = None  # None: stderr
         self._lock = threading.Lock()  # held for no I/O: the writer's thread does that
+        #: per event-loop thread: set when the queue, full, has room again (``_room``)
+        self._room_events: dict[int, anyio.Event] = {}
         self._writer: _Writer | None = None
         self._open = False  # between startup and shutdown
         self._kernel: Kernel | None = None  # for its known secret values (kernel.redactor)
@@ -576,11 +588,9 @@ class AuditPlugin:
                 writer.queue_size,
                 writer.path or "stderr",
             )
-        delay = _POLL_FIRST_S
         try:
             while True:
-                await anyio.sleep(delay)
-                delay = min(delay * 2, _POLL_MAX_S)
+                await self._room(writer)
                 writer, seq, late = self._offer(text, line)
                 if seq is not None:
                     return writer, seq, late
@@ -589,6 +599,27 @@ class AuditPlugin:
             # is queued anyway, over the bound, rather than lost.
             self._offer(text, line, force=True)
             raise
+
+    async def _room(self, writer: _Writer) -> None:
+        """Return once ``writer`` has room for a line (or takes no more).
+
+        One task per event loop (thread) polls the writer; the other calls waiting for
+        room wait on its event: a long stall with many calls waiting costs one wake-up
+        per poll, not one per call."""
+        tid = threading.get_ident()
+        waiting = self._room_events.get(tid)
+        if waiting is not None:
+            await waiting.wait()
+            return
+        event = self._room_events[tid] = anyio.Event()
+        try:
+            delay = _POLL_FIRST_S
+            while writer.full():
+                await _poll_sleep(delay)
+                delay = min(delay * 2, _POLL_MAX_S)
+        finally:
+            del self._room_events[tid]
+            event.set()
 
     @staticmethod
     async def _wait(done: Callable[[], bool], within_s: float | None) -> bool:
