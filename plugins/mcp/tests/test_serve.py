@@ -429,3 +429,39 @@ async def test_run_server_stopped_by_cancellation_shuts_uvicorn_down() -> None:
             assert answer.status_code == 404
         left = [t for t in asyncio.all_tasks() if "uvicorn" in repr(t.get_coro())]
         assert left == []
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["lean_path", "fastmcp_handler"])
+async def test_a_cancelled_run_server_cuts_the_calls_in_flight(fast_path: bool) -> None:
+    """Cancelling ``run_server`` cuts a call with a call id on both paths. Before, on
+    FastMCP's handler such a call (it runs in a task of its own, so that it outlives its
+    client) ran on after ``run_server`` had ended, until the kernel closed."""
+    from toolwire_mcp_testkit import running_server
+
+    from toolwire_mcp import ServeConfig
+
+    started, cut = anyio.Event(), anyio.Event()
+
+    @tool(name="nap")
+    async def nap() -> dict[str, Any]:
+        """Sleep for a minute."""
+        started.set()
+        try:
+            await anyio.sleep(60)
+        finally:
+            cut.set()
+        return {"rested": True}
+
+    async def call(url: str) -> None:
+        async with Client(url, timeout=30) as c:
+            await c.call_tool_mcp("nap", {}, meta={CALL_ID_META_KEY: "run-1"})
+
+    cfg = ServeConfig(transport="http", port=0, fast_path=fast_path)
+    async with Kernel(tools=[nap]) as kernel, anyio.create_task_group() as tg:
+        async with running_server(kernel, cfg) as info:
+            tg.start_soon(call, info["url"])
+            with anyio.fail_after(30):
+                await started.wait()
+        with anyio.fail_after(10):  # cut with run_server, not at the kernel's close
+            await cut.wait()
+        tg.cancel_scope.cancel()

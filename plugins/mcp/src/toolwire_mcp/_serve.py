@@ -1047,6 +1047,10 @@ async def run_server(
             # uvicorn's own exit path did not run, which left the listening socket
             # registered with the loop (closing it under the loop made the next
             # server given that file descriptor deaf) and the app's lifespan running.
+            # The calls in flight are cut at once, each answered `cancelled`: on the lean
+            # path and on FastMCP's handler alike (a call with a call id there runs in a
+            # task of its own, which uvicorn's shutdown would not reach).
+            gate.cancel_all()
             if server.started:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(_CANCEL_SHUTDOWN_S):
                     await server.shutdown(sockets=[sock])
@@ -1056,7 +1060,7 @@ async def run_server(
         tg.cancel_scope.cancel()
 
 
-#: How long a cancelled ``run_server`` gives uvicorn to close (its in-flight requests get 1 s).
+#: How long a cancelled ``run_server`` gives uvicorn to close (its calls were cut already).
 _CANCEL_SHUTDOWN_S = 5.0
 
 
