@@ -1460,16 +1460,9 @@ class Kernel:
 
         if ctx.before_first_attempt:
             for plugin, fn in ctx.before_first_attempt:
-                try:
-                    await fn()
-                except CallRejected as rej:
-                    return self._rejected(ctx, plugin, rej)
-                except Exception as exc:
-                    return self._before_failed(ctx, plugin, exc)
-                except asyncio.CancelledError as exc:
-                    if not _foreign_cancel(exc):
-                        raise
-                    return self._before_failed(ctx, plugin, exc)
+                ended = await self._run_step(ctx, plugin, fn, self._before_failed)
+                if ended is not None:
+                    return ended
 
         # Step 4: the attempt loop, the only retry loop in the system.
         attempts = ctx.attempts
@@ -1569,16 +1562,31 @@ class Kernel:
         None lets the next attempt run; a result ends the call."""
         while ctx.before_next_attempt:  # (a plugin may have replaced the list meanwhile)
             plugin, fn = ctx.before_next_attempt.pop(0)
-            try:
-                await fn()
-            except CallRejected as rej:
-                return self._rejected(ctx, plugin, rej)
-            except Exception as exc:
-                return self._step_failed(ctx, plugin, exc)
-            except asyncio.CancelledError as exc:
-                if not _foreign_cancel(exc):
-                    raise
-                return self._step_failed(ctx, plugin, exc)
+            ended = await self._run_step(ctx, plugin, fn, self._step_failed)
+            if ended is not None:
+                return ended
+        return None
+
+    async def _run_step(
+        self,
+        ctx: CallContext,
+        plugin: str,
+        fn: Callable[[], Awaitable[None]],
+        failed: Callable[[CallContext, str, BaseException], ToolResult],
+    ) -> ToolResult | None:
+        """A step a plugin added for the call (``before_first_attempt``,
+        ``before_next_attempt``): None lets the call go on; a refusal or a failure (as
+        ``failed`` makes it) ends it, the attempt not run."""
+        try:
+            await fn()
+        except CallRejected as rej:
+            return self._rejected(ctx, plugin, rej)
+        except Exception as exc:
+            return failed(ctx, plugin, exc)
+        except asyncio.CancelledError as exc:
+            if not _foreign_cancel(exc):
+                raise
+            return failed(ctx, plugin, exc)
         return None
 
     def _step_failed(self, ctx: CallContext, plugin: str, exc: BaseException) -> ToolResult:
