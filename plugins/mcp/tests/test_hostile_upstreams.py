@@ -913,3 +913,48 @@ async def test_many_calls_while_the_server_misbehaves(direct: bool) -> None:
         await eventually(lambda: len(client_tasks()) <= before)
         if direct:
             assert up.direct_calls >= len(names)
+
+
+@asynccontextmanager
+async def pings_unanswered(pinged: asyncio.Event) -> AsyncIterator[Server]:
+    """The scripted server (``reset``: a call whose connection is reset mid-answer), but a
+    ``ping`` is never answered: a server that is gone, as the server check sees it."""
+    async with serving(
+        scripted_upstream(SCRIPTS | {"reset": CASES["reset-mid-body"].script})
+    ) as srv:
+        read = srv.read_request
+
+        async def read_request(reader: asyncio.StreamReader) -> bytes | None:
+            body = await read(reader)
+            if body is not None and json.loads(body).get("method") == "ping":
+                pinged.set()
+                await asyncio.sleep(3600)
+            return body
+
+        srv.read_request = read_request  # type: ignore[method-assign]
+        yield srv
+
+
+async def test_closing_during_a_server_check_ends_it_at_once() -> None:
+    """The kernel closes while the supervisor checks the server after a lost call (a
+    `ping` the server does not answer, connect_timeout_s = 30): the check ends with the
+    plugin. Before, the supervisor sat in the ping: `stop` gave up waiting after 5 s and
+    cancelled its task, so closing the kernel took that long."""
+    pinged = asyncio.Event()
+    async with pings_unanswered(pinged) as srv:
+        cfg = {
+            "servers": {"up": {"url": f"http://127.0.0.1:{srv.port}/mcp"}},
+            "connect_timeout_s": 30,
+        }
+        mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+        async with Kernel(plugins=[mcp]) as k:
+            up = mcp._upstreams["up"]
+            assert up._direct is not None
+            broken = await call(k, "reset")
+            assert broken.error is not None and broken.error.kind == "unavailable", broken.error
+            with anyio.fail_after(10):
+                await pinged.wait()
+            task = up._task
+        assert task is not None and task.done()
+        assert not task.cancelled()  # it ended on its own, not cancelled after stop's 5 s
+        assert up.health_checks == 1

@@ -630,6 +630,8 @@ class Upstream:
         #: A session whose server the supervisor is to check: a call lost a connection of
         #: its own (the direct path's, or one event stream), not the session's (``_lost``).
         self._suspect: Client[Any] | None = None
+        #: The server check in progress (``_check``): ``stop`` cancels it
+        self._checking: anyio.CancelScope | None = None
         #: Such checks done (tests wait for them)
         self.health_checks = 0
         self._session_client: Client[Any] | None = None
@@ -683,6 +685,8 @@ class Upstream:
         """Stop the supervisor and close the client (bounded)."""
         self._stop.set()
         self._wake.set()
+        if self._checking is not None:  # a ping the server may never answer
+            self._checking.cancel()
         task = self._task
         if task is not None and not task.done():
             with anyio.CancelScope(shield=True):
@@ -954,9 +958,16 @@ class Upstream:
         why: str | None = None
         refusals: list[tuple[int, str | None]] = []
         token = _REFUSALS.set(refusals)
+        stopping = anyio.CancelScope()  # cancelled by stop(): the check ends with the plugin
+        self._checking = stopping
         try:
-            with anyio.fail_after(limit):
-                await client.ping()
+            with stopping:
+                if self._stop.is_set():
+                    stopping.cancel()
+                with anyio.fail_after(limit):
+                    await client.ping()
+            if stopping.cancel_called:
+                return
         except MCPError as exc:
             if self._expired(client, exc, refusals):  # a handshake-era session it forgot
                 self._session_gone(client)
@@ -970,6 +981,7 @@ class Upstream:
                 else self.shown(_describe(exc))
             )
         finally:
+            self._checking = None
             _REFUSALS.reset(token)
             self.health_checks += 1
         if why is not None and not self._stop.is_set():
