@@ -958,3 +958,28 @@ async def test_closing_during_a_server_check_ends_it_at_once() -> None:
         assert task is not None and task.done()
         assert not task.cancelled()  # it ended on its own, not cancelled after stop's 5 s
         assert up.health_checks == 1
+
+
+async def test_a_server_check_the_entrys_timeout_ends_is_no_answer() -> None:
+    """The server check's `ping` goes unanswered until the entry's `timeout` (shorter than
+    connect_timeout_s) ends it: the server did not answer, and it is reconnected. Before,
+    the FastMCP client's "Request 'ping' timed out" (an MCP error) was taken for an answer:
+    the session was kept, and a server gone silent was never found out."""
+    pinged = asyncio.Event()
+    async with pings_unanswered(pinged) as srv:
+        cfg = {
+            "servers": {"up": {"url": f"http://127.0.0.1:{srv.port}/mcp", "timeout": 300}},
+            "connect_timeout_s": 30,
+            "reconnect_initial_s": 0.05,
+        }
+        mcp = MCPPlugin(MCPConfig.model_validate(cfg))
+        async with Kernel(plugins=[mcp]) as k:
+            up = mcp._upstreams["up"]
+            session = up._client
+            assert up._direct is not None
+            broken = await call(k, "reset")
+            assert broken.error is not None and broken.error.kind == "unavailable", broken.error
+            await eventually(lambda: up.health_checks == 1)
+            # a new session (the scripted server answers initialize and tools/list)
+            await eventually(lambda: up._client is not None and up._client is not session)
+            await still_serving(k, up)

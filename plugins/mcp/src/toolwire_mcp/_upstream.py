@@ -94,6 +94,8 @@ _PERMISSIVE: dict[str, Any] = {"type": "object", "additionalProperties": True}
 _CACHE_PREFIX = "toolwire_mcp:tools:"
 _HEALTH_TICK_S = 0.5
 _STOP_WAIT_S = 5.0
+#: The MCP client's error for a ping its request timeout ended (the server did not answer)
+_PING_TIMED_OUT = "Request 'ping' timed out"
 #: Transport failures that mean the connection is gone (the outcome of a call is unknown).
 _LOST: tuple[type[BaseException], ...] = (
     RuntimeError,
@@ -950,7 +952,8 @@ class Upstream:
         event stream of one request: a broken answer (a reset, a close mid-answer, bytes
         that are no HTTP) says little of the server. Any answer to a ``ping`` (a 2026-07-28
         server may answer it "method not found") means it is up: the session goes on. No
-        answer within ``connect_timeout_s``, or none the client can get, ends the session
+        answer within ``connect_timeout_s`` (or the entry's shorter ``timeout``), or none
+        the client can get, ends the session
         and the supervisor reconnects, as for a session that died; an HTTP 404 to a
         handshake-era session starts a new one at once.
         """
@@ -974,6 +977,10 @@ class Upstream:
                 raise _SessionExpired(self._lost_why) from exc
             if exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 why = self.shown(_describe(exc))  # the client could not reach it
+            elif exc.code == mcp_types.REQUEST_TIMEOUT and exc.message == _PING_TIMED_OUT:
+                # the client's own timeout (the entry's `timeout`, when shorter than
+                # connect_timeout_s) ended the ping: no answer, not an error answer
+                why = f"no answer within the entry's timeout ({self.cfg.timeout} ms)"
         except Exception as exc:
             why = (
                 f"no answer within connect_timeout_s={limit}s"
