@@ -7,6 +7,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # for `import toolwire_mcp_testkit`
 
-from toolwire_mcp_testkit import anyio_backend, serve_process
+from toolwire_mcp_testkit import anyio_backend, node, serve_process
 
-__all__ = ["anyio_backend", "serve_process"]
+__all__ = ["anyio_backend", "node", "serve_process"]

@@ -1,58 +1,25 @@
 """A client not written in Python: the TypeScript MCP SDK (npm) against `toolwire serve`.
 
-The Node project is tests/ts_client (package.json + package-lock.json); `npm ci`
-runs here when node_modules is missing. Without `node` the test is skipped,
-unless TOOLWIRE_REQUIRE_NODE=1 (CI), which makes a missing toolchain a failure.
+The Node project is tests/ts_client (package.json + package-lock.json); the `node`
+fixture (toolwire_mcp_testkit) runs `npm ci` when node_modules is missing. Without
+`node` the test is skipped, unless TOOLWIRE_REQUIRE_NODE=1 (CI), which makes a
+missing toolchain a failure.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-from toolwire_mcp_testkit import clean_env, write_config
+from toolwire_mcp_testkit import TS_CLIENT, clean_env, write_config
 
 from toolwire_mcp import ERROR_META_KEY
 
-ROOT = Path(__file__).resolve().parents[3]
-TS = ROOT / "tests" / "ts_client"
-REQUIRED = os.environ.get("TOOLWIRE_REQUIRE_NODE") == "1"
-
-
-def _unavailable(why: str) -> None:
-    if REQUIRED:
-        pytest.fail(f"TOOLWIRE_REQUIRE_NODE=1 but {why}")
-    pytest.skip(f"{why} (set TOOLWIRE_REQUIRE_NODE=1 to make this a failure)")
-
-
-@pytest.fixture(scope="module")
-def node() -> str:
-    exe = shutil.which("node")
-    if exe is None:
-        _unavailable("node is not installed")
-    assert exe is not None
-    if not (TS / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json").exists():
-        npm = shutil.which("npm")
-        if npm is None:
-            _unavailable("npm is not installed")
-        assert npm is not None
-        proc = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=TS,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if proc.returncode != 0:
-            _unavailable(f"`npm ci` failed in {TS}: {proc.stderr[-2000:]}")
-    return exe
+TS = TS_CLIENT
 
 
 def test_typescript_sdk_lists_and_calls_through_the_gateway(

@@ -29,6 +29,7 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 UPSTREAM = HERE / "upstream_server.py"
+TS_CLIENT = HERE.parents[2] / "tests" / "ts_client"  # the Node project (TypeScript MCP SDK)
 READY = re.compile(r"toolwire serving (\d+) tools (?:over stdio|at (http://\S+))")
 
 
@@ -151,11 +152,16 @@ class HttpUpstream:
     on the same port."""
 
     def __init__(
-        self, port: int | None = None, env: dict[str, str] | None = None, script: Path = UPSTREAM
+        self,
+        port: int | None = None,
+        env: dict[str, str] | None = None,
+        script: Path = UPSTREAM,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.env = env or clean_env()
-        self.script = script
+        #: what runs the server (``--http PORT`` is added): the script under this Python
+        self.command = list(command) if command is not None else [sys.executable, str(script)]
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -166,7 +172,7 @@ class HttpUpstream:
         """Start the server (again) and wait until it accepts connections."""
         self.stop()
         self.proc = subprocess.Popen(
-            [sys.executable, str(self.script), "--http", str(self.port)],
+            [*self.command, "--http", str(self.port)],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -189,6 +195,41 @@ class HttpUpstream:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait(5)
+
+
+def _node_unavailable(why: str) -> None:
+    if os.environ.get("TOOLWIRE_REQUIRE_NODE") == "1":
+        pytest.fail(f"TOOLWIRE_REQUIRE_NODE=1 but {why}")
+    pytest.skip(f"{why} (set TOOLWIRE_REQUIRE_NODE=1 to make this a failure)")
+
+
+@pytest.fixture(scope="session")
+def node() -> str:
+    """``node``, with tests/ts_client's packages installed (``npm ci`` when missing).
+
+    Without node (or npm) the test is skipped, unless TOOLWIRE_REQUIRE_NODE=1 (CI)."""
+    import shutil
+
+    exe = shutil.which("node")
+    if exe is None:
+        _node_unavailable("node is not installed")
+    assert exe is not None
+    if not (TS_CLIENT / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json").exists():
+        npm = shutil.which("npm")
+        if npm is None:
+            _node_unavailable("npm is not installed")
+        assert npm is not None
+        proc = subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund"],
+            cwd=TS_CLIENT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        if proc.returncode != 0:
+            _node_unavailable(f"`npm ci` failed in {TS_CLIENT}: {proc.stderr[-2000:]}")
+    return exe
 
 
 @pytest.fixture

@@ -407,8 +407,13 @@ class _ConnectionLost(Exception):
 
 class _SessionExpired(Exception):
     """A handshake-era Streamable-HTTP session the server no longer knows: HTTP 404 to a
-    request carrying its ``Mcp-Session-Id`` (the server restarted, or ended the session).
-    The server refused the request: nothing ran. The spec's answer is a new session."""
+    request carrying its ``Mcp-Session-Id`` (the server restarted, or ended the session),
+    or HTTP 400 to it and to a ``ping`` on the session (``Upstream._forgotten``). The
+    server refused the request: nothing ran. The spec's answer is a new session."""
+
+    def __init__(self, message: str, *, status: int = 404) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status that told it
 
 
 def _session_id(client: Client[Any]) -> str | None:
@@ -954,8 +959,8 @@ class Upstream:
         server may answer it "method not found") means it is up: the session goes on. No
         answer within ``connect_timeout_s`` (or the entry's shorter ``timeout``), or none
         the client can get, ends the session
-        and the supervisor reconnects, as for a session that died; an HTTP 404 to a
-        handshake-era session starts a new one at once.
+        and the supervisor reconnects, as for a session that died; an HTTP 404 (or 400)
+        to a handshake-era session starts a new one at once.
         """
         limit = self.plugin_cfg.connect_timeout_s
         why: str | None = None
@@ -972,9 +977,12 @@ class Upstream:
             if stopping.cancel_called:
                 return
         except MCPError as exc:
-            if self._expired(client, exc, refusals):  # a handshake-era session it forgot
-                self._session_gone(client)
-                raise _SessionExpired(self._lost_why) from exc
+            # a handshake-era session it forgot (a ping cannot be a bad request: a 400 to
+            # it is about the session too)
+            if self._expired(client, exc, refusals, ping=True):
+                status = refusals[-1][0]
+                self._session_gone(client, status)
+                raise _SessionExpired(self._lost_why, status=status) from exc
             if exc.code == mcp_types.CONNECTION_CLOSED and _client_closed(exc):
                 why = self.shown(_describe(exc))  # the client could not reach it
             elif exc.code == mcp_types.REQUEST_TIMEOUT and exc.message == _PING_TIMED_OUT:
@@ -1014,11 +1022,14 @@ class Upstream:
         try:
             await self._relist(client, limit=limit)
         except Exception as exc:
-            if self._expired(client, exc, refusals):
+            if self._expired(client, exc, refusals) or (
+                self._refused_session(client, exc, refusals) and await self._forgotten(client)
+            ):
                 # the server restarted (or ended the session): asking again on it fails
                 # for ever; a new session is the answer
-                self._session_gone(client)
-                raise _SessionExpired(self._lost_why) from exc
+                status = refusals[-1][0]
+                self._session_gone(client, status)
+                raise _SessionExpired(self._lost_why, status=status) from exc
             if self._lost_client is client or not client.is_connected():
                 raise
             why = (
@@ -1092,26 +1103,69 @@ class Upstream:
             delay = min(delay * 2, pcfg.reconnect_max_s)
 
     def _expired(
-        self, client: Client[Any], exc: BaseException, refusals: list[tuple[int, str | None]]
+        self,
+        client: Client[Any],
+        exc: BaseException,
+        refusals: list[tuple[int, str | None]],
+        *,
+        ping: bool = False,
     ) -> bool:
         """Whether a failed request was refused because the server no longer knows the
         session: HTTP 404 to a handshake-era Streamable-HTTP session (the spec's word for
         it, whatever JSON-RPC error the body carries: FastMCP's -32600 "Session not
-        found", the TypeScript SDK's -32001, none)."""
+        found", the TypeScript SDK's -32001, none). For a ``ping``, HTTP 400 too: it
+        carries nothing a server could find bad but the session (servers written after
+        the TypeScript SDK's early examples answer an unknown session 400, "Bad Request:
+        No valid session ID provided")."""
         return (
             self.cfg.kind == "http"
             and bool(refusals)
-            and refusals[-1][0] == 404
+            and refusals[-1][0] in ((400, 404) if ping else (404,))
             and isinstance(exc, MCPError)
             and exc.code != mcp_types.METHOD_NOT_FOUND
             and _session_id(client) is not None
         )
 
-    def _session_gone(self, client: Client[Any]) -> None:
+    def _refused_session(
+        self, client: Client[Any], exc: BaseException, refusals: list[tuple[int, str | None]]
+    ) -> bool:
+        """HTTP 400 to a request on a handshake-era session: a bad request, or a server
+        that answers a session it forgot with 400 instead of the spec's 404 (``_forgotten``
+        tells which)."""
+        return (
+            self.cfg.kind == "http"
+            and bool(refusals)
+            and refusals[-1][0] == 400
+            and isinstance(exc, MCPError)
+            and exc.code != mcp_types.METHOD_NOT_FOUND
+            and _session_id(client) is not None
+        )
+
+    async def _forgotten(self, client: Client[Any]) -> bool:
+        """After an HTTP 400 to a request on ``client``'s session: whether a ``ping`` on the
+        session is refused too (400 or 404), which means the server no longer knows it.
+
+        A ping that is answered (or not at all, within ``connect_timeout_s``) leaves the
+        400 to the request that got it: the session goes on."""
+        refusals: list[tuple[int, str | None]] = []
+        token = _REFUSALS.set(refusals)
+        try:
+            with anyio.fail_after(self.plugin_cfg.connect_timeout_s):
+                await client.ping()
+        except MCPError as exc:
+            return self._expired(client, exc, refusals, ping=True)
+        except Exception:  # no answer: not proof the session is gone
+            return False
+        finally:
+            _REFUSALS.reset(token)
+        return False
+
+    def _session_gone(self, client: Client[Any], status: int = 404) -> None:
         """The server no longer knows ``client``'s session: the supervisor starts a new one."""
         self._lost_why = (
-            "the server no longer knows toolwire's session (HTTP 404: it restarted, or "
-            "ended the session)"
+            f"the server no longer knows toolwire's session (HTTP {status}"
+            + ("" if status == 404 else " to a call and to a ping on the session")
+            + ": it restarted, or ended the session)"
         )
         self._lost_client = client
         self._client = None  # no new calls on this session
@@ -1603,6 +1657,10 @@ class Upstream:
                 raise HTTPRefusal(*refusals[-1]) from exc
             if self._expired(client, exc, refusals):
                 raise _SessionExpired(f"MCP error {exc.code}: {exc.message}") from exc
+            if self._refused_session(client, exc, refusals) and await self._forgotten(client):
+                raise _SessionExpired(
+                    f"MCP error {exc.code}: {exc.message}", status=refusals[-1][0]
+                ) from exc
             failed = "SSE stream failed: "
             if exc.code == mcp_types.CONNECTION_CLOSED and exc.message.startswith(failed):
                 why = exc.message[len(failed) :]
@@ -1794,10 +1852,12 @@ class Upstream:
         if isinstance(exc, _SessionExpired):
             # Refused before it ran (the spec: 404 to a session the server does not
             # know); the supervisor opens a new session, and the call may be sent again.
-            self._session_gone(client)
+            self._session_gone(client, exc.status)
             said = f"; it answered: {exc}" if str(exc) else ""
+            to = "" if exc.status == 404 else " to the call and to a ping on the session"
             return ToolError(
-                f"{prefix}: the server no longer knows toolwire's session (HTTP 404{said}): "
+                f"{prefix}: the server no longer knows toolwire's session "
+                f"(HTTP {exc.status}{to}{said}): "
                 "it restarted, or ended the session; the call was not run; reconnecting",
                 kind=ErrorKind.UNAVAILABLE,
                 details={**where, "in_flight": False, "session_expired": True},
