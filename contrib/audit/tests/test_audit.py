@@ -846,3 +846,30 @@ async def test_a_named_pipe_nobody_reads_fails_the_start_instead_of_hanging_it(
         await k.call("login", {"user": "ann", "password": "pw"}, call_id="c1")
     await anyio.to_thread.run_sync(reading.join)
     assert [json.loads(x)["call_id"] for x in received] == ["c1"]
+
+
+async def test_lines_after_a_restart_wait_for_the_lines_the_last_close_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel closed before its writer could write (the disk stalled past
+    ``drain_timeout_s``) and started again: the new run's lines come after the old
+    run's in the log, not before. Before, the new run's writer thread wrote at once
+    (here, on a file that was not stalled), and one caller's lines came out of order."""
+    import anyio
+
+    real_open = toolwire_audit._open_log
+    opened = gate_the_log(monkeypatch)
+    k, log = kernel_for(tmp_path, "drain_timeout_s = 0.05\n")
+    async with k:
+        for i in range(3):
+            await k.call("login", {"user": "ann", "password": "pw"}, call_id=f"c{i}")
+    (f,) = opened
+    assert f.events == ["write blocked"]  # c0..c2 wait for the stalled write
+    monkeypatch.setattr(toolwire_audit, "_open_log", real_open)
+    async with k:
+        await k.call("login", {"user": "ann", "password": "pw"}, call_id="c3")
+        await anyio.sleep(0.2)  # time for a writer that does not wait to write c3
+        f.release.set()
+        with anyio.fail_after(30):
+            await written(k)
+    assert [x["call_id"] for x in lines(log)] == ["c0", "c1", "c2", "c3"]

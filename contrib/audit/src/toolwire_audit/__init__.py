@@ -144,10 +144,13 @@ class _Writer:
         queue_size: int,
         drain_timeout_s: float,
         first: str | None = None,
+        after: _Writer | None = None,
     ) -> None:
         """``stream``: the log, opened (``None``: opened at the first line). ``first``: a
         writer for the lines of calls that ended after the close, this one first (it
-        opens the file, writes them, closes it and ends)."""
+        opens the file, writes them, closes it and ends). ``after``: the writer of the
+        same log before this one, still writing what its close left: this one writes
+        nothing until it has ended, so the log keeps the order of the calls."""
         self.path = path  # None: stderr, looked up at each write (it may be redirected)
         self.queue_size = queue_size
         self.drain_timeout_s = drain_timeout_s  # at the interpreter's exit
@@ -164,6 +167,7 @@ class _Writer:
         self._failing = False
         self._last_report = 0.0
         self._torn = False  # a failed write may have left part of a line in the file
+        self._after = after
         _WRITERS.add(self)
         self._thread = threading.Thread(
             target=self._run, name=f"toolwire-audit-writer({path or '-'})", daemon=True
@@ -219,6 +223,9 @@ class _Writer:
     # -- the writer's thread
     def _run(self) -> None:
         try:
+            if self._after is not None:  # the last run's lines first (a stalled disk)
+                self._after.finished.wait()
+                self._after = None
             while True:
                 with self._cond:
                     while not self._lines and not self._closing:
@@ -396,18 +403,24 @@ class AuditPlugin:
             self._kernel = kernel
             self._path = path
             self._open = True
-            # A writer still finishing the lines of the previous run goes on alone.
+            # A writer still finishing the lines of the previous run goes on; the new
+            # one waits for it when both write the same log.
             self._writer = self._new_writer(path, stream)
 
     def _new_writer(
         self, path: Path | None, stream: IO[str] | None, first: str | None = None
     ) -> _Writer:
+        """A writer for ``path``; one of the same log still writing (its close timed out)
+        goes first."""
+        last = self._writer
+        busy = last is not None and not last.finished.is_set() and last.path == path
         return _Writer(
             path,
             stream,
             queue_size=self.config.queue_size,
             drain_timeout_s=self.config.drain_timeout_s,
             first=first,
+            after=last if busy else None,
         )
 
     def _open_at_start(self, cfg_file: str | None) -> tuple[Path, IO[str]]:
