@@ -385,6 +385,100 @@ async def test_a_rolling_secret_change_keeps_the_old_secrets_quarantine(tmp_path
         assert "a" in {(await pool2.acquire()).alias for _ in range(4)}
 
 
+async def test_a_rolling_secret_change_keeps_both_secrets_quarantines(tmp_path: Path) -> None:
+    """A rolling change of key a's secret where both secrets are rejected. Before: one
+    quarantine slot per alias; each replica's auth failure replaced the other's quarantine,
+    and the other replica sent its rejected secret again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    new_a = config(
+        keys=[{"alias": "a", "secret": "sk-alpha-NEW-000000"}, {"alias": "b", "secret": SECRET_B}]
+    )
+    async with kernel_with(config(), state=url) as one, kernel_with(new_a, state=url) as two:
+        pool1, pool2 = key_pool(one, "acme"), key_pool(two, "acme")
+        await pool1.report("a", "auth", pattern="default.status.401")
+        await pool2.report("a", "auth", pattern="default.status.403")
+        assert (await pool1.availability()).keys["a"] == "quarantined"
+        assert (await pool2.availability()).keys["a"] == "quarantined"
+        for _ in range(4):  # both replicas keep leasing (and writing): only b
+            for pool in (pool1, pool2):
+                lease = await pool.acquire()
+                assert lease.alias == "b"
+                await lease.success()
+        await pool1.report("a", "auth", pattern="default.status.401")  # a lease from before
+        assert (await pool2.status())["keys"]["a"]["quarantine"]["pattern"] == (
+            "default.status.403"
+        )
+        assert (await pool1.status())["keys"]["a"]["quarantine"]["pattern"] == (
+            "default.status.401"
+        )
+        # each replica's clear of a lifts its own secret's quarantine (and the one recorded
+        # under that alias: the operator says the key works again)
+        await pool2.clear("a")
+        assert (await pool2.availability()).keys["a"] == "ok"
+
+
+async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    """Earlier versions kept one quarantine per alias, in ``keys[alias]["q"]``: with the
+    key's fingerprint and the secret's (a), or, older, the key's only (b). Upgraded
+    replicas honour and move them, the one of a secret they do not send included."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    key_a, key_b = ApiKey("a", SECRET_A), ApiKey("b", SECRET_B)
+    q = {"since": 1.0, "reason": "authentication failed", "pattern": "default.status.401"}
+    legacy = {
+        "rr": {},
+        "picks": {"a": 3, "b": 1},
+        "keys": {
+            "a": {
+                "fp": key_a.fingerprint,
+                "strikes": 1,
+                "q": {**q, "fp": key_a.fingerprint, "sfp": key_a.secret_fingerprint},
+            },
+            "b": {"fp": key_b.fingerprint, "q": {**q, "fp": key_b.fingerprint}},
+        },
+        "suspended": None,
+    }
+    new_a = config(
+        keys=[{"alias": "a", "secret": "sk-alpha-NEW-000000"}, {"alias": "b", "secret": SECRET_B}]
+    )
+    async with kernel_with(new_a, state=url) as kernel:  # a replica already sending a new a
+        await kernel.state.set("ratelimit:pool:acme", legacy)
+        pool = key_pool(kernel, "acme")
+        assert (await pool.availability()).keys == {"a": "ok", "b": "quarantined"}
+        await (await pool.acquire()).success()
+        await pool.report("a", "rate_limit")  # writes a's slot: the old secret's quarantine stays
+        stored = await kernel.state.get("ratelimit:pool:acme")
+        assert set(stored["quarantines"]) == {key_a.secret_fingerprint, key_b.secret_fingerprint}
+        assert all("q" not in ks for ks in stored["keys"].values())
+    renamed = config(keys=[{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_B}])
+    async with kernel_with(config(), state=url) as old, kernel_with(renamed, state=url) as new:
+        assert (await key_pool(old, "acme").availability()).keys == {
+            "a": "quarantined",
+            "b": "quarantined",
+        }
+        status = await key_pool(new, "acme").status()
+        assert status["keys"]["c"]["state"] == "quarantined"
+        assert status["keys"]["c"]["quarantine"] == {**q, "alias": "b"}
+
+    # the oldest form, of a secret the upgraded replica does not send: kept until one that
+    # sends it moves it
+    legacy["keys"] = {"a": {"fp": key_a.fingerprint, "q": {**q, "fp": key_a.fingerprint}}}
+    async with kernel_with(new_a, state=url) as kernel:
+        await kernel.state.set("ratelimit:pool:acme", legacy)
+        pool = key_pool(kernel, "acme")
+        assert (await pool.availability()).keys == {"a": "ok", "b": "ok"}
+        await pool.report("a", "rate_limit", retry_after_s=5)
+        await pool.report("a", "auth")
+    async with kernel_with(config(), state=url) as kernel:
+        pool = key_pool(kernel, "acme")
+        assert (await pool.availability()).keys == {"a": "quarantined", "b": "ok"}
+        await (await pool.acquire()).success()
+        stored = await kernel.state.get("ratelimit:pool:acme")
+        assert key_a.secret_fingerprint in stored["quarantines"]
+        assert len(stored["quarantines"]) == 2  # and the new secret's
+
+
 async def test_a_quarantine_follows_its_secret_to_a_new_alias(tmp_path: Path) -> None:
     """Before: the quarantine was the alias's: a rolling rename of a rejected key (b
     becoming c, same secret), or removing the first of unnamed keys (acme-2 becoming
@@ -415,8 +509,10 @@ A_AND_C = [{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_C
 
 
 def aliases_in(record: Any) -> set[str]:
-    """Every alias the stored pool record mentions, in any of its tables."""
-    return {a for table in ("rr", "picks", "keys", "gone") for a in (record.get(table) or {})}
+    """Every alias the stored pool record mentions, in any of its tables (a quarantine: the
+    alias it was recorded under)."""
+    found = {a for table in ("rr", "picks", "keys", "gone") for a in (record.get(table) or {})}
+    return found | {q["alias"] for q in (record.get("quarantines") or {}).values()}
 
 
 async def test_a_renamed_key_is_forgotten_after_the_grace(tmp_path: Path) -> None:

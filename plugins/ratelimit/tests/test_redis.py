@@ -114,6 +114,43 @@ async def test_a_rolling_key_rename_keeps_the_old_key_until_no_replica_lists_it(
         await old.state.delete(key)
 
 
+async def test_a_rolling_secret_change_keeps_both_secrets_quarantines(
+    redis_url: str, prefix: str
+) -> None:
+    """Replicas sending key a's old and new secret, both rejected: before, each one's
+    quarantine replaced the other's (one slot per alias), and the other secret was sent
+    again."""
+    new_a = RateLimitConfig.model_validate(
+        {
+            "state_prefix": prefix,
+            "providers": {
+                "acme": {
+                    "keys": [
+                        {"alias": "a", "secret": "redis-secret-NEW-aaa"},
+                        {"alias": "b", "secret": "redis-secret-bbbbbb"},
+                    ]
+                }
+            },
+        }
+    )
+    k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix))])
+    k2 = Kernel(state=redis_url, plugins=[RateLimitPlugin(new_a)])
+    async with k1, k2:
+        p1, p2 = key_pool(k1, "acme"), key_pool(k2, "acme")
+
+        async def reject(pool: KeyPool) -> None:
+            await pool.report("a", "auth", pattern="default.status.401")
+
+        async with anyio.create_task_group() as tg:  # concurrently, on both replicas
+            for i in range(20):
+                tg.start_soon(reject, (p1, p2)[i % 2])
+        for pool in (p1, p2, p1, p2):
+            assert (await pool.availability()).keys["a"] == "quarantined"
+            await (await pool.acquire()).success()
+        assert {(await (p1, p2)[i % 2].acquire()).alias for i in range(8)} == {"b"}
+        await k1.state.delete(RateLimitPlugin.of(k1).state_key("pool", "acme"))
+
+
 async def test_outbound_rate_is_shared(redis_url: str, prefix: str) -> None:
     rate = {"requests": 1, "per_seconds": 30, "mode": "fail_fast"}
     k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, rate=rate))])

@@ -5,20 +5,29 @@ holds everything replicas must agree on; keys appear in it by alias only::
 
     {"rr": {alias: current_weight},             # smooth weighted round-robin
      "picks": {alias: n},                       # leases handed out (monotonic)
-     "keys": {alias: {"fp": fingerprint,        # the key (secret) this state is of
+     "keys": {alias: {"fp": fingerprint,        # the key (alias + secret) this state is of
                       "strikes": n,             # rate limits in a row
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
-                      "q": {...}}},             # sticky quarantine (auth failure), with
-                                                # "fp" and "sfp" (the secret's alone)
+     "quarantines": {sfp: {"since": t,          # sticky quarantines (auth failures), one per
+                           "reason": str,       # secret (fingerprint of the secret alone):
+                           "pattern": str,      # replicas sending different secrets under
+                           "alias": alias,      # one alias keep theirs apart; recorded
+                           "gone": t}},         # under alias; no process configured the
+                                                # secret since t (only then; only when any)
      "suspended": {"until": t, ...} | null,     # whole pool (quota/budget)
      "gone": {alias: t}}                        # stored aliases the last writer did not
                                                 # configure, since when (only when any)
 
+Records written before quarantines were kept per secret hold a quarantine in
+``keys[alias]["q"]`` (with "fp", and "sfp" since quarantines followed their secret);
+``KeyPool._read`` moves it to ``quarantines`` (see there).
+
 Every change is a compare-and-set, so concurrent picks in one process or many
-never lose an update. Every write also forgets aliases no process configures any
-more, ``removed_key_grace_s`` after they went (see ``KeyPool._forget_removed``).
+never lose an update. Every write also forgets aliases and quarantined secrets no
+process configures any more, ``removed_key_grace_s`` after they went (see
+``KeyPool._forget_removed``).
 """
 
 from __future__ import annotations
@@ -154,14 +163,27 @@ class PoolUnavailable(ToolError):
 
 
 def _norm(value: Any) -> dict[str, Any]:
-    rec: dict[str, Any] = {"rr": {}, "picks": {}, "keys": {}, "suspended": None, "gone": {}}
+    rec: dict[str, Any] = {
+        "rr": {},
+        "picks": {},
+        "keys": {},
+        "quarantines": {},
+        "suspended": None,
+        "gone": {},
+    }
     if isinstance(value, dict):
-        for k in ("rr", "picks", "keys", "gone"):
+        for k in ("rr", "picks", "keys", "quarantines", "gone"):
             if isinstance(value.get(k), dict):
                 rec[k] = dict(value[k])
         if isinstance(value.get("suspended"), dict):
             rec["suspended"] = value["suspended"]
     return rec
+
+
+def _shown(q: dict[str, Any]) -> dict[str, Any]:
+    """A stored quarantine as ``status()`` shows it: since, reason, pattern and the alias
+    it was recorded under."""
+    return {k: v for k, v in q.items() if k not in ("fp", "sfp", "gone")}
 
 
 def _end_probe(ks: dict[str, Any]) -> None:
@@ -241,8 +263,10 @@ class KeyPool:
         during a rolling configuration change the replicas still listing the alias keep
         renewing it, and the grace counts from the first write without it after the last
         write with it: once the note is ``removed_key_grace_s`` old, the alias is
-        forgotten (rotation weight, picks, strikes, quarantine), unless its cooldown or
-        probe is still running.
+        forgotten (rotation weight, picks, strikes), unless its cooldown or probe is still
+        running. A quarantine is kept per secret, not per alias, and forgotten the same way
+        once no process has configured its secret (under any alias) for the grace: its
+        note is the entry's own ``gone``.
         """
         gone: dict[str, Any] = rec.setdefault("gone", {})
         stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
@@ -263,40 +287,66 @@ class KeyPool:
                 del gone[a]
         if not gone:
             del rec["gone"]
+        quarantines: dict[str, Any] = rec.setdefault("quarantines", {})
+        mine = self._secret_fingerprints()
+        for sfp, q in list(quarantines.items()):
+            if not isinstance(q, dict):
+                del quarantines[sfp]
+            elif sfp in mine:
+                if "gone" in q:  # configured here: renewed
+                    quarantines[sfp] = {k: v for k, v in q.items() if k != "gone"}
+            else:
+                since = _num(q, "gone")
+                if not 0 < since <= now:  # new, or a bad or future value: count from now
+                    since = now
+                    quarantines[sfp] = {**q, "gone": now}
+                if now - since >= grace:
+                    del quarantines[sfp]
+        if not quarantines:
+            del rec["quarantines"]
+
+    def _secret_fingerprints(self) -> set[str]:
+        """The fingerprints of the secrets this process configures (none when keyless)."""
+        return set() if self._implicit else {k.secret_fingerprint for k in self._keys.values()}
 
     def _read(self, value: Any) -> dict[str, Any]:
-        """The stored record, normalised, with the quarantines of this process's secrets
-        recorded under another alias (a rename, unnamed keys renumbered) adopted by the
-        alias that now sends the secret: the rejected key is not sent again."""
+        """The stored record, normalised, with the quarantines written by earlier versions
+        (one per alias, in ``keys[alias]["q"]``) moved to ``quarantines`` under their
+        secret's fingerprint, so an upgrade loses none. One without that fingerprint (from
+        before quarantines followed their secret) is moved only by a process that sends its
+        secret under that alias (its ``fp`` says so); until then it stays where it is, and
+        it is carried along when this process writes the alias."""
         rec = _norm(value)
-        if self._implicit:
-            return rec
-        keys = rec["keys"]
-        held: dict[str, tuple[str, dict[str, Any]]] = {}  # secret fingerprint -> alias, q
-        for other, ks in keys.items():
+        keys, quarantines = rec["keys"], rec["quarantines"]
+        by_fp = {} if self._implicit else {k.fingerprint: k for k in self._keys.values()}
+        for alias, ks in list(keys.items()):
             q = ks.get("q") if isinstance(ks, dict) else None
-            if isinstance(q, dict) and isinstance(q.get("sfp"), str):
-                held.setdefault(q["sfp"], (other, q))
-        if not held:
-            return rec
-        for alias, key in self._keys.items():
-            found = held.get(key.secret_fingerprint)
-            if found is None or found[0] == alias:
+            if not isinstance(q, dict):
                 continue
-            own = self._state_of(rec, alias).get("q")
-            if isinstance(own, dict) and own.get("fp") == key.fingerprint:
-                continue
-            mine = dict(self._state_of(rec, alias))
-            mine.update(q={**found[1], "fp": key.fingerprint}, fp=key.fingerprint)
-            keys[alias] = mine
+            sfp = q.get("sfp")
+            if not isinstance(sfp, str):
+                fp = q.get("fp")
+                key = by_fp.get(fp) if isinstance(fp, str) else None
+                if key is None or key.alias != alias:
+                    continue
+                sfp = key.secret_fingerprint
+            if not isinstance(quarantines.get(sfp), dict):
+                moved = {k: v for k, v in q.items() if k not in ("fp", "sfp")}
+                quarantines[sfp] = {**moved, "alias": alias}
+            rest = {k: v for k, v in ks.items() if k != "q"}
+            if set(rest) <= {"fp"}:
+                del keys[alias]
+            else:
+                keys[alias] = rest
         return rec
 
     # ------------------------------------------------------------ health
     def _state_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any]:
         """The stored state of ``alias``'s key; without the cooldown, strikes and probe
         when they were recorded for another secret (the key was replaced, or unnamed keys
-        were renumbered): those were another key's. Its quarantine is kept for replicas
-        that still send that secret (``q`` carries its own fingerprint)."""
+        were renumbered): those were another key's. A quarantine in an earlier version's
+        form that ``_read`` could not move (``q``, of a secret this process does not send)
+        is kept for the replicas that still send that secret."""
         ks = rec["keys"].get(alias)
         if not isinstance(ks, dict):
             return {}
@@ -306,13 +356,19 @@ class KeyPool:
             return {"q": q} if isinstance(q, dict) else {}
         return ks
 
+    def _quarantine_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any] | None:
+        """The quarantine of the secret ``alias`` sends, whatever alias it was recorded under."""
+        if self._implicit:
+            return None
+        q = rec["quarantines"].get(self._keys[alias].secret_fingerprint)
+        return q if isinstance(q, dict) else None
+
     def _key_state(self, rec: dict[str, Any], alias: str, now: float) -> str:
+        if self._quarantine_of(rec, alias) is not None:
+            return "quarantined"
         ks = self._state_of(rec, alias)
         if not ks:
             return "ok"
-        q = ks.get("q")
-        if isinstance(q, dict) and q.get("fp") == self._keys[alias].fingerprint:
-            return "quarantined"
         if _num(ks, "cool_until") > now:
             return "cooling"
         if _num(ks, "probe_until") > now:
@@ -393,18 +449,20 @@ class KeyPool:
         keys = {}
         for a in self.aliases:
             ks = self._state_of(rec, a)
-            q = ks.get("q") if isinstance(ks.get("q"), dict) else None
-            if q is not None and q.get("fp") != self._keys[a].fingerprint:
-                q = None  # its secret changed since: that quarantine no longer holds
+            q = self._quarantine_of(rec, a)
             keys[a] = {
                 "state": av.keys.get(a, "ok"),
                 "weight": self._keys[a].weight,
                 "picks": int(_num(rec["picks"], a)),
                 "strikes": int(_num(ks, "strikes")),
                 "cool_until": ks.get("cool_until"),
-                "quarantine": {k: v for k, v in q.items() if k not in ("fp", "sfp")} if q else None,
+                "quarantine": _shown(q) if q is not None else None,
             }
-        return {**av.to_dict(), "keys": keys, "suspended": rec["suspended"]}
+        return {
+            **av.to_dict(),
+            "keys": keys,
+            "suspended": rec["suspended"],
+        }
 
     # ------------------------------------------------------------ leasing
     def lease(self, ctx: CallContext | None = None) -> LeaseContext:
@@ -558,9 +616,9 @@ class KeyPool:
                     # is half-open: this one was taken before the rate limit and says
                     # nothing about the key now (it must not end the probe in flight).
                     return None, NOCHANGE
-                # A quarantine stays, whichever secret it is of: one of another secret
-                # (a rolling change of the key's secret) holds for the replicas that still
-                # send that secret, and is never honoured for this one (its fingerprint).
+                # A quarantine stays: it is its secret's (``quarantines``), not the
+                # alias's; an earlier version's one of another secret (``q``, a rolling
+                # change of the key's secret) is kept for the replicas that send it.
                 q = ks.get("q")
                 ks = {"q": q} if isinstance(q, dict) and a is not None else {}
             elif outcome == "rate_limit":
@@ -594,12 +652,13 @@ class KeyPool:
                     logged.append(f"key exhausted, cooling for {dur:.0f}s")
             elif outcome == "auth" and not self._implicit and a is not None:
                 _end_probe(ks)
-                ks["q"] = {
+                # One quarantine per secret: during a rolling change of the key's secret,
+                # replicas sending the old and the new one each keep their own.
+                rec["quarantines"][self._keys[a].secret_fingerprint] = {
                     "since": now,
                     "reason": reason or "authentication failed",
                     "pattern": pattern,
-                    "fp": self._keys[a].fingerprint,
-                    "sfp": self._keys[a].secret_fingerprint,
+                    "alias": a,
                 }
                 logged.append(
                     "quarantined until the key changes in the configuration or is cleared"
@@ -609,13 +668,13 @@ class KeyPool:
             if a is not None:
                 if ks:
                     ks["fp"] = self._keys[a].fingerprint
-                if ks == before:
-                    if outcome != "quota":
-                        return None, NOCHANGE
-                elif ks:
-                    keys[a] = ks
-                else:
-                    keys.pop(a, None)
+                if ks != before:
+                    if ks:
+                        keys[a] = ks
+                    else:
+                        keys.pop(a, None)
+                elif outcome not in ("quota", "auth"):
+                    return None, NOCHANGE
             # Records of aliases this process does not know stay for now: another replica
             # (a rolling configuration change) may still use them, and a quarantine is
             # sticky; _forget_removed drops them once removed_key_grace_s has passed.
@@ -633,26 +692,28 @@ class KeyPool:
         return suspended[-1] if suspended else None
 
     async def clear(self, alias: str | None = None, *, suspension: bool = True) -> None:
-        """Lift cooldowns and quarantine of ``alias`` (None: every key), and the suspension."""
+        """Lift cooldowns and quarantine of ``alias`` (None: every key and every quarantine
+        stored for the provider), and the suspension.
+
+        For a configured alias: the quarantine of its secret, under whatever alias it was
+        recorded, and every quarantine recorded under ``alias`` (another secret's, during
+        a rolling change of its secret).
+        """
         if alias is not None and alias not in self._keys:
             raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
+        configured = alias is not None
 
         def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
+            quarantines = rec["quarantines"]
             if alias is None:
                 rec["keys"] = {}
+                quarantines.clear()
             else:
                 rec["keys"].pop(alias, None)
-                # the same secret's quarantine under another alias (before a rename), else
-                # it would be adopted again
-                sfp = self._keys[alias].secret_fingerprint
-                for other, ks in list(rec["keys"].items()):
-                    q = ks.get("q") if isinstance(ks, dict) else None
-                    if isinstance(q, dict) and q.get("sfp") == sfp:
-                        rest = {k: v for k, v in ks.items() if k not in ("q", "fp")}
-                        if rest:
-                            rec["keys"][other] = {**rest, "fp": ks.get("fp")}
-                        else:
-                            del rec["keys"][other]
+                sfp = self._keys[alias].secret_fingerprint if configured else None
+                for other, q in list(quarantines.items()):
+                    if other == sfp or (isinstance(q, dict) and q.get("alias") == alias):
+                        del quarantines[other]
             if suspension:
                 rec["suspended"] = None
             return None, rec
