@@ -81,6 +81,49 @@ async def test_status_shows_a_quarantine_and_clear_lifts_it(tmp_path: Path) -> N
         assert (await plugin.pool("acme").status())["keys"]["a"]["state"] == "ok"
 
 
+async def test_a_key_no_longer_configured_is_shown_and_cleared(tmp_path: Path) -> None:
+    """Before: `keys clear acme b` after b left the configuration exited 2 ("has no key
+    'b'") and `keys status` did not show b, though its quarantine stayed stored (for the
+    replicas still listing b) until removed_key_grace_seconds had passed."""
+    path = write_config(tmp_path)
+    async with Kernel.from_config(path) as kernel:
+        plugin: RateLimitPlugin = kernel.get_plugin("ratelimit")
+        await plugin.pool("acme").report("b", "auth", pattern="default.status.401")
+        await plugin.pool("acme").report("a", "rate_limit", retry_after_s=600)
+    only_a = path.read_text().replace(f'  {{alias = "b", secret = "{SECRET_B}"}},\n', "")
+    assert only_a != path.read_text()
+    path.write_text(only_a.replace('alias = "a"', 'alias = "a2"'))  # b removed, a renamed
+
+    r = run(tmp_path, "keys", "status", "acme", "--json")
+    assert r.returncode == 0, r.stderr
+    stored = {k["alias"]: k for k in json.loads(r.stdout)["acme"]["unconfigured"]}
+    assert set(stored) == {"a", "b"}
+    assert stored["b"]["state"] == "quarantined" and not stored["b"]["configured"]
+    assert stored["b"]["quarantine"]["pattern"] == "default.status.401"
+    assert stored["a"]["state"] == "cooling"
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 0, r.stderr
+    assert "not configured here" in r.stdout
+    line_b = next(line for line in r.stdout.splitlines() if line.strip().startswith("b "))
+    assert "quarantined" in line_b and "default.status.401" in line_b
+    assert SECRET_A not in r.stdout and SECRET_B not in r.stdout
+
+    r = run(tmp_path, "keys", "clear", "acme", "b")
+    assert r.returncode == 0, r.stderr
+    assert "cleared key 'b'" in r.stdout
+    r = run(tmp_path, "keys", "clear", "acme", "a", "--keep-suspension")
+    assert r.returncode == 0, r.stderr
+    r = run(tmp_path, "keys", "clear", "acme", "zz")  # neither configured nor stored
+    assert r.returncode == 2 and "has no key 'zz'" in r.stderr
+    r = run(tmp_path, "keys", "status", "acme", "--json")
+    assert json.loads(r.stdout)["acme"]["unconfigured"] == []  # nothing of a or b is left
+
+    write_config(tmp_path)  # b back (within the grace): its quarantine was lifted
+    async with Kernel.from_config(path) as kernel:
+        plugin = kernel.get_plugin("ratelimit")
+        assert (await plugin.pool("acme").availability()).keys == {"a": "ok", "b": "ok"}
+
+
 def test_unknown_names_and_a_missing_plugin_are_named(tmp_path: Path) -> None:
     write_config(tmp_path)
     r = run(tmp_path, "keys", "status", "nope")

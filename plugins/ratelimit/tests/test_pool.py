@@ -411,10 +411,15 @@ async def test_a_rolling_secret_change_keeps_both_secrets_quarantines(tmp_path: 
         assert (await pool1.status())["keys"]["a"]["quarantine"]["pattern"] == (
             "default.status.401"
         )
-        # each replica's clear of a lifts its own secret's quarantine (and the one recorded
-        # under that alias: the operator says the key works again)
+        other = (await pool2.status())["unconfigured"]  # the old secret's, as replica 2 sees it
+        assert [(k["alias"], k["configured"], k["state"]) for k in other] == [
+            ("a", True, "quarantined")
+        ]
+        # a clear of a lifts its secret's quarantine and every one recorded under a (the
+        # operator says the key works again)
         await pool2.clear("a")
         assert (await pool2.availability()).keys["a"] == "ok"
+        assert (await pool1.availability()).keys["a"] == "ok"
 
 
 async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(

@@ -309,6 +309,14 @@ class KeyPool:
         """The fingerprints of the secrets this process configures (none when keyless)."""
         return set() if self._implicit else {k.secret_fingerprint for k in self._keys.values()}
 
+    def _stored_aliases(self, rec: dict[str, Any]) -> set[str]:
+        """Every alias the record holds state of (or a quarantine was recorded under)."""
+        found = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"]) | set(rec["gone"])
+        for q in rec["quarantines"].values():
+            if isinstance(q, dict) and isinstance(q.get("alias"), str):
+                found.add(q["alias"])
+        return found
+
     def _read(self, value: Any) -> dict[str, Any]:
         """The stored record, normalised, with the quarantines written by earlier versions
         (one per alias, in ``keys[alias]["q"]``) moved to ``quarantines`` under their
@@ -462,7 +470,73 @@ class KeyPool:
             **av.to_dict(),
             "keys": keys,
             "suspended": rec["suspended"],
+            "unconfigured": self._unconfigured(rec, now),
         }
+
+    def _unconfigured(self, rec: dict[str, Any], now: float) -> list[dict[str, Any]]:
+        """The stored state of what this process does not configure: aliases other replicas
+        (or an earlier configuration) list, and quarantines of secrets it does not send
+        (``configured``: the alias they were recorded under is configured here, with
+        another secret: a rolling secret change). ``gone_since``: since when the last
+        writers did not configure it (None: the last writer did); ``forget_at``: when it
+        is forgotten if no process configures it again (a cooldown still running is kept
+        until it ends)."""
+        grace = self.settings.removed_key_grace_s
+        out: dict[str, dict[str, Any]] = {}
+        stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
+        for a in sorted(stored.difference(self._keys)):
+            ks = rec["keys"].get(a)
+            ks = ks if isinstance(ks, dict) else {}
+            since = _num(rec["gone"], a) or None
+            state = "ok"
+            if _num(ks, "cool_until") > now:
+                state = "cooling"
+            elif _num(ks, "probe_until") > now:
+                state = "probing"
+            out[a] = {
+                "alias": a,
+                "configured": False,
+                "state": state,
+                "picks": int(_num(rec["picks"], a)),
+                "strikes": int(_num(ks, "strikes")),
+                "cool_until": ks.get("cool_until"),
+                "quarantine": None,
+                "gone_since": since,
+                "forget_at": None if since is None else since + grace,
+            }
+        extra: list[dict[str, Any]] = []
+        mine = self._secret_fingerprints()
+        for sfp, q in sorted(rec["quarantines"].items(), key=lambda kv: str(kv[0])):
+            if sfp in mine or not isinstance(q, dict):
+                continue
+            recorded = q.get("alias")
+            alias = recorded if isinstance(recorded, str) else "?"
+            since = _num(q, "gone") or None
+            forget = None if since is None else since + grace
+            entry = out.get(alias)
+            if entry is not None and entry["quarantine"] is None:
+                entry.update(state="quarantined", quarantine=_shown(q))
+                if since is not None and (
+                    entry["gone_since"] is None or since < entry["gone_since"]
+                ):
+                    entry["gone_since"] = since
+                if entry["forget_at"] is None or (forget or 0) > entry["forget_at"]:
+                    entry["forget_at"] = forget
+                continue
+            extra.append(
+                {
+                    "alias": alias,
+                    "configured": alias in self._keys and not self._implicit,
+                    "state": "quarantined",
+                    "picks": 0,
+                    "strikes": 0,
+                    "cool_until": None,
+                    "quarantine": _shown(q),
+                    "gone_since": since,
+                    "forget_at": forget,
+                }
+            )
+        return [*out.values(), *extra]
 
     # ------------------------------------------------------------ leasing
     def lease(self, ctx: CallContext | None = None) -> LeaseContext:
@@ -697,11 +771,13 @@ class KeyPool:
 
         For a configured alias: the quarantine of its secret, under whatever alias it was
         recorded, and every quarantine recorded under ``alias`` (another secret's, during
-        a rolling change of its secret).
+        a rolling change of its secret). ``alias`` may also be one this process does not
+        configure whose state is still stored (a key renamed or removed, kept for
+        ``removed_key_grace_s``; another replica's): its cooldown and the quarantines
+        recorded under it are lifted. Raises ``KeyError`` when ``alias`` is neither
+        configured nor stored.
         """
-        if alias is not None and alias not in self._keys:
-            raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
-        configured = alias is not None
+        configured = alias is not None and alias in self._keys
 
         def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
             quarantines = rec["quarantines"]
@@ -709,6 +785,8 @@ class KeyPool:
                 rec["keys"] = {}
                 quarantines.clear()
             else:
+                if not configured and alias not in self._stored_aliases(rec):
+                    raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
                 rec["keys"].pop(alias, None)
                 sfp = self._keys[alias].secret_fingerprint if configured else None
                 for other, q in list(quarantines.items()):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -77,26 +78,58 @@ def render_status(status: dict[str, dict[str, Any]], now: float) -> str:
         why = f" ({st['reason']})" if st.get("reason") else ""
         lines.append(f"{provider}: {avail}{why}")
         keys = st.get("keys") or {}
-        if not keys:
+        if keys:
+            lines.append(_HEADER)
+            for alias, k in keys.items():
+                lines.append(_row(alias, k, str(k.get("weight", 1)), _quarantine_text(k), now))
+        else:
             lines.append("  (no keys: health tracking only)")
-            continue
-        lines.append(
-            f"  {'key':<16}{'state':<14}{'weight':>7}{'picks':>8}{'strikes':>9}  "
-            f"{'cooling':>8}  quarantine"
-        )
-        for alias, k in keys.items():
-            q = k.get("quarantine") or {}
-            qtext = ""
-            if q:
-                qtext = str(q.get("reason") or "quarantined")
-                if q.get("pattern"):
-                    qtext += f" [{q['pattern']}]"
+        stored = [k for k in st.get("unconfigured") or [] if isinstance(k, dict)]
+        if stored:
             lines.append(
-                f"  {alias:<16}{k.get('state', ''):<14}{k.get('weight', 1):>7}"
-                f"{k.get('picks', 0):>8}{k.get('strikes', 0):>9}  "
-                f"{_fmt_until(k.get('cool_until'), now):>8}  {qtext}"
+                "  not configured here (stored for replicas that may still list them; "
+                f"`toolwire keys clear {provider} ALIAS` lifts them):"
             )
+            if not keys:
+                lines.append(_HEADER)
+            for k in stored:
+                alias = str(k.get("alias"))
+                if k.get("configured"):
+                    alias += " (other secret)"
+                note = _quarantine_text(k)
+                if isinstance(k.get("forget_at"), int | float):
+                    note += (
+                        f"{'; ' if note else ''}forgotten at {_iso(k['forget_at'])} unless listed"
+                    )
+                lines.append(_row(alias, k, "-", note, now))
     return "\n".join(lines) if lines else f"no providers are configured: {_CONFIGURE}"
+
+
+_HEADER = (
+    f"  {'key':<16}{'state':<14}{'weight':>7}{'picks':>8}{'strikes':>9}  {'cooling':>8}  quarantine"
+)
+
+
+def _row(alias: str, k: dict[str, Any], weight: str, note: str, now: float) -> str:
+    return (
+        f"  {alias:<16}{k.get('state', ''):<14}{weight:>7}"
+        f"{k.get('picks', 0):>8}{k.get('strikes', 0):>9}  "
+        f"{_fmt_until(k.get('cool_until'), now):>8}  {note}"
+    ).rstrip()
+
+
+def _quarantine_text(k: dict[str, Any]) -> str:
+    q = k.get("quarantine") or {}
+    if not q:
+        return ""
+    text = str(q.get("reason") or "quarantined")
+    if q.get("pattern"):
+        text += f" [{q['pattern']}]"
+    return text
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 _CONFIGURE = (
@@ -147,8 +180,8 @@ async def _cmd_clear(args: argparse.Namespace) -> int:
             await pool.clear(args.alias, suspension=not args.keep_suspension)
         except KeyError:
             sys.stderr.write(
-                f"toolwire: error: provider {args.provider!r} has no key {args.alias!r}; "
-                f"its keys: {pool.aliases}\n"
+                f"toolwire: error: provider {args.provider!r} has no key {args.alias!r}, "
+                f"configured or stored; its keys: {pool.aliases}\n"
             )
             return 2
         what = f"key {args.alias!r}" if args.alias else "every key"
