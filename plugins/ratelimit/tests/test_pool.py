@@ -612,6 +612,64 @@ async def test_a_key_back_within_the_grace_keeps_its_quarantine(tmp_path: Path) 
             assert state == ("quarantined" if days == 1 else "ok")
 
 
+def with_provider_old(**old: Any) -> RateLimitConfig:
+    """``config()`` plus a provider ``old`` with keys k1 and k2."""
+    cfg = config().model_dump()
+    cfg["providers"]["old"] = {
+        "keys": [{"alias": "k1", "secret": SECRET_C}, {"alias": "k2", "secret": SECRET_A}],
+        **old,
+    }
+    return RateLimitConfig.model_validate(cfg)
+
+
+async def test_a_removed_provider_is_forgotten_after_the_grace(tmp_path: Path) -> None:
+    """Before: the pool record of a provider removed from the configuration (quarantines
+    and all) stayed in the state store for ever, one more for every provider ever
+    configured. Now the rule of removed aliases: kept while a replica still uses it."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    both = with_provider_old(removed_key_grace_seconds=3600)
+    async with (
+        kernel_with(both, state=url, clock=clock) as old,
+        kernel_with(config(), state=url, clock=clock) as new,
+    ):
+        sweep = RateLimitPlugin.of(new).forget_removed_providers
+        await key_pool(old, "old").report("k1", "auth")
+        await (await key_pool(new, "acme").acquire()).success()
+        assert await sweep() == []  # notes since when no process (it knows) lists it
+        for _ in range(3):  # the old replica serves for 3 hours: each use renews it
+            clock.advance(3599)
+            await (await key_pool(old, "old").acquire()).success()
+            assert await sweep() == []
+        assert (await key_pool(old, "old").availability()).keys["k1"] == "quarantined"
+        clock.advance(3599)  # the old replica has gone: an hour (its grace) after the note
+        assert await sweep() == []
+        clock.advance(1)
+        assert await sweep() == ["old"]
+        assert await new.state.get("ratelimit:pool:old") is None
+        assert await new.state.get("ratelimit:pool:acme") is not None
+
+
+async def test_a_removed_providers_suspension_is_kept_until_it_ends() -> None:
+    """And the plugin looks for removed providers itself, after a pool write."""
+    clock = FakeClock()
+    async with kernel_with(with_provider_old(), clock=clock) as kernel:
+        await key_pool(kernel, "old").report(None, "quota", retry_after_s=30 * 86400)
+        value = await kernel.state.get("ratelimit:pool:old")
+    async with kernel_with(config(), clock=clock) as kernel:
+        plugin = RateLimitPlugin.of(kernel)
+        week = 7 * 86400 + 1
+        stale = {"rr": {"k": 0}, "picks": {"k": 1}, "removed": clock.time() - week}
+        gone = await kernel.state.set("ratelimit:pool:gone", stale)
+        await kernel.state.set("ratelimit:pool:old", {**value, "removed": clock.time() - week})
+        await (await key_pool(kernel, "acme").acquire()).success()  # starts a sweep
+        changed = await kernel.state.wait_for_change(gone.key, version=gone.version, timeout=10)
+        assert changed is None  # deleted
+        assert await kernel.state.get("ratelimit:pool:old") is not None  # still suspended
+        clock.advance(30 * 86400)
+        assert await plugin.forget_removed_providers() == ["old"]
+
+
 async def test_a_keyless_provider_given_keys_forgets_its_implicit_key() -> None:
     clock = FakeClock()
     async with Kernel(state="memory://", clock=clock, plugins=[RateLimitPlugin()]) as kernel:

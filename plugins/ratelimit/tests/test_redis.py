@@ -151,6 +151,30 @@ async def test_a_rolling_secret_change_keeps_both_secrets_quarantines(
         await k1.state.delete(RateLimitPlugin.of(k1).state_key("pool", "acme"))
 
 
+async def test_a_removed_provider_is_forgotten_after_the_grace(redis_url: str, prefix: str) -> None:
+    """Before: a provider's pool record stayed for ever once no process configured it."""
+    both = cfg(prefix).model_dump()
+    both["providers"]["old"] = {
+        "keys": [{"alias": "k", "secret": "redis-secret-oooooo"}],
+        "removed_key_grace_seconds": 600,
+    }
+    clock = FakeClock()
+    k_old = Kernel(state=redis_url, clock=clock, plugins=[RateLimitPlugin(RateLimitConfig(**both))])
+    k_new = Kernel(state=redis_url, clock=clock, plugins=[RateLimitPlugin(cfg(prefix))])
+    async with k_old, k_new:
+        await key_pool(k_old, "old").report("k", "auth")
+        sweep = RateLimitPlugin.of(k_new).forget_removed_providers
+        assert await sweep() == []
+        clock.advance(599)
+        assert await sweep() == []
+        assert (await key_pool(k_old, "old").availability()).keys == {"k": "quarantined"}
+        clock.advance(1)
+        assert await sweep() == ["old"]
+        assert await k_new.state.get(RateLimitPlugin.of(k_new).state_key("pool", "old")) is None
+        for key in ("pool:acme", "sweep:pools"):
+            await k_new.state.delete(f"{prefix}:{key}")
+
+
 async def test_outbound_rate_is_shared(redis_url: str, prefix: str) -> None:
     rate = {"requests": 1, "per_seconds": 30, "mode": "fail_fast"}
     k1 = Kernel(state=redis_url, plugins=[RateLimitPlugin(cfg(prefix, rate=rate))])

@@ -48,13 +48,18 @@ from ._config import (
 )
 from ._evidence import BODY_KEYS, Evidence, gather, json_excerpt
 from ._hints import bound
-from ._pool import BOOKKEEPING_S, ApiKey, KeyLease, KeyPool, PoolSettings
+from ._pool import BOOKKEEPING_S, ApiKey, KeyLease, KeyPool, PoolSettings, removed_provider
 from ._redact import MIN_SECRET_LEN, Redactor
 from ._store import LoopLock, Throttle, Throttled
 
 __all__ = ["RateLimitPlugin", "attempt_detail"]
 
 log = logging.getLogger("toolwire.ratelimit")
+
+#: How often the deployment looks for the stored pools of providers no process configures
+#: any more (``RateLimitPlugin.forget_removed_providers``): at most once per interval, by
+#: the first process to write a pool after it (a marker in the state store says when).
+SWEEP_INTERVAL_S = 3600.0
 
 MAX_MESSAGE = 4096
 MAX_DETAIL_BODY = 2048
@@ -193,6 +198,7 @@ class RateLimitPlugin:
         self.config = config or RateLimitConfig()
         self._kernel: Kernel | None = None
         self._registered: dict[str, tuple[list[ApiKey], ProviderConfig | None]] = {}
+        self._next_sweep: float | None = None
         self._apply(self.config)
         if not self._tool_rates and not self.config.config_file:
             # No per-tool outbound rate can be configured later: drop the before_call hook
@@ -353,6 +359,70 @@ class RateLimitPlugin:
         self._registered[provider] = (out, pc)
         self._pools.pop(provider, None)
         return self.pool(provider)
+
+    async def forget_removed_providers(self) -> list[str]:
+        """Delete the stored pools of providers no process configures any more; returns them.
+
+        A pool record (``<state_prefix>:pool:<provider>``) of a provider this process does
+        not know (not configured, given no keys from code, never used) is noted as unknown
+        since now; any write of that pool by a process that uses the provider drops the
+        note. Once the note is older than the provider's ``removed_key_grace_seconds`` (as
+        the last process configuring it had it; else 7 days) and no cooldown, probe or
+        suspension in it still runs, the record is deleted: the rule of removed key
+        aliases, so replicas still listing the provider during a rolling change keep its
+        quarantines. The plugin runs this in the background after a pool write, at most
+        once every ``SWEEP_INTERVAL_S`` in a deployment; it scans the state store.
+        """
+        kernel = self.bound_kernel()
+        store = kernel.state
+        prefix = self.state_key("pool", "")
+        known = set(self.providers()) | set(self._pools)
+        forgotten: list[str] = []
+        for entry in await store.scan(prefix):
+            provider = entry.key[len(prefix) :]
+            if provider in known:
+                continue
+            verdict, new = removed_provider(entry.value, kernel.clock.time())
+            if verdict == "note":
+                await store.compare_and_set(entry.key, new, expected_version=entry.version)
+            elif verdict == "forget" and await store.compare_and_delete(
+                entry.key, expected_version=entry.version
+            ):
+                forgotten.append(provider)
+        if forgotten:
+            log.info(
+                "forgot the stored key pools of providers no process configured for their "
+                "removed_key_grace_seconds: %s",
+                forgotten,
+            )
+        return forgotten
+
+    def _sweep_soon(self) -> None:
+        """Start ``forget_removed_providers`` in the background when it is due (after a pool
+        write: the kernel has started, and keys registered from code are known)."""
+        kernel = self._kernel
+        if kernel is None:
+            return
+        now = self._monotonic()
+        if self._next_sweep is not None and now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_INTERVAL_S
+        kernel.spawn(self._sweep, name="ratelimit: forget removed providers")
+
+    async def _sweep(self) -> None:
+        kernel = self.bound_kernel()
+        try:
+            marker = self.state_key("sweep", "pools")
+            if await kernel.state.set_if_absent(marker, True, ttl=SWEEP_INTERVAL_S) is None:
+                return  # another process (or this one, restarted) swept within the interval
+            await self.forget_removed_providers()
+        except StateStoreError as exc:
+            log.warning(
+                "could not look for the stored key pools of removed providers (%s); "
+                "trying again in %gs",
+                exc,
+                SWEEP_INTERVAL_S,
+            )
 
     def _build_pool(self, provider: str) -> KeyPool:
         pc = self.settings.providers.get(provider)

@@ -17,8 +17,13 @@ holds everything replicas must agree on; keys appear in it by alias only::
                            "gone": t}},         # under alias; no process configured the
                                                 # secret since t (only then; only when any)
      "suspended": {"until": t, ...} | null,     # whole pool (quota/budget)
-     "gone": {alias: t}}                        # stored aliases the last writer did not
+     "gone": {alias: t},                        # stored aliases the last writer did not
                                                 # configure, since when (only when any)
+     "grace": s,                                # the last writer's removed_key_grace_s
+                                                # (only when not the default)
+     "removed": t}                              # written by a process that does not know
+                                                # the provider: since when (see
+                                                # removed_provider; any pool write drops it)
 
 Records written before quarantines were kept per secret hold a quarantine in
 ``keys[alias]["q"]`` (with "fp", and "sfp" since quarantines followed their secret);
@@ -102,7 +107,42 @@ class PoolSettings:
     suspend_s: float = 3600.0
     probe_timeout_s: float = 60.0
     max_retry_after_s: float = 31 * 86400.0
-    removed_key_grace_s: float = 7 * 86400.0
+    removed_key_grace_s: float = 7 * 86400.0  # DEFAULT_GRACE_S
+
+
+#: ``removed_key_grace_seconds`` when not configured (7 days).
+DEFAULT_GRACE_S = 7 * 86400.0
+
+
+def removed_provider(value: Any, now: float) -> tuple[str, Any]:
+    """What to do with the stored pool of a provider this process does not know.
+
+    ``("note", new_value)``: write since when it is unknown (``removed``; every write of
+    the pool by a process that knows the provider drops the note again, as for removed
+    aliases); ``("forget", None)``: delete it, the note being older than the grace the
+    last process configuring the provider used (``grace``, else the default) and nothing
+    in it still running (a cooldown, a probe, a suspension); ``("keep", None)``: not yet,
+    or not a pool record.
+    """
+    if not isinstance(value, dict):
+        return "keep", None
+    since = _num(value, "removed")
+    if not 0 < since <= now:  # new, or a bad or future value: count from now
+        return "note", {**value, "removed": now}
+    g = value.get("grace")
+    grace = DEFAULT_GRACE_S
+    if isinstance(g, int | float) and not isinstance(g, bool) and 0 <= g < float("inf"):
+        grace = float(g)
+    if now - since < grace:
+        return "keep", None
+    rec = _norm(value)
+    susp = rec["suspended"]
+    if isinstance(susp, dict) and _num(susp, "until") > now:
+        return "keep", None
+    for ks in rec["keys"].values():
+        if isinstance(ks, dict) and max(_num(ks, "cool_until"), _num(ks, "probe_until")) > now:
+            return "keep", None
+    return "forget", None
 
 
 def _iso(t: float) -> str:
@@ -251,9 +291,11 @@ class KeyPool:
                 self._forget_removed(new, now)
             return result, new
 
-        return await cas_update(
+        result = await cas_update(
             kernel.state, self._key, wrapped, lock=self._lock, now=kernel.clock.time
         )
+        self._plugin._sweep_soon()
+        return result
 
     def _forget_removed(self, rec: dict[str, Any], now: float) -> None:
         """Drop from ``rec`` the aliases no process configures any more (on every write).
@@ -304,6 +346,8 @@ class KeyPool:
                     del quarantines[sfp]
         if not quarantines:
             del rec["quarantines"]
+        if grace != DEFAULT_GRACE_S:  # for a process that no longer configures the provider
+            rec["grace"] = grace
 
     def _secret_fingerprints(self) -> set[str]:
         """The fingerprints of the secrets this process configures (none when keyless)."""
