@@ -455,7 +455,7 @@ async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(
         await pool.report("a", "rate_limit")  # writes a's slot: the old secret's quarantine stays
         stored = await kernel.state.get("ratelimit:pool:acme")
         assert set(stored["quarantines"]) == {key_a.secret_fingerprint, key_b.secret_fingerprint}
-        assert all("q" not in ks for ks in stored["keys"].values())
+        assert stored["keys"]["b"]["q"]["pattern"] == "default.status.401"  # for earlier versions
     renamed = config(keys=[{"alias": "a", "secret": SECRET_A}, {"alias": "c", "secret": SECRET_B}])
     async with kernel_with(config(), state=url) as old, kernel_with(renamed, state=url) as new:
         assert (await key_pool(old, "acme").availability()).keys == {
@@ -482,6 +482,47 @@ async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(
         stored = await kernel.state.get("ratelimit:pool:acme")
         assert key_a.secret_fingerprint in stored["quarantines"]
         assert len(stored["quarantines"]) == 2  # and the new secret's
+
+
+def written_by_an_earlier_version(record: dict[str, Any]) -> dict[str, Any]:
+    """What a replica still on the version before quarantines were kept per secret writes
+    back: the tables it knew (its ``_norm``); ``quarantines`` is dropped."""
+    return {k: record[k] for k in ("rr", "picks", "keys", "suspended", "gone") if k in record}
+
+
+async def test_a_rolling_upgrade_loses_no_quarantine(tmp_path: Path) -> None:
+    """Replicas on the earlier version rewrite the record without ``quarantines``: before,
+    a quarantine moved out of its earlier form (or recorded by an upgraded replica) was
+    lost with it, and the rejected key was sent again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    key_a = ApiKey("a", SECRET_A)
+    q = {"since": 1.0, "reason": "authentication failed", "pattern": "default.status.401"}
+    legacy = {
+        "rr": {},
+        "picks": {},
+        "keys": {"a": {"fp": key_a.fingerprint, "q": {**q, "fp": key_a.fingerprint}}},
+        "suspended": None,
+    }
+    async with kernel_with(config(), state=url) as kernel:
+        await kernel.state.set("ratelimit:pool:acme", legacy)
+        pool = key_pool(kernel, "acme")
+        await (await pool.acquire()).success()  # an upgraded replica writes the record
+        await pool.report("b", "auth")  # and quarantines b
+
+        async def earlier_version_writes() -> None:
+            stored = await kernel.state.get("ratelimit:pool:acme")
+            await kernel.state.set("ratelimit:pool:acme", written_by_an_earlier_version(stored))
+
+        for _ in range(2):
+            await earlier_version_writes()
+            assert (await pool.availability()).keys == {"a": "quarantined", "b": "quarantined"}
+            await pool.clear("b")  # a clear is not undone by the earlier form either
+            await earlier_version_writes()
+            assert (await pool.availability()).keys == {"a": "quarantined", "b": "ok"}
+            await pool.report("b", "auth")
+        await pool.clear("a")
+        await earlier_version_writes()
+        assert (await pool.availability()).keys == {"a": "ok", "b": "quarantined"}
 
 
 async def test_a_quarantine_follows_its_secret_to_a_new_alias(tmp_path: Path) -> None:

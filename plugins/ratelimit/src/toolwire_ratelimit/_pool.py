@@ -10,6 +10,8 @@ holds everything replicas must agree on; keys appear in it by alias only::
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
+                      "q": {...}}},             # the earlier versions' form of a quarantine
+                                                # (see below)
      "quarantines": {sfp: {"since": t,          # sticky quarantines (auth failures), one per
                            "reason": str,       # secret (fingerprint of the secret alone):
                            "pattern": str,      # replicas sending different secrets under
@@ -25,9 +27,12 @@ holds everything replicas must agree on; keys appear in it by alias only::
                                                 # the provider: since when (see
                                                 # removed_provider; any pool write drops it)
 
-Records written before quarantines were kept per secret hold a quarantine in
-``keys[alias]["q"]`` (with "fp", and "sfp" since quarantines followed their secret);
-``KeyPool._read`` moves it to ``quarantines`` (see there).
+Earlier versions kept one quarantine per alias, in ``keys[alias]["q"]`` (with "fp", the
+key's fingerprint, and "sfp", the secret's, since quarantines followed their secret), and
+rewrite the record without ``quarantines`` (they do not know it). So a quarantine is also
+written in that form (the alias's last one), for replicas still on an earlier version
+during a rolling upgrade; ``KeyPool._read`` adds every one ``quarantines`` lacks, and a
+quarantine cleared or forgotten is removed in both forms (``_drop_earlier_form``).
 
 Every change is a compare-and-set, so concurrent picks in one process or many
 never lose an update. Every write also forgets aliases and quarantined secrets no
@@ -226,6 +231,21 @@ def _shown(q: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in q.items() if k not in ("fp", "sfp", "gone")}
 
 
+def _drop_earlier_form(rec: dict[str, Any], sfps: set[str]) -> None:
+    """Remove the earlier versions' form (``keys[alias]["q"]``) of the quarantines of the
+    secrets ``sfps`` (lifted or forgotten): else ``KeyPool._read`` would add them again."""
+    if not sfps:
+        return
+    for alias, ks in list(rec["keys"].items()):
+        q = ks.get("q") if isinstance(ks, dict) else None
+        if isinstance(q, dict) and q.get("sfp") in sfps:
+            rest = {k: v for k, v in ks.items() if k != "q"}
+            if set(rest) <= {"fp"}:
+                del rec["keys"][alias]
+            else:
+                rec["keys"][alias] = rest
+
+
 def _end_probe(ks: dict[str, Any]) -> None:
     ks.pop("probe_until", None)
     ks.pop("probe_id", None)
@@ -331,6 +351,7 @@ class KeyPool:
             del rec["gone"]
         quarantines: dict[str, Any] = rec.setdefault("quarantines", {})
         mine = self._secret_fingerprints()
+        dropped: set[str] = set()
         for sfp, q in list(quarantines.items()):
             if not isinstance(q, dict):
                 del quarantines[sfp]
@@ -344,6 +365,8 @@ class KeyPool:
                     quarantines[sfp] = {**q, "gone": now}
                 if now - since >= grace:
                     del quarantines[sfp]
+                    dropped.add(sfp)
+        _drop_earlier_form(rec, dropped)
         if not quarantines:
             del rec["quarantines"]
         if grace != DEFAULT_GRACE_S:  # for a process that no longer configures the provider
@@ -362,16 +385,17 @@ class KeyPool:
         return found
 
     def _read(self, value: Any) -> dict[str, Any]:
-        """The stored record, normalised, with the quarantines written by earlier versions
-        (one per alias, in ``keys[alias]["q"]``) moved to ``quarantines`` under their
-        secret's fingerprint, so an upgrade loses none. One without that fingerprint (from
-        before quarantines followed their secret) is moved only by a process that sends its
-        secret under that alias (its ``fp`` says so); until then it stays where it is, and
-        it is carried along when this process writes the alias."""
+        """The stored record, normalised, with every quarantine in the earlier versions'
+        form (one per alias, in ``keys[alias]["q"]``) that ``quarantines`` lacks added
+        there under its secret's fingerprint: those recorded before the upgrade, and those
+        an earlier version's replica wrote back without ``quarantines`` during a rolling
+        upgrade. The earlier form stays, for those replicas. One without the secret's
+        fingerprint (from before quarantines followed their secret) is added only by a
+        process that sends its secret under that alias (its ``fp`` says so)."""
         rec = _norm(value)
         keys, quarantines = rec["keys"], rec["quarantines"]
         by_fp = {} if self._implicit else {k.fingerprint: k for k in self._keys.values()}
-        for alias, ks in list(keys.items()):
+        for alias, ks in keys.items():
             q = ks.get("q") if isinstance(ks, dict) else None
             if not isinstance(q, dict):
                 continue
@@ -383,22 +407,17 @@ class KeyPool:
                     continue
                 sfp = key.secret_fingerprint
             if not isinstance(quarantines.get(sfp), dict):
-                moved = {k: v for k, v in q.items() if k not in ("fp", "sfp")}
+                moved = {k: v for k, v in q.items() if k not in ("fp", "sfp", "alias")}
                 quarantines[sfp] = {**moved, "alias": alias}
-            rest = {k: v for k, v in ks.items() if k != "q"}
-            if set(rest) <= {"fp"}:
-                del keys[alias]
-            else:
-                keys[alias] = rest
         return rec
 
     # ------------------------------------------------------------ health
     def _state_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any]:
         """The stored state of ``alias``'s key; without the cooldown, strikes and probe
         when they were recorded for another secret (the key was replaced, or unnamed keys
-        were renumbered): those were another key's. A quarantine in an earlier version's
-        form that ``_read`` could not move (``q``, of a secret this process does not send)
-        is kept for the replicas that still send that secret."""
+        were renumbered): those were another key's. Its quarantine in the earlier versions'
+        form (``q``) is kept, for the replicas on an earlier version that still send that
+        secret (``quarantines`` holds it too)."""
         ks = rec["keys"].get(alias)
         if not isinstance(ks, dict):
             return {}
@@ -734,9 +753,9 @@ class KeyPool:
                     # is half-open: this one was taken before the rate limit and says
                     # nothing about the key now (it must not end the probe in flight).
                     return None, NOCHANGE
-                # A quarantine stays: it is its secret's (``quarantines``), not the
-                # alias's; an earlier version's one of another secret (``q``, a rolling
-                # change of the key's secret) is kept for the replicas that send it.
+                # A quarantine stays: it is its secret's (``quarantines``), and its
+                # earlier form (``q``, whichever secret it is of) is kept for replicas on
+                # an earlier version.
                 q = ks.get("q")
                 ks = {"q": q} if isinstance(q, dict) and a is not None else {}
             elif outcome == "rate_limit":
@@ -772,12 +791,19 @@ class KeyPool:
                 _end_probe(ks)
                 # One quarantine per secret: during a rolling change of the key's secret,
                 # replicas sending the old and the new one each keep their own.
-                rec["quarantines"][self._keys[a].secret_fingerprint] = {
-                    "since": now,
-                    "reason": reason or "authentication failed",
-                    "pattern": pattern,
-                    "alias": a,
-                }
+                key = self._keys[a]
+                q = {"since": now, "reason": reason or "authentication failed", "pattern": pattern}
+                rec["quarantines"][key.secret_fingerprint] = {**q, "alias": a}
+                # and in the earlier versions' form, for their replicas (a rolling upgrade),
+                # unless the alias holds one in the oldest form (no "sfp") of another
+                # secret: only a replica sending that secret can add it to ``quarantines``
+                held = ks.get("q")
+                if not (
+                    isinstance(held, dict)
+                    and not isinstance(held.get("sfp"), str)
+                    and held.get("fp") != key.fingerprint
+                ):
+                    ks["q"] = {**q, "fp": key.fingerprint, "sfp": key.secret_fingerprint}
                 logged.append(
                     "quarantined until the key changes in the configuration or is cleared"
                 )
@@ -833,9 +859,12 @@ class KeyPool:
                     raise KeyError(f"provider {self.provider!r} has no key {alias!r}")
                 rec["keys"].pop(alias, None)
                 sfp = self._keys[alias].secret_fingerprint if configured else None
+                lifted = {sfp} if sfp is not None else set()
                 for other, q in list(quarantines.items()):
                     if other == sfp or (isinstance(q, dict) and q.get("alias") == alias):
                         del quarantines[other]
+                        lifted.add(other)
+                _drop_earlier_form(rec, lifted)
             if suspension:
                 rec["suspended"] = None
             return None, rec
