@@ -199,6 +199,7 @@ class RateLimitPlugin:
         self._kernel: Kernel | None = None
         self._registered: dict[str, tuple[list[ApiKey], ProviderConfig | None]] = {}
         self._next_sweep: float | None = None
+        self._stopping = False
         self._apply(self.config)
         if not self._tool_rates and not self.config.config_file:
             # No per-tool outbound rate can be configured later: drop the before_call hook
@@ -401,8 +402,8 @@ class RateLimitPlugin:
         """Start ``forget_removed_providers`` in the background when it is due (after a pool
         write: the kernel has started, and keys registered from code are known)."""
         kernel = self._kernel
-        if kernel is None:
-            return
+        if kernel is None or self._stopping:
+            return  # a write during the kernel's close starts nothing the close would not end
         now = self._monotonic()
         if self._next_sweep is not None and now < self._next_sweep:
             return
@@ -629,8 +630,13 @@ class RateLimitPlugin:
                 self.name, "one plugin instance serves one kernel; create another RateLimitPlugin"
             )
         self._kernel = kernel
+        self._stopping = False
         if self.config.config_file:
             self._apply(with_config_file(self.config, kernel, "plugins.ratelimit"))
+
+    @hookimpl
+    def shutdown(self, kernel: Kernel) -> None:
+        self._stopping = True
 
     @hookimpl
     async def before_call(self, call: ToolCall, ctx: CallContext) -> None:
