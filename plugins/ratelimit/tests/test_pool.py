@@ -475,6 +475,10 @@ async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(
         assert (await pool.availability()).keys == {"a": "ok", "b": "ok"}
         await pool.report("a", "rate_limit", retry_after_s=5)
         await pool.report("a", "auth")
+    without_a = config(keys=[{"alias": "b", "secret": SECRET_B}])
+    async with kernel_with(without_a, state=url) as kernel:  # both secrets' quarantines of a
+        stored = (await key_pool(kernel, "acme").status())["unconfigured"]
+        assert [(k["alias"], k["state"]) for k in stored] == [("a", "quarantined")] * 2
     async with kernel_with(config(), state=url) as kernel:
         pool = key_pool(kernel, "acme")
         assert (await pool.availability()).keys == {"a": "quarantined", "b": "ok"}

@@ -567,6 +567,9 @@ class KeyPool:
                 "gone_since": since,
                 "forget_at": None if since is None else since + grace,
             }
+            q = ks.get("q")  # the oldest form (no "sfp"): in ``quarantines`` only once moved
+            if isinstance(q, dict) and not isinstance(q.get("sfp"), str):
+                out[a].update(state="quarantined", quarantine={**_shown(q), "alias": a})
         extra: list[dict[str, Any]] = []
         mine = self._secret_fingerprints()
         for sfp, q in sorted(rec["quarantines"].items(), key=lambda kv: str(kv[0])):
