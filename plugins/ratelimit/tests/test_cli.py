@@ -124,6 +124,35 @@ async def test_a_key_no_longer_configured_is_shown_and_cleared(tmp_path: Path) -
         assert (await plugin.pool("acme").availability()).keys == {"a": "ok", "b": "ok"}
 
 
+async def test_a_provider_no_longer_configured_is_shown_and_cleared(tmp_path: Path) -> None:
+    """Before: its stored pool (kept for removed_key_grace_seconds, for replicas still
+    listing it) was "unknown provider" to `keys status` and `keys clear`."""
+    path = write_config(tmp_path)
+    async with Kernel.from_config(path) as kernel:
+        plugin: RateLimitPlugin = kernel.get_plugin("ratelimit")
+        await plugin.pool("acme").report("b", "auth", pattern="default.status.401")
+    path.write_text(path.read_text().replace("providers.acme]", "providers.other]"))
+
+    r = run(tmp_path, "keys", "status")
+    assert r.returncode == 0, r.stderr
+    assert "acme: not configured here" in r.stdout
+    acme = r.stdout[r.stdout.index("acme: not configured here") :].splitlines()
+    line_b = next(line for line in acme if line.strip().startswith("b "))
+    assert "quarantined" in line_b and "default.status.401" in line_b
+    r = run(tmp_path, "keys", "status", "acme", "--json")
+    assert r.returncode == 0, r.stderr
+    status = json.loads(r.stdout)["acme"]
+    assert status["configured"] is False and status["keys"] == {}
+    assert [(k["alias"], k["state"]) for k in status["unconfigured"]] == [("b", "quarantined")]
+
+    r = run(tmp_path, "keys", "clear", "acme", "b")
+    assert r.returncode == 0, r.stderr
+    r = run(tmp_path, "keys", "status", "acme", "--json")
+    assert json.loads(r.stdout)["acme"]["unconfigured"] == []
+    r = run(tmp_path, "keys", "clear", "gone")
+    assert r.returncode == 2 and "unknown provider 'gone'" in r.stderr
+
+
 def test_unknown_names_and_a_missing_plugin_are_named(tmp_path: Path) -> None:
     write_config(tmp_path)
     r = run(tmp_path, "keys", "status", "nope")

@@ -361,6 +361,13 @@ class RateLimitPlugin:
         self._pools.pop(provider, None)
         return self.pool(provider)
 
+    async def stored_providers(self) -> list[str]:
+        """Every provider whose pool the state store holds (``<state_prefix>:pool:*``), known
+        here or not: a provider no process configures any more is kept until
+        ``forget_removed_providers`` forgets it. Scans the state store."""
+        prefix = self.state_key("pool", "")
+        return [e.key[len(prefix) :] for e in await self.bound_kernel().state.scan(prefix)]
+
     async def forget_removed_providers(self) -> list[str]:
         """Delete the stored pools of providers no process configures any more; returns them.
 

@@ -74,22 +74,34 @@ def render_status(status: dict[str, dict[str, Any]], now: float) -> str:
     """The ``toolwire keys status`` table."""
     lines: list[str] = []
     for provider, st in status.items():
-        avail = "available" if st.get("available") else "UNAVAILABLE"
-        why = f" ({st['reason']})" if st.get("reason") else ""
-        lines.append(f"{provider}: {avail}{why}")
         keys = st.get("keys") or {}
+        if st.get("configured", True):
+            avail = "available" if st.get("available") else "UNAVAILABLE"
+            why = f" ({st['reason']})" if st.get("reason") else ""
+            lines.append(f"{provider}: {avail}{why}")
+        else:
+            susp = st.get("suspended") or {}
+            until = _fmt_until(susp.get("until") if isinstance(susp, dict) else None, now)
+            lines.append(
+                f"{provider}: not configured here (its stored pool is kept for replicas that "
+                "may still list it; forgotten once none has used it for its "
+                "removed_key_grace_seconds; `toolwire keys clear "
+                f"{provider} [ALIAS]` lifts what it holds)"
+                + (f"; suspended for {until}" if until else "")
+            )
         if keys:
             lines.append(_HEADER)
             for alias, k in keys.items():
                 lines.append(_row(alias, k, str(k.get("weight", 1)), _quarantine_text(k), now))
-        else:
+        elif st.get("configured", True):
             lines.append("  (no keys: health tracking only)")
         stored = [k for k in st.get("unconfigured") or [] if isinstance(k, dict)]
         if stored:
-            lines.append(
-                "  not configured here (stored for replicas that may still list them; "
-                f"`toolwire keys clear {provider} ALIAS` lifts them):"
-            )
+            if keys or st.get("configured", True):
+                lines.append(
+                    "  not configured here (stored for replicas that may still list them; "
+                    f"`toolwire keys clear {provider} ALIAS` lifts them):"
+                )
             if not keys:
                 lines.append(_HEADER)
             for k in stored:
@@ -111,8 +123,9 @@ _HEADER = (
 
 
 def _row(alias: str, k: dict[str, Any], weight: str, note: str, now: float) -> str:
+    name = alias if len(alias) < 16 else f"{alias} "
     return (
-        f"  {alias:<16}{k.get('state', ''):<14}{weight:>7}"
+        f"  {name:<16}{k.get('state', ''):<14}{weight:>7}"
         f"{k.get('picks', 0):>8}{k.get('strikes', 0):>9}  "
         f"{_fmt_until(k.get('cool_until'), now):>8}  {note}"
     ).rstrip()
@@ -152,12 +165,15 @@ async def _with_plugin(
 async def _cmd_status(args: argparse.Namespace) -> int:
     async def show(kernel: Kernel, plugin: RateLimitPlugin) -> int:
         known = plugin.providers()
-        wanted = list(args.provider) or known
-        unknown = [p for p in wanted if p not in known]
+        stored: list[str] = []
+        if not args.provider or not set(args.provider) <= set(known):  # a scan of the store
+            stored = [p for p in await plugin.stored_providers() if p not in known]
+        wanted = list(args.provider) or known + stored
+        unknown = [p for p in wanted if p not in known and p not in stored]
         if unknown:
             sys.stderr.write(f"toolwire: error: unknown provider(s) {unknown}; {_known(known)}\n")
             return 2
-        status = {p: await plugin.pool(p).status() for p in wanted}
+        status = {p: {**await plugin.pool(p).status(), "configured": p in known} for p in wanted}
         if args.json:
             sys.stdout.write(json.dumps(status, indent=2, default=str) + "\n")
         else:
@@ -170,7 +186,7 @@ async def _cmd_status(args: argparse.Namespace) -> int:
 async def _cmd_clear(args: argparse.Namespace) -> int:
     async def clear(kernel: Kernel, plugin: RateLimitPlugin) -> int:
         known = plugin.providers()
-        if args.provider not in known:
+        if args.provider not in known and args.provider not in await plugin.stored_providers():
             sys.stderr.write(
                 f"toolwire: error: unknown provider {args.provider!r}; {_known(known)}\n"
             )
