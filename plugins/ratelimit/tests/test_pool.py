@@ -488,6 +488,42 @@ async def test_quarantines_stored_by_an_earlier_version_survive_the_upgrade(
         assert len(stored["quarantines"]) == 2  # and the new secret's
 
 
+async def test_a_rolling_secret_change_keeps_both_secrets_cooldowns(tmp_path: Path) -> None:
+    """Before: one cooldown per alias; replica 2's rate limit on its new secret of a
+    replaced replica 1's 10-minute cooldown of the old one, and replica 1 sent it again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    new_a = config(
+        keys=[{"alias": "a", "secret": "sk-alpha-NEW-000000"}, {"alias": "b", "secret": SECRET_B}],
+        cooldown_seconds=60,
+    )
+    async with (
+        kernel_with(config(cooldown_seconds=60), state=url, clock=clock) as one,
+        kernel_with(new_a, state=url, clock=clock) as two,
+    ):
+        pool1, pool2 = key_pool(one, "acme"), key_pool(two, "acme")
+        await pool1.report("a", "rate_limit", retry_after_s=600)
+        await pool2.report("a", "rate_limit")  # its first strike: 60 s
+        assert (await pool1.availability()).keys["a"] == "cooling"
+        assert (await pool2.availability()).keys["a"] == "cooling"
+        for _ in range(4):  # both replicas lease b meanwhile
+            for pool in (pool1, pool2):
+                await (await pool.acquire()).success()
+        clock.advance(61)
+        assert (await pool1.availability()).keys["a"] == "cooling"
+        probe = await pool2.acquire()  # a's half-open probe on replica 2 (weight 3)
+        assert probe.alias == "a" and probe.probe
+        await probe.failure(kind="rate_limit")  # strike 2: 120 s
+        assert (await pool2.status())["keys"]["a"]["strikes"] == 2
+        assert (await pool1.status())["keys"]["a"]["strikes"] == 1
+        clock.advance(540)  # replica 1's cooldown is over, replica 2's too
+        probe = await pool1.acquire()
+        assert probe.alias == "a" and probe.probe
+        await probe.success()
+        assert (await pool1.availability()).keys["a"] == "ok"
+        assert (await pool2.availability()).keys["a"] == "half_open"
+
+
 def written_by_an_earlier_version(record: dict[str, Any]) -> dict[str, Any]:
     """What a replica still on the version before quarantines were kept per secret writes
     back: the tables it knew (its ``_norm``); ``quarantines`` is dropped."""

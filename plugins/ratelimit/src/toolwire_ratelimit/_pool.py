@@ -10,6 +10,9 @@ holds everything replicas must agree on; keys appear in it by alias only::
                       "cool_until": t,          # cooling down until (epoch s)
                       "probe_until": t,         # a half-open probe is in flight
                       "probe_id": id,           # which lease holds that probe
+                      "others": {fp: {...}},    # the same four of other secrets sent under
+                                                # this alias (a rolling secret change): the
+                                                # last writer's are above, the others' here
                       "q": {...}}},             # the earlier versions' form of a quarantine
                                                 # (see below)
      "quarantines": {sfp: {"since": t,          # sticky quarantines (auth failures), one per
@@ -145,7 +148,7 @@ def removed_provider(value: Any, now: float) -> tuple[str, Any]:
     if isinstance(susp, dict) and _num(susp, "until") > now:
         return "keep", None
     for ks in rec["keys"].values():
-        if isinstance(ks, dict) and max(_num(ks, "cool_until"), _num(ks, "probe_until")) > now:
+        if isinstance(ks, dict) and _slot_busy(ks, now):
             return "keep", None
     return "forget", None
 
@@ -246,6 +249,24 @@ def _drop_earlier_form(rec: dict[str, Any], sfps: set[str]) -> None:
                 rec["keys"][alias] = rest
 
 
+#: A key's own health state (per secret): what ``KeyPool._state_of`` returns.
+_OWN = ("strikes", "cool_until", "probe_until", "probe_id")
+
+
+def _busy(ks: Mapping[str, Any], now: float) -> bool:
+    """Whether a cooldown or a probe in ``ks`` still runs."""
+    return max(_num(ks, "cool_until"), _num(ks, "probe_until")) > now
+
+
+def _slot_busy(ks: Mapping[str, Any], now: float) -> bool:
+    """Whether a cooldown or a probe of any secret in an alias's stored state still runs."""
+    others = ks.get("others")
+    return _busy(ks, now) or (
+        isinstance(others, dict)
+        and any(isinstance(o, dict) and _busy(o, now) for o in others.values())
+    )
+
+
 def _end_probe(ks: dict[str, Any]) -> None:
     ks.pop("probe_until", None)
     ks.pop("probe_id", None)
@@ -341,7 +362,7 @@ class KeyPool:
             if not 0 < since <= now:  # new, or a bad or future value: count from now
                 since = gone[a] = now
             ks = rec["keys"].get(a)
-            if isinstance(ks, dict) and max(_num(ks, "cool_until"), _num(ks, "probe_until")) > now:
+            if isinstance(ks, dict) and _slot_busy(ks, now):
                 continue
             if now - since >= grace:
                 for table in ("keys", "picks", "rr"):
@@ -413,19 +434,71 @@ class KeyPool:
 
     # ------------------------------------------------------------ health
     def _state_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any]:
-        """The stored state of ``alias``'s key; without the cooldown, strikes and probe
-        when they were recorded for another secret (the key was replaced, or unnamed keys
-        were renumbered): those were another key's. Its quarantine in the earlier versions'
-        form (``q``) is kept, for the replicas on an earlier version that still send that
-        secret (``quarantines`` holds it too)."""
+        """The health state (strikes, cooldown, probe) of the key ``alias`` sends here: of
+        its secret only. The alias's stored state holds the last writer's secret's, and
+        under ``others`` those of other secrets sent under that alias (a rolling change of
+        its secret: each replica keeps its own); state recorded for a secret no longer
+        sent (the key was replaced, unnamed keys renumbered) is another key's."""
         ks = rec["keys"].get(alias)
         if not isinstance(ks, dict):
             return {}
+        mine = self._keys[alias].fingerprint
         fp = ks.get("fp")
-        if fp is not None and fp != self._keys[alias].fingerprint:
-            q = ks.get("q")
-            return {"q": q} if isinstance(q, dict) else {}
-        return ks
+        if fp is not None and fp != mine:
+            others = ks.get("others")
+            ks = others.get(mine) if isinstance(others, dict) else None
+            if not isinstance(ks, dict):
+                return {}
+        return {k: ks[k] for k in _OWN if k in ks}
+
+    def _put_state(
+        self,
+        rec: dict[str, Any],
+        alias: str,
+        state: dict[str, Any],
+        now: float,
+        *,
+        q: dict[str, Any] | None = None,
+    ) -> None:
+        """Store ``state`` as the health state of the key ``alias`` sends here (see
+        ``_state_of``), and ``q`` (if given) as the alias's quarantine in the earlier
+        versions' form. A non-empty state takes the alias's slot; the state of the secret
+        that held it moves to ``others``, where it is kept until ``removed_key_grace_s``
+        after its cooldown or probe ended."""
+        mine = self._keys[alias].fingerprint
+        slot = rec["keys"].get(alias)
+        slot = slot if isinstance(slot, dict) else {}
+        stored = slot.get("others")
+        others = {
+            f: o
+            for f, o in (stored.items() if isinstance(stored, dict) else ())
+            if f != mine and isinstance(o, dict)
+        }
+        owner = slot.get("fp")
+        if owner is not None and owner != mine and not state:
+            new = {k: v for k, v in slot.items() if k != "others"}  # the slot stays theirs
+        else:
+            if owner is not None and owner != mine:
+                theirs = {k: slot[k] for k in _OWN if k in slot}
+                if theirs:
+                    others[str(owner)] = theirs
+            new = {k: v for k, v in slot.items() if k not in _OWN and k not in ("fp", "others")}
+            new.update(state)
+            new["fp"] = mine
+        if q is not None:
+            new["q"] = q
+        grace = self.settings.removed_key_grace_s
+        others = {
+            f: o
+            for f, o in others.items()
+            if now - max(_num(o, "cool_until"), _num(o, "probe_until")) < grace
+        }
+        if others:
+            new["others"] = others
+        if set(new) <= {"fp"}:
+            rec["keys"].pop(alias, None)
+        else:
+            rec["keys"][alias] = new
 
     def _quarantine_of(self, rec: dict[str, Any], alias: str) -> dict[str, Any] | None:
         """The quarantine of the secret ``alias`` sends, whatever alias it was recorded under."""
@@ -678,11 +751,10 @@ class KeyPool:
                 # A fresh id per probe: a probe whose holder outlived probe_timeout_s must not
                 # end (or settle) the probe that took over from it.
                 probe_id = secrets.token_hex(8)
-                ks = dict(self._state_of(rec, best))
-                ks["probe_until"] = now + probe_ttl
-                ks["probe_id"] = probe_id
-                ks["fp"] = self._keys[best].fingerprint
-                rec["keys"][best] = ks
+                st = dict(self._state_of(rec, best))
+                st["probe_until"] = now + probe_ttl
+                st["probe_id"] = probe_id
+                self._put_state(rec, best, st, now)
             return (best, probe_id), rec
 
         alias, probe_id = await self._update(pick)
@@ -745,9 +817,9 @@ class KeyPool:
         def fn(rec: dict[str, Any], now: float) -> tuple[None, Any]:
             logged.clear()  # fn runs again when a concurrent writer won the update
             suspended.clear()
-            keys = rec["keys"]
             ks = dict(self._state_of(rec, a)) if a is not None else {}
             before = dict(ks)
+            mirror: dict[str, Any] | None = None
             # a probe that is not the key's current one is no better than a lease from before
             stale = probe is False or (probe_id is not None and ks.get("probe_id") != probe_id)
             if outcome == "success":
@@ -759,8 +831,7 @@ class KeyPool:
                 # A quarantine stays: it is its secret's (``quarantines``), and its
                 # earlier form (``q``, whichever secret it is of) is kept for replicas on
                 # an earlier version.
-                q = ks.get("q")
-                ks = {"q": q} if isinstance(q, dict) and a is not None else {}
+                ks = {}
             elif outcome == "rate_limit":
                 until = _num(ks, "cool_until")
                 strikes = int(_num(ks, "strikes"))
@@ -800,26 +871,22 @@ class KeyPool:
                 # and in the earlier versions' form, for their replicas (a rolling upgrade),
                 # unless the alias holds one in the oldest form (no "sfp") of another
                 # secret: only a replica sending that secret can add it to ``quarantines``
-                held = ks.get("q")
+                slot = rec["keys"].get(a)
+                held = slot.get("q") if isinstance(slot, dict) else None
                 if not (
                     isinstance(held, dict)
                     and not isinstance(held.get("sfp"), str)
                     and held.get("fp") != key.fingerprint
                 ):
-                    ks["q"] = {**q, "fp": key.fingerprint, "sfp": key.secret_fingerprint}
+                    mirror = {**q, "fp": key.fingerprint, "sfp": key.secret_fingerprint}
                 logged.append(
                     "quarantined until the key changes in the configuration or is cleared"
                 )
             elif not stale:
                 _end_probe(ks)
             if a is not None:
-                if ks:
-                    ks["fp"] = self._keys[a].fingerprint
-                if ks != before:
-                    if ks:
-                        keys[a] = ks
-                    else:
-                        keys.pop(a, None)
+                if ks != before or mirror is not None:
+                    self._put_state(rec, a, ks, now, q=mirror)
                 elif outcome not in ("quota", "auth"):
                     return None, NOCHANGE
             # Records of aliases this process does not know stay for now: another replica
