@@ -16,9 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
+import itertools
 import json
 import socket
 import struct
+import zlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -158,6 +160,23 @@ def encoded(ctype: bytes, coding: bytes, body: bytes, status: bytes = b"200 OK")
     """An HTTP answer whose body is ``body`` as it stands, declared in ``coding``."""
     head = b"HTTP/1.1 %s\r\ncontent-type: %s\r\ncontent-encoding: %s\r\ncontent-length: %d\r\n\r\n"
     return head % (status, ctype, coding, len(body)) + body
+
+
+def encoded_chunks(ctype: bytes, coding: bytes, *parts: bytes) -> bytes:
+    """A chunked HTTP answer in ``coding``, its chunks ``parts`` (each read apart)."""
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-encoding: %s\r\n" % (ctype, coding)
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in parts)
+    return head + b"transfer-encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+def raw_deflate(data: bytes) -> bytes:
+    packer = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    return packer.compress(data) + packer.flush()
+
+
+def split_at(data: bytes, *cuts: int) -> list[bytes]:
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
 
 
 LOG = json.dumps(
@@ -419,6 +438,42 @@ CASES: dict[str, Case] = {
         "tool_error",
         "the gzip body ends before its compressed stream",
         UNREADABLE,
+    ),
+    # --- compressed bodies as servers send them (before, both paths failed these)
+    "json-in-raw-deflate-a-byte-first": Case(  # raw deflate told from zlib by two bytes
+        send(
+            lambda rid: encoded_chunks(
+                b"application/json",
+                b"deflate",
+                *split_at(raw_deflate(json.dumps(result(rid)).encode()), 1),
+            )
+        )
+    ),
+    "events-in-raw-deflate-a-byte-first": Case(
+        send(
+            lambda rid: encoded_chunks(
+                b"text/event-stream", b"deflate", *split_at(raw_deflate(event(result(rid))), 1)
+            )
+        )
+    ),
+    "json-in-two-gzip-members": Case(  # as `cat a.gz b.gz` makes, read whole as gzip -d
+        send(
+            lambda rid: encoded(
+                b"application/json",
+                b"gzip",
+                b"".join(map(gzip.compress, split_at(json.dumps(result(rid)).encode(), 20))),
+            )
+        )
+    ),
+    "events-in-gzip-members": Case(  # a compressor that ends a member per event
+        send(
+            lambda rid: encoded_chunks(
+                b"text/event-stream",
+                b"gzip",
+                gzip.compress(b": ping\n\n"),
+                gzip.compress(event(result(rid))),
+            )
+        )
     ),
     "events-in-an-unknown-encoding": Case(
         send(lambda rid: encoded(b"text/event-stream", b"br", event(result(rid)))),

@@ -159,6 +159,26 @@ async def test_a_deflate_body_and_repeated_headers() -> None:
         await pool.close()
 
 
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+async def test_an_empty_body_in_a_coding_is_empty_and_the_connection_kept(coding: str) -> None:
+    """A 202 or 204 declaring a coding has no compressed stream at all: an empty body, not
+    a truncated one. Before: ``UndecodableBody`` ("ends before its compressed stream")."""
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        w.write(answer(b"", f"content-encoding: {coding}", status="202 Accepted"))
+        await s.read_request(r)
+        w.write(b"HTTP/1.1 204 No Content\r\ncontent-encoding: %s\r\n\r\n" % coding.encode())
+        await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv)
+        assert (await post(pool))[::2] == (202, b"")
+        assert (await post(pool))[::2] == (204, b"")
+        await pool.close()
+    assert srv.connections == 1
+
+
 async def test_a_body_that_ends_with_the_connection_is_read_whole_and_not_reused() -> None:
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
         await s.read_request(r)

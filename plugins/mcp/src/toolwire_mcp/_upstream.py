@@ -23,7 +23,6 @@ import ssl
 import threading
 import urllib.parse
 import urllib.request
-import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextvars import ContextVar
@@ -62,6 +61,7 @@ from toolwire import (
     ToolError,
     parse_retry_after,
 )
+from toolwire.decoding import Decoder, DecodingError, UnsupportedEncoding, content_coding
 
 from ._config import TOOL_NAME, MCPConfig, ServerConfig
 from ._convert import (
@@ -84,7 +84,7 @@ from ._direct import (
     refused,
 )
 from ._lenient import from_json, install_stdio_reader
-from ._wire import ConnectError, PoolTimeout, WireError, unsupported_coding
+from ._wire import ConnectError, PoolTimeout, WireError
 
 __all__ = ["Upstream"]
 
@@ -180,7 +180,6 @@ _UNDECODABLE: Final = re.compile(
 
 
 _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
-_DECODED: Final = frozenset({"gzip", "x-gzip", "deflate"})
 
 
 class _NotOurAnswer(httpx2.StreamError):
@@ -285,37 +284,24 @@ class _CappedStream(httpx2.AsyncByteStream):
         limit, whole = self._limit, self._whole
         if whole and self._encoding is None and (self._declared or 0) > limit:
             raise self._over()
-        decoder: zlib._Decompress | None = None
-        if self._encoding is not None and self._encoding not in _DECODED:
-            raise self._unreadable(unsupported_coding(self._encoding))
+        decoder: Decoder | None = None
         if self._encoding is not None:
-            decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
-        maybe_raw = self._encoding == "deflate"  # "deflate" is meant zlib-wrapped; some send raw
+            try:
+                decoder = Decoder(self._encoding)
+            except DecodingError as exc:
+                raise self._unreadable(str(exc)) from None
         size = 0
         held: list[bytes] | None = [] if self._rid is not None else None
         async for chunk in self._inner:
             if decoder is not None and chunk:
-                if decoder.eof:  # zlib would keep every such byte, uncounted
-                    raise self._unreadable(
-                        f"the {self._encoding} body goes on after its compressed stream ends"
-                    )
-                if maybe_raw:
-                    maybe_raw = False
-                    if len(chunk) >= 2 and (
-                        chunk[0] & 0x0F != 8 or (chunk[0] << 8 | chunk[1]) % 31
-                    ):
-                        decoder = zlib.decompressobj(-zlib.MAX_WBITS)
-                room = limit + 1 - (size if whole else 0)
+                # at most the room left plus one byte: a small read cannot expand first
+                room = limit - (size if whole else 0)
                 try:
-                    chunk = decoder.decompress(chunk, room)
-                except zlib.error as exc:
-                    raise self._unreadable(f"bad {self._encoding} body: {exc}") from None
-                if len(chunk) >= room:  # more would come of it: past the cap
+                    chunk = decoder.decompress(chunk, room + 1)
+                except DecodingError as exc:
+                    raise self._unreadable(str(exc)) from None
+                if len(chunk) > room:  # past the cap
                     raise self._over()
-                if decoder.unused_data:
-                    raise self._unreadable(
-                        f"the {self._encoding} body goes on after its compressed stream ends"
-                    )
             size += len(chunk)
             if whole and size > limit:
                 raise self._over()
@@ -324,17 +310,10 @@ class _CappedStream(httpx2.AsyncByteStream):
             elif chunk:
                 yield chunk
         if decoder is not None:
-            tail = decoder.flush()
-            if len(tail) > limit - (size if whole else 0):
-                raise self._over()
-            if not decoder.eof:  # as the direct path: a cut compressed body is no answer
-                raise self._unreadable(
-                    f"the {self._encoding} body ends before its compressed stream"
-                )
-            if held is not None:
-                held.append(tail)
-            elif tail:
-                yield tail
+            try:  # as the direct path: a cut compressed body is no answer
+                decoder.finish()
+            except DecodingError as exc:
+                raise self._unreadable(str(exc)) from None
         if held is not None:
             yield _our_answer(b"".join(held), self._rid)
 
@@ -758,8 +737,11 @@ class Upstream:
         checks_ids = self.cfg.kind == "http"
 
         async def note(response: httpx2.Response) -> None:
-            coding = response.headers.get("content-encoding", "identity").strip().lower()
-            if coding != "identity":
+            try:
+                coding = content_coding(response.headers.get("content-encoding"))
+            except UnsupportedEncoding as exc:
+                coding = exc.coding  # refused by _CappedStream as the SDK reads the body
+            if coding is not None:
                 del response.headers["content-encoding"]  # decoded by _CappedStream, not httpx
             declared = response.headers.get("content-length", "")
             ctype = response.headers.get("content-type", "").lower()
@@ -769,7 +751,7 @@ class Upstream:
                 server,
                 whole=not ctype.startswith("text/event-stream"),
                 declared=int(declared) if declared.isdigit() else None,
-                encoding=None if coding == "identity" else coding,
+                encoding=coding,
                 # Streamable HTTP: a JSON answer to a request POST is its response (a
                 # 4xx one the SDK matches itself; a legacy SSE server answers elsewhere)
                 rid=_request_id(response.request)

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import asyncio
 import ssl as ssl_module
-import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Final, cast
 from urllib.parse import urlsplit
 
 import httptools
+
+from toolwire.decoding import Decoder, DecodingError, UnsupportedEncoding, decoder_for
 
 __all__ = [
     "ConnectError",
@@ -77,12 +78,6 @@ class UndecodableBody(ProtocolError):
     status and headers stand; nothing of the body is kept; the connection is dropped."""
 
 
-def unsupported_coding(coding: str) -> str:
-    """What an answer in a Content-Encoding this client does not decode is told (both MCP
-    call paths word it alike)."""
-    return f"unsupported Content-Encoding {coding!r}: toolwire reads identity, gzip and deflate"
-
-
 class PoolTimeout(TimeoutError):
     """No connection of the pool came free within ``pool_wait_s``: nothing was sent."""
 
@@ -103,11 +98,6 @@ class TooLarge(WireError):
     def __init__(self, limit: int) -> None:
         super().__init__(f"the body is over {limit} bytes")
         self.limit = limit
-
-
-def _zlib_header(data: bytes) -> bool:
-    """Whether ``data`` opens with a zlib header (RFC 1950): deflate, and a valid check value."""
-    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
 
 
 def _check(value: str, what: str) -> str:
@@ -131,7 +121,6 @@ class Response:
         "_done",
         "_error",
         "_limit",
-        "_raw_deflate_ok",
         "_size",
         "_unread",
         "_waiter",
@@ -148,8 +137,7 @@ class Response:
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._decoder: zlib._Decompress | None = None
-        self._raw_deflate_ok = False
+        self._decoder: Decoder | None = None  # None: identity, the bytes kept as they come
         #: Bytes of body received (decompressed), and the pool's ``max_body`` (None: no cap).
         self._size = 0
         self._unread = 0  # bytes in _chunks
@@ -167,28 +155,17 @@ class Response:
             return  # a failed answer (too large, say): the rest is dropped as it comes
         limit = self._limit
         if self._decoder is not None:
-            if data and self._decoder.eof:  # bytes after the compressed stream: no valid body
-                self._trailing_garbage()
-                return
-            if self._raw_deflate_ok:  # "deflate" is meant zlib-wrapped; some send it raw
-                self._raw_deflate_ok = False
-                if len(data) >= 2 and not _zlib_header(data):
-                    self._decoder = zlib.decompressobj(-zlib.MAX_WBITS)
             # Capped: a small compressed read may expand a thousandfold. What is
             # decoded and not yet read may not pass the cap either (a chunked body
             # feeds many pieces per socket read, before reading can be paused).
-            room = 0 if limit is None else limit + 1 - self._unread
+            room = None if limit is None else limit - self._unread
             try:
-                data = self._decoder.decompress(data, room)
-            except zlib.error as exc:
-                coding = self.headers.get("content-encoding")
-                self._fail(UndecodableBody(f"bad {coding} body: {exc}"))
+                data = self._decoder.decompress(data, None if room is None else room + 1)
+            except DecodingError as exc:
+                self._undecodable(exc)
                 return
             if limit is not None and self._unread + len(data) > limit:
                 self._too_large(limit)
-                return
-            if self._decoder.unused_data:
-                self._trailing_garbage()
                 return
         if data:
             self._size += len(data)
@@ -199,13 +176,13 @@ class Response:
             self._unread += len(data)
             self._wake()
 
-    def _trailing_garbage(self) -> None:
-        # (zlib would keep every such byte in unused_data, uncounted)
-        coding = self.headers.get("content-encoding")
+    def _undecodable(self, exc: DecodingError) -> None:
+        # nothing of a body that cannot be decoded is kept, what came before the fault
+        # included (zlib would have kept bytes after its end in unused_data, uncounted)
         self._chunks.clear()
         self._unread = 0
         self._decoder = None
-        self._fail(UndecodableBody(f"the {coding} body goes on after its compressed stream ends"))
+        self._fail(UndecodableBody(str(exc)))
 
     def _too_large(self, limit: int) -> None:
         self._chunks.clear()  # nothing of it is kept, even when it all came
@@ -218,24 +195,9 @@ class Response:
     def _finish(self) -> None:
         if self._decoder is not None:
             try:
-                tail = self._decoder.flush()
-            except zlib.error as exc:
-                coding = self.headers.get("content-encoding")
-                self._fail(UndecodableBody(f"bad {coding} body: {exc}"))
-                return
-            if tail:
-                self._size += len(tail)
-                limit = self._limit
-                if limit is not None and (
-                    self._unread + len(tail) > limit or (self._whole and self._size > limit)
-                ):
-                    self._too_large(limit)
-                    return
-                self._chunks.append(tail)
-                self._unread += len(tail)
-            if not self._decoder.eof:
-                coding = self.headers.get("content-encoding")
-                self._fail(UndecodableBody(f"the {coding} body ends before its compressed stream"))
+                self._decoder.finish()
+            except DecodingError as exc:  # cut short: no answer
+                self._undecodable(exc)
                 return
         self._done = True
         self._wake()
@@ -442,14 +404,14 @@ class _Conn(asyncio.Protocol):
             return
         resp.status = status
         self._keep_alive = self._parser.should_keep_alive()
-        coding = resp.headers.get("content-encoding", "identity").strip().lower()
-        if coding in ("gzip", "x-gzip", "deflate"):
-            resp._decoder = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip or zlib, detected
-            resp._raw_deflate_ok = coding == "deflate"
-        elif coding != "identity":
-            # An answer all the same (its status may speak): the reader gets the error
-            # for its body, which is dropped as it comes; the connection is not reused.
-            resp._fail(UndecodableBody(unsupported_coding(coding)))
+        coding = resp.headers.get("content-encoding")
+        if coding is not None:
+            try:
+                resp._decoder = decoder_for(coding)
+            except UnsupportedEncoding as exc:
+                # An answer all the same (its status may speak): the reader gets the error
+                # for its body, which is dropped as it comes; the connection is not reused.
+                resp._fail(UndecodableBody(str(exc)))
         head, self._head = self._head, None
         if head is not None and not head.done():
             head.set_result(resp)
