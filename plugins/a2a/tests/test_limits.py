@@ -772,20 +772,51 @@ async def test_other_codings_are_refused_and_bodiless_answers_pass() -> None:
         assert (await client.get("http://a/card")).status_code == 304
 
 
-async def test_nothing_after_the_end_of_compressed_data_is_read() -> None:
-    """Before: bytes after the end of a gzip body were read (and dropped) for as long as
-    the server sent them."""
+@pytest.mark.parametrize("per_event", [False, True])
+async def test_bytes_after_the_end_of_compressed_data_fail_the_answer(per_event: bool) -> None:
+    """Before: bytes after the end of a gzip body were dropped and the answer taken (and,
+    earlier still, read for as long as the server sent them). The body is not what was
+    compressed: it fails as soon as such a byte comes, and the rest is not read."""
     body = b'{"jsonrpc": "2.0", "id": 1, "result": {}}'
     packed = gzip.compress(body)
     stream = Chunks([packed] + [b"\0" * 65536] * 64)
 
     def answer(request: httpx.Request) -> httpx.Response:
+        headers = {"content-encoding": "gzip", "content-type": "text/event-stream"}
+        return httpx.Response(200, headers=headers, stream=stream)
+
+    async with _client(answer) as client:
+        with pytest.raises(AnswerUndecodable, match="goes on after its compressed stream ends"):
+            await _read(client, {"accept": "text/event-stream"} if per_event else {}, [])
+    assert stream.sent == len(packed) + 65536
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate"])
+async def test_a_compressed_answer_cut_short_fails(coding: str) -> None:
+    """Before: a body ending inside its compressed data passed as what had been decoded
+    (a JSON answer then failed to parse; an event stream lost its end silently)."""
+    body = b'{"jsonrpc": "2.0", "id": 1, "result": {"kind": "task"}}'
+    packed = (gzip.compress if coding == "gzip" else zlib.compress)(body)[:-5]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-encoding": coding}, stream=Chunks([packed]))
+
+    async with _client(answer) as client:
+        with pytest.raises(AnswerUndecodable, match=f"the {coding} body ends before"):
+            await client.get("http://a/rpc")
+
+
+async def test_a_gzip_answer_of_several_members_is_read_whole() -> None:
+    """Before: the members after the first were dropped as if bytes after the end."""
+    body = b'{"jsonrpc": "2.0", "id": 1, "result": {"kind": "task", "id": "t"}}'
+    packed = gzip.compress(body[:20]) + gzip.compress(body[20:])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        stream = Chunks(_split(packed, 7))
         return httpx.Response(200, headers={"content-encoding": "gzip"}, stream=stream)
 
     async with _client(answer) as client:
-        r = await client.get("http://a/rpc")
-        assert r.content == body
-    assert stream.sent == len(packed)
+        assert (await client.get("http://a/rpc")).content == body
 
 
 @pytest.mark.parametrize("per_event", [False, True])

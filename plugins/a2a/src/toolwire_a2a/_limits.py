@@ -13,11 +13,12 @@ closed (not put back in the pool); the client's other requests go on.
 
 The client asks for ``Accept-Encoding: identity``, so the bytes counted are the
 bytes kept. A server that compresses anyway (gzip, deflate) is decompressed
-here, never more than ``_STEP`` bytes at a time, and counted as it expands and
-as it was sent (a body, or the bytes since the last event end, over the cap as
-sent is too large too); nothing after the end of the compressed data is read.
-Any other coding is refused (``AnswerUndecodable``) rather than expanded
-unbounded.
+here by ``toolwire.decoding``, never more than ``_STEP`` bytes at a time, and
+counted as it expands and as it was sent (a body, or the bytes since the last
+event end, over the cap as sent is too large too). Corrupt compressed data, a
+body cut short inside it, or bytes after its end (other than a further gzip
+member) are ``AnswerUndecodable``, raised as soon as known; so is any other
+coding, rather than expanded unbounded.
 
 An event stream is read as UTF-8 whatever charset it declares (SSE is UTF-8 by
 definition): the bytes the cap splits into events are the text the SDK's parser
@@ -34,18 +35,17 @@ fails with ``RedirectRefused``.
 from __future__ import annotations
 
 import re
-import zlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Final, cast
 
 import httpx
+
+from toolwire.decoding import Decoder, DecodingError, UnsupportedEncoding, content_coding
 
 __all__ = ["AnswerTooLarge", "AnswerUndecodable", "RedirectRefused", "capped_client"]
 
 #: The most bytes one step of decompression may produce.
 _STEP: Final = 64 * 1024
-#: Codings decompressed here; "identity" is none.
-_INFLATE: Final = frozenset({"gzip", "x-gzip", "deflate"})
 #: Statuses whose answer has no body whatever its Content-Length says.
 _NO_BODY: Final = frozenset({204, 304})
 #: Where an SSE event ends: a line ending followed by an empty line's (CRLF, LF and CR
@@ -104,55 +104,6 @@ def _may_follow(url: httpx.URL, target: httpx.URL) -> bool:
         and (url.scheme, _port(url)) == ("http", 80)
         and (target.scheme, _port(target)) == ("https", 443)
     )
-
-
-def _zlib_header(data: bytes) -> bool:
-    """Whether ``data`` opens with a zlib header (RFC 1950): deflate, and a valid check."""
-    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-
-
-class _Inflater:
-    """Decompresses gzip or deflate (zlib-wrapped, or raw as some servers send it) in
-    steps of at most ``_STEP`` bytes, so one small read cannot expand unbounded."""
-
-    def __init__(self, coding: str) -> None:
-        self._coding = coding
-        self._gzip = coding in ("gzip", "x-gzip")
-        self._obj: zlib._Decompress | None = (
-            zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzip else None
-        )
-        self._head = b""  # deflate: the first bytes, until the header can be told
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        if self._obj is None:  # deflate: zlib-wrapped or raw, told by the first two bytes
-            self._head += data
-            if len(self._head) < 2:
-                return
-            data, self._head = self._head, b""
-            wbits = zlib.MAX_WBITS if _zlib_header(data) else -zlib.MAX_WBITS
-            self._obj = zlib.decompressobj(wbits)
-        obj = self._obj
-        try:
-            while not obj.eof:  # what follows the end of the stream is ignored, as httpx does
-                out = obj.decompress(data, _STEP)
-                data = obj.unconsumed_tail
-                if out:
-                    yield out
-                if not data and len(out) < _STEP:
-                    return  # all input taken, nothing left pending
-        except zlib.error as exc:
-            raise AnswerUndecodable(f"bad {self._coding} body: {exc}") from None
-
-    @property
-    def eof(self) -> bool:
-        """Whether the end of the compressed data was reached (nothing more will come out)."""
-        return self._obj is not None and self._obj.eof
-
-    def flush(self) -> Iterator[bytes]:
-        if self._head:
-            raise AnswerUndecodable(f"bad {self._coding} body: one byte long")
-        if self._obj is not None:
-            yield from self.feed(b"")
 
 
 class _CappedStream(httpx.AsyncByteStream):
@@ -234,17 +185,17 @@ class _CappedStream(httpx.AsyncByteStream):
             return
         # Bytes as sent count too: deflate blocks that expand to nothing (or little) would
         # otherwise hold the connection, read on without end, under any cap.
-        inflater = _Inflater(self._coding)
-        async for chunk in self._inner:
-            self._sent += len(chunk)
-            for piece in inflater.feed(chunk):
-                yield piece
-            if self._sent > self._limit:
-                raise AnswerTooLarge(self._limit, self._setting)
-            if inflater.eof:
-                return  # what follows the end of the compressed data is not read
-        for piece in inflater.flush():
-            yield piece
+        decoder = Decoder(self._coding)
+        try:
+            async for chunk in self._inner:
+                self._sent += len(chunk)
+                for piece in decoder.pieces(chunk, _STEP):
+                    yield piece
+                if self._sent > self._limit:
+                    raise AnswerTooLarge(self._limit, self._setting)
+            decoder.finish()
+        except DecodingError as exc:
+            raise AnswerUndecodable(str(exc)) from None
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -252,19 +203,14 @@ class _CappedStream(httpx.AsyncByteStream):
 
 def _coding(response: httpx.Response) -> str | None:
     """The one coding to undo (gzip, deflate), or None; ``AnswerUndecodable`` for others."""
-    codings = [
-        c.strip().lower()
-        for c in response.headers.get_list("content-encoding", split_commas=True)
-        if c.strip().lower() not in ("", "identity")
-    ]
-    if not codings:
-        return None
-    if len(codings) > 1 or codings[0] not in _INFLATE:
+    fields = response.headers.get_list("content-encoding")
+    try:
+        return content_coding(", ".join(fields) if fields else None)
+    except UnsupportedEncoding as exc:
         raise AnswerUndecodable(
-            f"the answer came with Content-Encoding {', '.join(codings)!r}, although "
+            f"the answer came with Content-Encoding {exc.coding!r}, although "
             "identity (no compression) was asked for; toolwire reads gzip and deflate only"
-        )
-    return codings[0]
+        ) from None
 
 
 def capped_client(
