@@ -3,20 +3,22 @@
 A search provider may be a public SearXNG instance run by a stranger, or sit
 behind a proxy: its answer may be gigabytes long, or a small gzip body that
 expands a thousandfold. ``read_answer`` counts the body while it arrives,
-decompressed, and stops at the cap: it decompresses gzip and deflate itself,
-``_STEP`` bytes at a time (httpx would expand a whole network read at once),
+decompressed, and stops at the cap: it decompresses gzip and deflate itself
+(``toolwire.decoding``), ``_STEP`` bytes at a time (httpx would expand a whole
+network read at once),
 and never holds more than the cap plus one step. Nothing of an answer over the
 cap is kept; the caller closes the response, which drops the connection.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import AsyncGenerator, Iterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Final, cast
 
 import httpx
+
+from toolwire.decoding import Decoder, DecodingError, UnsupportedEncoding, decoder_for
 
 __all__ = [
     "ACCEPT_ENCODING",
@@ -30,7 +32,6 @@ __all__ = [
 ACCEPT_ENCODING: Final = "gzip, deflate"
 #: The most one decompression step yields (one network read may expand a thousandfold).
 _STEP: Final = 64 * 1024
-_ZLIB: Final = frozenset({"gzip", "x-gzip", "deflate"})
 #: Headers that describe the body as sent, not the decoded copy ``with_body`` makes.
 _WIRE_HEADERS: Final = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
@@ -48,52 +49,22 @@ class AnswerTooLarge(Exception):
 
 
 class UndecodableAnswer(Exception):
-    """The answer's Content-Encoding is not one asked for, or its compressed data is corrupt."""
+    """The answer's Content-Encoding is not one asked for, or its compressed data is corrupt,
+    cut short, or followed by other bytes."""
 
 
-class _Inflater:
-    """gzip or deflate, decompressed at most ``_STEP`` bytes at a time."""
-
-    def __init__(self, encoding: str) -> None:
-        deflate = encoding == "deflate"
-        self._d = zlib.decompressobj(zlib.MAX_WBITS if deflate else zlib.MAX_WBITS | 16)
-        #: "deflate" is meant zlib-wrapped; some servers send it raw (as httpx allows)
-        self._first = deflate
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        """The decompressed pieces of ``data``; bytes after the end of the stream are dropped."""
-        while not self._d.eof:
-            try:
-                out = self._d.decompress(data, _STEP)
-            except zlib.error as exc:
-                if not self._first:
-                    raise UndecodableAnswer(f"its compressed body is corrupt ({exc})") from None
-                self._d = zlib.decompressobj(-zlib.MAX_WBITS)
-                self._first = False
-                continue
-            self._first = False
-            data = self._d.unconsumed_tail
-            if out:
-                yield out
-            if not data and len(out) < _STEP:
-                return  # all consumed, nothing pending
-
-
-def _inflater(response: httpx.Response, *, lenient: bool) -> _Inflater | None:
+def _decoder(response: httpx.Response, *, lenient: bool) -> Decoder | None:
     """The decoder of the response's Content-Encoding (None: as sent)."""
-    codings = [
-        c.strip().lower()
-        for c in response.headers.get_list("content-encoding", split_commas=True)
-        if c.strip().lower() not in ("", "identity")
-    ]
-    if len(codings) == 1 and codings[0] in _ZLIB:
-        return _Inflater(codings[0])
-    if codings and not lenient:
+    fields = response.headers.get_list("content-encoding")
+    try:
+        return decoder_for(", ".join(fields) if fields else None)
+    except UnsupportedEncoding as exc:
+        if lenient:
+            return None
         raise UndecodableAnswer(
-            f"its Content-Encoding {', '.join(codings)!r} is not one the plugin asks for "
+            f"its Content-Encoding {exc.coding!r} is not one the plugin asks for "
             f"({ACCEPT_ENCODING})"
-        )
-    return None
+        ) from None
 
 
 async def read_answer(response: httpx.Response, limit: int, *, cut: bool = False) -> bytes:
@@ -105,7 +76,7 @@ async def read_answer(response: httpx.Response, limit: int, *, cut: bool = False
     and read no further (an error answer, of which only the start is wanted); a
     corrupt or unknown encoding then gives what could be read.
     """
-    inflater = _inflater(response, lenient=cut)
+    decoder = _decoder(response, lenient=cut)
     length = response.headers.get("content-length", "").strip()
     declared = int(length) if length.isdigit() else None
     if declared is not None and declared > limit and not cut:
@@ -114,10 +85,10 @@ async def read_answer(response: httpx.Response, limit: int, *, cut: bool = False
     size = sent = 0
     raw = cast(AsyncGenerator[bytes, None], response.aiter_raw())  # an async generator
     async with aclosing(raw) as chunks:
-        async for chunk in chunks:
-            sent += len(chunk)
-            try:
-                for piece in inflater.feed(chunk) if inflater is not None else (chunk,):
+        try:
+            async for chunk in chunks:
+                sent += len(chunk)
+                for piece in decoder.pieces(chunk, _STEP) if decoder is not None else (chunk,):
                     if size + len(piece) > limit:
                         if cut:
                             parts.append(piece[: limit - size])
@@ -126,18 +97,20 @@ async def read_answer(response: httpx.Response, limit: int, *, cut: bool = False
                         raise AnswerTooLarge(limit, declared)
                     parts.append(piece)
                     size += len(piece)
-            except UndecodableAnswer:
-                if cut:
+                if cut and size >= limit:
                     return b"".join(parts)
-                parts.clear()
-                raise
-            if cut and size >= limit:
-                break
-            if sent > limit:  # compressed data is not allowed more bytes than the cap either
-                if cut:
-                    break
-                parts.clear()
-                raise AnswerTooLarge(limit, declared)
+                if sent > limit:  # compressed data is not allowed more bytes than the cap either
+                    if cut:
+                        return b"".join(parts)
+                    parts.clear()
+                    raise AnswerTooLarge(limit, declared)
+            if decoder is not None:
+                decoder.finish()
+        except DecodingError as exc:
+            if cut:  # the start of an error answer: what could be read
+                return b"".join(parts)
+            parts.clear()
+            raise UndecodableAnswer(f"its compressed body is corrupt ({exc})") from None
     return b"".join(parts)
 
 
