@@ -668,6 +668,38 @@ async def test_endless_empty_data_lines_are_capped(direct: bool) -> None:
         await still_serving(k, up)
 
 
+def padded_deflate(data: bytes, blocks: int) -> bytes:
+    """``data`` zlib-compressed, with ``blocks`` empty stored blocks (5 bytes each, expanding
+    to nothing) before its last block: a valid body, as long as sent as the caller likes."""
+    packer = zlib.compressobj()
+    head = packer.compress(data) + packer.flush(zlib.Z_SYNC_FLUSH)
+    return head + b"\x00\x00\x00\xff\xff" * blocks + packer.flush()
+
+
+@PATHS
+async def test_a_json_answer_counts_as_sent_too(direct: bool) -> None:
+    """Compressed data may expand to nothing: a JSON answer of a few bytes padded with empty
+    deflate blocks was read for as long as the server sent them (no cap counted them; the
+    read timeout never fired). A body longer as sent than max_answer_bytes is over it, as
+    on the a2a and search plugins."""
+    assert zlib.decompress(padded_deflate(b"[1]", 3)) == b"[1]"
+
+    def script(rid: Any) -> bytes:
+        body = padded_deflate(json.dumps(result(rid)).encode(), 100_000)  # 500 kB as sent
+        return encoded_chunks(b"application/json", b"deflate", *split_at(body, 1000, 300_000))
+
+    async with (
+        serving(scripted_upstream({**SCRIPTS, "padded": send(script)})) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=65536) as (k, up),
+    ):
+        session = up._client
+        r = await call(k, "padded")
+        assert r.error is not None and r.error.kind == "tool_error", r.content
+        assert r.error.details["answer_too_large"] is True, r.error
+        assert up._client is session and up.status == "up"
+        await still_serving(k, up)
+
+
 @PATHS
 @pytest.mark.parametrize("where", ["the-answer", "a-notification"])
 async def test_an_event_over_max_answer_bytes_arriving_whole_is_too_large(

@@ -242,7 +242,8 @@ def _our_answer(body: bytes, rid: Any) -> bytes:
 class _CappedStream(httpx2.AsyncByteStream):
     """A response body capped at ``limit`` bytes, decompressed here (gzip, deflate).
 
-    ``whole``: the whole body is capped (a JSON answer; ``_OverLimit``). Else
+    ``whole``: the whole body is capped, decompressed and as sent (a JSON answer;
+    ``_OverLimit``). Else
     (an event stream, whose events the SDK caps itself) only what one read
     decompresses to (``_EventsOverLimit``). The body is decompressed here, with
     the cap as the most any one call may produce, so that a small compressed
@@ -290,10 +291,14 @@ class _CappedStream(httpx2.AsyncByteStream):
                 decoder = Decoder(self._encoding)
             except DecodingError as exc:
                 raise self._unreadable(str(exc)) from None
-        size = 0
+        size = sent = 0
         held: list[bytes] | None = [] if self._rid is not None else None
         async for chunk in self._inner:
             if decoder is not None and chunk:
+                # a whole body counts as sent too: compressed data may expand to nothing
+                sent += len(chunk)
+                if whole and sent > limit:
+                    raise self._over()
                 # at most the room left plus one byte: a small read cannot expand first
                 room = limit - (size if whole else 0)
                 try:

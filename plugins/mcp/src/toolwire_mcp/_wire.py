@@ -121,6 +121,7 @@ class Response:
         "_done",
         "_error",
         "_limit",
+        "_sent",
         "_size",
         "_unread",
         "_waiter",
@@ -140,6 +141,7 @@ class Response:
         self._decoder: Decoder | None = None  # None: identity, the bytes kept as they come
         #: Bytes of body received (decompressed), and the pool's ``max_body`` (None: no cap).
         self._size = 0
+        self._sent = 0  # bytes of a compressed body as sent (a whole body is capped so too)
         self._unread = 0  # bytes in _chunks
         self._limit = limit
         self._whole = False  # read() was called: the limit is on the whole body
@@ -155,6 +157,11 @@ class Response:
             return  # a failed answer (too large, say): the rest is dropped as it comes
         limit = self._limit
         if self._decoder is not None:
+            # Compressed data may expand to nothing: a whole body counts as sent too.
+            self._sent += len(data)
+            if limit is not None and self._whole and self._sent > limit:
+                self._too_large(limit)
+                return
             # Capped: a small compressed read may expand a thousandfold. What is
             # decoded and not yet read may not pass the cap either (a chunked body
             # feeds many pieces per socket read, before reading can be paused).
@@ -227,15 +234,17 @@ class Response:
         return self._done and self._error is None and not self._chunks
 
     async def read(self) -> bytes:
-        """The whole body: at most the pool's ``max_body`` bytes (decompressed), else
-        ``TooLarge``, raised as soon as it is known (a larger Content-Length, or the bytes
-        so far)."""
+        """The whole body: at most the pool's ``max_body`` bytes (decompressed, and as sent),
+        else ``TooLarge``, raised as soon as it is known (a larger Content-Length, or the
+        bytes so far)."""
         self._whole = True
         limit = self._limit
         if limit is not None and self._error is None:
             declared = self.headers.get("content-length", "")
-            if self._size > limit or (
-                self._decoder is None and declared.isdigit() and int(declared) > limit
+            if (
+                self._size > limit
+                or self._sent > limit
+                or (self._decoder is None and declared.isdigit() and int(declared) > limit)
             ):
                 self._too_large(limit)
         while not self._done:
