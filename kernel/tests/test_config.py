@@ -1272,3 +1272,40 @@ def test_a_home_relative_config_path_and_secrets_file_are_expanded(
     cfg = load_config(None, env={"TOOLWIRE_CONFIG": "~/toolwire.toml"})
     assert cfg.plugins["a"] == {"key": "from-home"}
     assert load_config("~/toolwire.toml", env={}).plugins["a"] == {"key": "from-home"}
+
+
+class LimitsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    limits: dict[str, int] = Field(default_factory=dict)
+    tools: list[int] = Field(default_factory=list)
+
+
+class LimitsPlugin:
+    Config = LimitsConfig
+
+    def __init__(self, config: LimitsConfig) -> None:
+        self.config = config
+
+
+def test_a_bad_value_inside_a_json_table_from_a_variable_names_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.md: "A JSON object sets the whole table" and "An error about a value a
+    variable set names the variable, not the file". Before: a wrong value inside the
+    JSON of TOOLWIRE_PLUGINS__LIMITS__LIMITS was `toolwire.toml: plugins.limits.limits.add:
+    Input should be a valid integer ...`, sending the user to a file that has no such key."""
+    fake_eps(monkeypatch, limits=f"{HERE}:LimitsPlugin")
+    p = write(tmp_path, "[plugins.limits]\nlimits = {add = 2}\n")
+    for var, raw, key in [
+        ("TOOLWIRE_PLUGINS__" + "LIMITS__LIMITS", '{"add": "x"}', "plugins.limits.limits.add"),
+        ("TOOLWIRE_PLUGINS__" + "LIMITS__TOOLS", '[1, "y"]', "plugins.limits.tools.1"),
+    ]:
+        with pytest.raises(ConfigError) as ei:
+            Kernel.from_config(load_config(p, env={var: raw}))
+        assert f"{key}: Input should be a valid integer" in str(ei.value)
+        assert f"(the value comes from the environment variable {var})" in str(ei.value)
+    # the file's own wrong value is still the file's
+    bad = write(tmp_path, "[plugins.limits]\nlimits = {add = 'x'}\n", name="bad.toml")
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(bad, env={}))
+    assert "environment variable" not in str(ei.value) and str(bad) in str(ei.value)

@@ -152,16 +152,7 @@ class ToolwireConfig(BaseModel):
         (``TOOLWIRE_PLUGINS__MCP__SERVERS='{...}'``) names that variable. A plugin
         uses it to blame the variable, not the file, for a value it finds wrong.
         """
-        sources = self._env_sources
-        while key:
-            var = sources.get(key)
-            if var is not None:
-                return var
-            cut = max(key.rfind("."), key.rfind("["))
-            if cut <= 0:
-                return None
-            key = key[:cut]
-        return None
+        return _env_var_at(key, self._env_sources)
 
     def source_of(self, key: str) -> str:
         """Where the value at dotted ``key`` came from, as a message says it.
@@ -405,6 +396,19 @@ def _apply_env(
     return sources
 
 
+def _env_var_at(key: str, sources: Mapping[str, str] | None) -> str | None:
+    """The variable that set ``key`` or a table or list holding it (see ``env_var_of``)."""
+    while key and sources:
+        var = sources.get(key)
+        if var is not None:
+            return var
+        cut = max(key.rfind("."), key.rfind("["))
+        if cut <= 0:
+            return None
+        key = key[:cut]
+    return None
+
+
 def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
     """``key: msg``, naming the environment variable when the value came from one.
 
@@ -413,7 +417,9 @@ def _problem(key: str, msg: str, sources: Mapping[str, str] | None) -> str:
     ``servers.weather`` even when the file says ``Weather``) names them too.
     """
     msg = msg.removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
-    var = sources.get(key) if sources else None
+    # a value inside a table or list one variable set as JSON names that variable
+    # (before: `plugins.x.limits.add: ...` blamed the file for TOOLWIRE_PLUGINS__X__LIMITS)
+    var = _env_var_at(key, sources)
     if var is not None:
         return f"{key}: {msg} (the value comes from the environment variable {var})"
     inside = sorted(v for k, v in (sources or {}).items() if k.startswith(key + "."))
