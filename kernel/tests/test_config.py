@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -1309,3 +1310,44 @@ def test_a_bad_value_inside_a_json_table_from_a_variable_names_the_variable(
     with pytest.raises(ConfigError) as ei:
         Kernel.from_config(load_config(bad, env={}))
     assert "environment variable" not in str(ei.value) and str(bad) in str(ei.value)
+
+
+class CrashingValidatorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prefix: str = "q"
+
+    @pydantic.field_validator("prefix")
+    @classmethod
+    def _check(cls, v: str) -> str:
+        if v == "bad":
+            raise RuntimeError("prefix check crashed")  # a bug: not a ValueError
+        return v
+
+
+class CrashingValidatorPlugin:
+    Config = CrashingValidatorConfig
+
+    def __init__(self, config: CrashingValidatorConfig) -> None:
+        self.config = config
+
+
+def test_a_config_validator_that_crashes_is_a_plugin_error_naming_the_plugin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """config.md: "Any other load or construction error is fatal and names the plugin".
+    Before: a Config validator raising anything but ValueError escaped Kernel.from_config
+    as that bare exception (RuntimeError: prefix check crashed), and `toolwire call`
+    printed a traceback with exit code 1."""
+    fake_eps(monkeypatch, crashy=f"{HERE}:CrashingValidatorPlugin")
+    p = write(tmp_path, "[plugins.crashy]\nprefix = 'bad'\n")
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(load_config(p, env={}))
+    assert ei.value.plugin == "crashy"
+    assert "CrashingValidatorConfig failed while validating [plugins.crashy]" in str(ei.value)
+    assert "RuntimeError: prefix check crashed" in str(ei.value)
+    assert isinstance(ei.value.__cause__, RuntimeError)
+    # `config check` of a table the plugin list leaves out reports it, not a traceback
+    off = write(tmp_path, "enabled_plugins = []\n[plugins.crashy]\nprefix = 'bad'\n", "off.toml")
+    with caplog.at_level("WARNING", logger="toolwire"):
+        config_mod.check_unloaded_plugin_tables(load_config(off, env={}))
+    assert "would fail: plugin 'crashy': its Config model" in caplog.text

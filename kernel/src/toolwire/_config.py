@@ -802,6 +802,15 @@ def _plugin_config(
             )
             msgs.append(_problem(f"plugins.{name}.{_loc(e)}", msg, env_sources))
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
+    except (ConfigError, PluginError):
+        raise
+    except Exception as exc:  # a validator's bug: pydantic wraps only ValueError/AssertionError
+        raise PluginError(
+            name,
+            f"its Config model {model.__qualname__} failed while validating [plugins.{name}]: "
+            f"{type(exc).__name__}: {exc} (a bug in the plugin: a validator refuses a value by "
+            "raising ValueError; report it to the plugin's authors, or disable the plugin)",
+        ) from exc
     _warn_ignored_keys(name, model, section, file, env_sources)
     return validated
 
