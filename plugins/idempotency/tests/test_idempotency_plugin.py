@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import math
@@ -468,6 +469,42 @@ async def test_oversized_result_leaves_a_marker_and_replays_get_an_error(env: En
     assert replay.error.details["max_result_bytes"] == 100
     assert entry is not None and entry.value["s"] == "oversized" and "c" not in entry.value
     assert plugin.counters.oversized == 1 and plugin.counters.result_unavailable == 1
+
+
+class _StampsADatetime:
+    """A third-party plugin annotating results in place with a value JSON cannot hold."""
+
+    name = "stamper"
+    order = 450  # inside idempotency (200): its after_call runs first
+
+    @hookimpl
+    def after_call(self, result: ToolResult) -> None:
+        result.content["checked_at"] = datetime.datetime(2026, 1, 1)
+
+
+async def test_a_result_a_plugin_made_non_json_is_not_called_oversized_on_replay(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before: the replay answered "its result (-1 bytes) was not kept: it was larger than
+    max_result_bytes (1048576) ... or raise plugins.idempotency.max_result_bytes" for a
+    30-byte result a plugin's after_call had put a datetime into, and only an INFO line
+    was logged: the operator was sent to a setting that cannot help."""
+    tool, runs = counting_tool(result={"ok": 1})
+    plugin = env.plugin()
+    async with env.kernel([tool], [plugin, _StampsADatetime()]) as kernel:
+        with caplog.at_level("INFO", logger="toolwire.idempotency"):
+            first = await kernel.call("send", {}, call_id="dt")
+        replay = await kernel.call("send", {}, call_id="dt")
+    assert len(runs) == 1 and first.content["ok"] == 1  # the first caller still gets it
+    assert first.meta.extra["idempotency"]["recorded"] is False
+    [rec] = [r for r in caplog.records if "is not JSON" in r.getMessage()]
+    assert rec.levelname == "WARNING"
+    assert replay.is_error and replay.error is not None and replay.error.kind == "conflict"
+    assert replay.error.details["reason"] == "result_unavailable"
+    assert replay.error.details["not_json"] is True
+    assert "its content was not JSON" in replay.error.message
+    assert "-1 bytes" not in replay.error.message
+    assert "max_result_bytes" not in replay.error.message
 
 
 async def test_max_stored_bytes_bounds_what_a_window_of_ttl_keeps(env: Env) -> None:

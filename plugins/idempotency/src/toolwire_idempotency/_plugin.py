@@ -989,28 +989,42 @@ class IdempotencyPlugin:
             if state == OVERSIZED:
                 self.counters.conflicts += 1
                 self.counters.result_unavailable += 1
-                why, key_ = (
-                    (
-                        f"the store's budget, max_stored_bytes ({value['budget']}), was spent",
-                        "max_stored_bytes",
+                size = value.get("size")
+                if "budget" not in value and isinstance(size, int) and size < 0:
+                    # not a size: the content was not JSON, and no setting keeps it
+                    what, why, fix = (
+                        "its result",
+                        "its content was not JSON (a value such as a datetime that a "
+                        "plugin's after_call hook put into result.content)",
+                        "",
                     )
-                    if "budget" in value
-                    else (
-                        f"it was larger than max_result_bytes ({value.get('limit')})",
-                        "max_result_bytes",
+                    key_ = "max_result_bytes"
+                else:
+                    why, key_ = (
+                        (
+                            f"the store's budget, max_stored_bytes ({value['budget']}), was spent",
+                            "max_stored_bytes",
+                        )
+                        if "budget" in value
+                        else (
+                            f"it was larger than max_result_bytes ({value.get('limit')})",
+                            "max_result_bytes",
+                        )
                     )
-                )
+                    what = f"its result ({size} bytes)"
+                    fix = f", or raise plugins.idempotency.{key_}"
                 raise CallRejected(
                     ErrorKind.CONFLICT,
-                    f"tool {call.name!r} call {call.call_id!r} already ran, but its result "
-                    f"({value.get('size')} bytes) was not kept: {why}; it is not run again. "
-                    f"Use a new call_id to run it again, or raise plugins.idempotency.{key_}",
+                    f"tool {call.name!r} call {call.call_id!r} already ran, but {what} was "
+                    f"not kept: {why}; it is not run again. Use a new call_id to run it "
+                    f"again{fix}",
                     details={
                         "reason": "result_unavailable",
                         "call_id": call.call_id,
                         "size": value.get("size"),
                         key_: value.get("budget", value.get("limit")),
                         "started_at": value.get("at"),
+                        **({"not_json": True} if not fix else {}),
                     },
                 )
             if state != PENDING:
@@ -1192,7 +1206,10 @@ class IdempotencyPlugin:
             size = -1  # not JSON: cannot be kept either
         if size < 0 or size > limit:
             self.counters.oversized += 1
-            log.info(
+            # not JSON: a plugin's after_call put a value there in place (a tool's return
+            # value, a replacement and a Recover are normalized): a bug, not a setting
+            log.log(
+                logging.WARNING if size < 0 else logging.INFO,
                 "idempotency: result of tool %r is %s; a replay will get 'result unavailable'",
                 meta.tool,
                 f"{size} bytes (max_result_bytes = {limit})" if size >= 0 else "not JSON",
