@@ -802,3 +802,47 @@ def test_a_first_party_command_that_failed_to_register_is_not_called_missing(
         main(["serve"])
     err = capsys.readouterr().err
     assert ei.value.code == 2 and "toolwire-mcp, which is installed but could not register" in err
+
+
+_FAILING_STARTUP = """
+from toolwire import hookimpl
+
+
+def where_it_broke():
+    raise KeyError("region")
+
+
+class Broken:
+    @hookimpl
+    def startup(self, kernel):
+        where_it_broke()
+"""
+
+
+def test_log_level_debug_shows_where_a_plugin_failed_to_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: `toolwire: error: plugin 'broken': startup failed: KeyError: 'region'` was
+    all a plugin author ever saw, at any --log-level: no file, no line, no traceback.
+    At DEBUG the traceback is logged now; at the default level the one line stays alone."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "twcli_broken.py").write_text(_FAILING_STARTUP)
+    monkeypatch.syspath_prepend(str(mods))
+    monkeypatch.delenv("TOOLWIRE_LOAD_PLUGINS", raising=False)
+    eps = {"broken": md.EntryPoint("broken", "twcli_broken:Broken", "toolwire")}
+    monkeypatch.setattr(config_mod, "installed_plugins", lambda: eps)
+    cfg = tmp_path / "toolwire.toml"
+    cfg.write_text('state = "memory://"\nenabled_plugins = ["broken"]\n')
+    try:
+        assert main(["-c", str(cfg), "call", "add"]) == 2
+        err = capsys.readouterr().err
+        assert "toolwire: error: plugin 'broken': startup failed: KeyError: 'region'" in err
+        assert "Traceback" not in err
+        assert main(["--log-level", "DEBUG", "-c", str(cfg), "call", "add"]) == 2
+        err = capsys.readouterr().err
+        [rec] = [json.loads(x) for x in err.splitlines() if "the traceback of the error" in x]
+        assert "twcli_broken.py" in rec["exc"] and "in where_it_broke" in rec["exc"]
+        assert err.rstrip().endswith("startup failed: KeyError: 'region'")
+    finally:
+        sys.modules.pop("twcli_broken", None)

@@ -647,6 +647,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         options = getattr(args, "backend_options", None)
         code: int = anyio.run(args.fn, args, backend_options=options(args) if options else None)
     except (KernelError, StateStoreError) as exc:  # a store error says what to start or fix
+        # the one line names the plugin and the exception; where a plugin's startup,
+        # discover or import raised it is in the traceback, at --log-level DEBUG
+        log.debug("the traceback of the error below", exc_info=exc)
         return _fail(str(exc))
     except KeyboardInterrupt:
         return 130
