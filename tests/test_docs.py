@@ -130,3 +130,24 @@ def test_relative_links_in_the_markdown_resolve() -> None:
             elif frag and dest.suffix == ".md" and frag not in _anchors(dest):
                 broken.append(f"{where}: no heading #{frag} in {dest.name}")
     assert not broken, "broken relative links:\n" + "\n".join(broken)
+
+
+def test_the_hook_order_table_lists_every_first_party_plugin() -> None:
+    """hooks.md's table of orders is what a plugin author picks an `order` from. Before:
+    it listed only the plugins at 50..500 and said "the first-party plugins use 100..500",
+    while mcp and search are at 900 and a2a at 910 (whose after_call then runs after a
+    plugin at 950, not before)."""
+    from toolwire import installed_plugins
+
+    text = (DOCS / "hooks.md").read_text()
+    table = {
+        name.strip().split(" ")[0]: int(order)
+        for order, names in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, re.M)
+        for name in names.split(",")
+    }
+    ours = {d.name for d in (ROOT / "plugins").iterdir()} | {"audit"}
+    for name, ep in installed_plugins().items():
+        if name not in ours:
+            continue
+        declared = ep.load().order
+        assert table.get(name) == declared, (name, declared, table.get(name))

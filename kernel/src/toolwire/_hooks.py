@@ -28,7 +28,8 @@ from ._errors import PluginError
 __all__ = ["DEFAULT_ORDER", "HOOK_PARAMS", "HookImpl", "PluginInfo", "PluginRegistry"]
 
 DEFAULT_ORDER = 1000
-"""Order of a plugin that declares none: after the first-party ones (100..500)."""
+"""Order of a plugin that declares none: after the first-party ones (100..500, and the
+tool sources at 900..910)."""
 
 #: Canonical argument order of each hook.
 HOOK_PARAMS: dict[str, tuple[str, ...]] = {

@@ -30,7 +30,7 @@ class StampPlugin:
     """The stamp plugin: stamps results, refuses the tools listed in ``refuse``."""
 
     name = "stamp"  # the entry-point name
-    order = 600  # where it sits among the hooks (first-party plugins use 100..500)
+    order = 600  # where it sits among the hooks (first-party: 100..500, tool sources 900..910)
     Config = StampConfig  # the kernel validates [plugins.stamp] with it
 
     def __init__(self, config: StampConfig | None = None) -> None:
