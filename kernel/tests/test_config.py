@@ -1351,3 +1351,29 @@ def test_a_config_validator_that_crashes_is_a_plugin_error_naming_the_plugin(
     with caplog.at_level("WARNING", logger="toolwire"):
         config_mod.check_unloaded_plugin_tables(load_config(off, env={}))
     assert "would fail: plugin 'crashy': its Config model" in caplog.text
+
+
+def test_a_list_or_table_from_a_variable_that_is_not_json_says_how_to_write_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.md: a variable's value is "parsed as JSON when it parses, else taken as a
+    string". Before: TOOLWIRE_PLUGINS__LIMITS__TOOLS=1,2 (a comma list, as
+    TOOLWIRE_LOAD_PLUGINS takes) failed as "Input should be a valid list" and no more."""
+    fake_eps(monkeypatch, limits=f"{HERE}:LimitsPlugin")
+    p = write(tmp_path, "")
+    tools, limits = "TOOLWIRE_PLUGINS__" + "LIMITS__TOOLS", "TOOLWIRE_PLUGINS__" + "LIMITS__LIMITS"
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(p, env={tools: "1,2"}))
+    assert "plugins.limits.tools: Input should be a valid list" in str(ei.value)
+    assert f"""a variable gives one as JSON: {tools}='["a", "b"]'""" in str(ei.value)
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(p, env={limits: "add=2"}))
+    assert f"""a variable gives one as JSON: {limits}='{{"k": "v"}}'""" in str(ei.value)
+    # a JSON value of the wrong shape, or the file's own: no such advice
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(p, env={tools: "5"}))
+    assert "as JSON" not in str(ei.value)
+    bad = write(tmp_path, "[plugins.limits]\ntools = 'a,b'\n", name="bad.toml")
+    with pytest.raises(ConfigError) as ei:
+        Kernel.from_config(load_config(bad, env={}))
+    assert "as JSON" not in str(ei.value)

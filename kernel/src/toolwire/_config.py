@@ -772,6 +772,10 @@ def _dist_of(ep: md.EntryPoint) -> tuple[str | None, str | None]:
     return dist.metadata["Name"], dist.version
 
 
+#: pydantic error types of a value that must be a list or a table
+_SHAPES = frozenset({"list_type", "dict_type", "model_type", "model_attributes_type"})
+
+
 def _plugin_config(
     name: str,
     factory: Any,
@@ -800,7 +804,14 @@ def _plugin_config(
                 if e.get("type") == "extra_forbidden"
                 else e.get("msg", "invalid")
             )
-            msgs.append(_problem(f"plugins.{name}.{_loc(e)}", msg, env_sources))
+            key = f"plugins.{name}.{_loc(e)}"
+            problem = _problem(key, msg, env_sources)
+            var = (env_sources or {}).get(key)
+            if var is not None and isinstance(e.get("input"), str) and e.get("type") in _SHAPES:
+                # the variable's text was not JSON, so it was taken as a string (`a,b`)
+                example = '["a", "b"]' if e["type"] == "list_type" else '{"k": "v"}'
+                problem += f"; a variable gives one as JSON: {var}='{example}'"
+            msgs.append(problem)
         raise ConfigError("; ".join(msgs), file=file or "<defaults+env>") from exc
     except (ConfigError, PluginError):
         raise
