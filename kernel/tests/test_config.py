@@ -588,7 +588,11 @@ def test_a_dependency_missing_behind_a_lazy_attribute_is_handled_like_an_import(
     with pytest.raises(PluginError) as ei:
         Kernel.from_config(str(write(tmp_path, "")))
     assert str(ei.value) == (
-        "plugin 'broken': cannot be loaded: RuntimeError: the plugin module is broken"
+        "plugin 'broken': cannot be loaded: RuntimeError: the plugin module is broken (raised "
+        'while importing entry point broken = "twtest_lazy:Broken": a bug in the plugin or a '
+        "broken install; reinstall or fix its distribution, or leave it out with "
+        "disabled_plugins = ['broken'] or TOOLWIRE_DISABLE_PLUGINS=broken; --log-level DEBUG "
+        "shows the traceback)"
     )
 
 

@@ -1141,7 +1141,15 @@ def _load_factory(n: str, ep: md.EntryPoint, *, explicit: bool) -> Any:
     except PluginError:
         raise
     except Exception as exc:
-        raise PluginError(n, f"cannot be loaded: {type(exc).__name__}: {exc}") from exc
+        # the plugin's code raised while being imported: say where, and how to go on without it
+        dist, _ = _dist_of(ep)
+        raise PluginError(
+            n,
+            f"cannot be loaded: {type(exc).__name__}: {exc} (raised while importing {where}: "
+            f"a bug in the plugin or a broken install; reinstall or fix "
+            f"{dist or 'its distribution'}, or leave it out with disabled_plugins = [{n!r}] "
+            f"or TOOLWIRE_DISABLE_PLUGINS={n}; --log-level DEBUG shows the traceback)",
+        ) from exc
     return obj
 
 
