@@ -139,3 +139,46 @@ def test_parse_retry_after_reads_all_three_http_date_formats() -> None:
         assert parse_retry_after(text, now) == expected, text
     for junk in ("Sun, 06 Nov 1994 08:49:37", "Sun, 06 Nov 1994 08:49:37 -0000"):
         assert parse_retry_after(junk, now) is None, junk
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan, -3.0, "10", True])
+@pytest.mark.anyio
+async def test_a_retry_after_no_wait_can_use_is_dropped_so_results_stay_json(bad: object) -> None:
+    """Before: a tool's ToolError(retry_after_s=math.inf) ("never"), or a plugin's
+    CallRejected with one, made `toolwire call` print `"retry_after_s": Infinity` (stdout
+    that does not parse as JSON) and an idempotency record of the error fail to write."""
+    import json
+
+    from toolwire import CallRejected, Kernel, ToolError, hookimpl
+    from toolwire.testing import FakeTool
+
+    class Rejects:
+        name = "rejects"
+
+        @hookimpl
+        def before_call(self, call: object) -> None:
+            if getattr(call, "name", "") == "gate":
+                raise CallRejected("quota", "used up", retry_after_s=bad)  # type: ignore[arg-type]
+
+    class Classifies:
+        name = "classifies"
+
+        @hookimpl
+        def on_error(self, error: ErrorInfo) -> None:
+            error.retry_after_s = bad  # type: ignore[assignment]
+
+    tool = FakeTool("flaky", script=[ToolError("never", kind="quota", retry_after_s=bad)])  # type: ignore[arg-type]
+    async with Kernel(tools=[tool.tool, FakeTool("gate").tool], plugins=[Rejects()]) as k:
+        for name in ("flaky", "gate"):
+            r = await k.call(name, {})
+            assert r.error is not None and r.error.retry_after_s is None, name
+            json.dumps(r.to_dict(), allow_nan=False)
+    # a classifier sets it after the kernel's check: to_dict still gives JSON
+    async with Kernel(
+        tools=[FakeTool("f2", script=[ToolError("x")]).tool], plugins=[Classifies()]
+    ) as k:
+        r = await k.call("f2", {})
+        assert r.error is not None and r.error.to_dict()["retry_after_s"] is None
+        json.dumps(r.to_dict(), allow_nan=False)
+    ok = ErrorInfo("quota", "x", retry_after_s=2.5)
+    assert ok.to_dict()["retry_after_s"] == 2.5

@@ -49,6 +49,7 @@ from ._types import (
     ToolError,
     ToolResult,
     _is_plain_json,
+    _seconds_or_none,
     normalize_content,
 )
 from ._validate import ArgsError, describe_validation_error, validate_json_schema
@@ -1660,7 +1661,12 @@ class Kernel:
         """The error result of a plugin's ``CallRejected``, scrubbed like every other error
         (a rejection may quote what an upstream said, credentials included)."""
         info = ErrorInfo(
-            rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+            rej.kind,
+            rej.message,
+            rej.retryable,
+            _seconds_or_none(rej.retry_after_s),
+            plugin,
+            rej.details,
         )
         self._scrub(info)
         return ToolResult.from_error(info, ctx.meta)
@@ -1919,7 +1925,12 @@ class Kernel:
                 continue
             except CallRejected as rej:
                 info = ErrorInfo(
-                    rej.kind, rej.message, rej.retryable, rej.retry_after_s, plugin, rej.details
+                    rej.kind,
+                    rej.message,
+                    rej.retryable,
+                    _seconds_or_none(rej.retry_after_s),
+                    plugin,
+                    rej.details,
                 )
             except Exception as exc:
                 info = _fallback_failed(ctx, nxt, plugin, exc)

@@ -80,6 +80,22 @@ class ErrorKind(enum.StrEnum):
     CONFIG_ERROR = "config_error"
 
 
+def _seconds_or_none(value: Any) -> float | None:
+    """``value`` when it is a usable wait (a finite number >= 0), else ``None``.
+
+    A ``retry_after_s`` of ``math.inf`` ("never"), NaN, a negative number or a
+    string would print as ``Infinity`` in ``toolwire call``'s JSON (which then
+    does not parse), fail a state store's write (an idempotency record) and give
+    a retrying plugin a wait it cannot take: it is dropped, as the mcp plugin
+    drops such a value from an upstream gateway.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 @dataclass(slots=True)
 class ErrorInfo:
     """What went wrong. Mutable on purpose: ``on_error`` classifiers refine it.
@@ -106,7 +122,8 @@ class ErrorInfo:
             "kind": str(self.kind),
             "message": self.message,
             "retryable": self.retryable,
-            "retry_after_s": self.retry_after_s,
+            # set by a classifier after the kernel checked it: still JSON here
+            "retry_after_s": _seconds_or_none(self.retry_after_s),
             "source": self.source,
             "details": details,
         }
@@ -139,7 +156,7 @@ class ToolError(Exception):
         return ErrorInfo(
             kind=self.kind,
             message=str(self),
-            retry_after_s=self.retry_after_s,
+            retry_after_s=_seconds_or_none(self.retry_after_s),
             source=source,
             details=dict(self.details),
             exception=self,
