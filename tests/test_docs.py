@@ -151,3 +151,16 @@ def test_the_hook_order_table_lists_every_first_party_plugin() -> None:
             continue
         declared = ep.load().order
         assert table.get(name) == declared, (name, declared, table.get(name))
+
+
+def test_the_hookspecs_docstring_orders_every_hook_and_names_every_rejected_option() -> None:
+    """hooks.md calls hookspecs.py the source of truth. Before: its module docstring left
+    before_fallback out of the order and named firstresult, wrapper and hookwrapper as
+    rejected, not tryfirst and trylast, which the kernel rejects too."""
+    doc = " ".join((hookspecs.__doc__ or "").split())
+    ordered = re.search(r"ascending for (.+?); descending for (.+?)\.", doc)
+    assert ordered is not None
+    named = set(re.findall(r"``(\w+)``", ordered.group(1) + ordered.group(2)))
+    assert named == set(hookspecs.all_hook_names())
+    for option in ("wrapper", "hookwrapper", "tryfirst", "trylast"):
+        assert f"``{option}``" in doc.split("rejects")[0], option

@@ -4,13 +4,14 @@ A plugin is any object with hook implementations marked ``@toolwire.hookimpl``
 (or a module of such functions, registered under the module's name). Implementations may be ``def`` or
 ``async def`` and may accept any subset of a hook's parameters, by name
 (pluggy's rule). They run sorted by the plugin's ``order`` (then its name):
-ascending for ``before_call``, ``on_error``, ``discover`` and ``startup``;
-descending for ``after_call`` and ``shutdown``.
+ascending for ``startup``, ``discover``, ``before_call``, ``before_fallback``
+and ``on_error``; descending for ``after_call`` and ``shutdown``.
 
 The kernel calls these hooks with its own async-aware caller (pluggy has
 none): each implementation is awaited before the next one runs. Do not mark
-them ``firstresult``, ``wrapper`` or ``hookwrapper``: the kernel rejects such
-implementations at registration.
+them ``wrapper``, ``hookwrapper``, ``tryfirst`` or ``trylast``: the kernel
+rejects such implementations at registration (``order`` is the only ordering;
+``firstresult`` is no hookimpl option at all).
 
 Every hook in this module is documented in docs/hooks.md; a test fails when one
 is missing there.
