@@ -1381,3 +1381,28 @@ def test_a_list_or_table_from_a_variable_that_is_not_json_says_how_to_write_it(
     with pytest.raises(ConfigError) as ei:
         Kernel.from_config(load_config(bad, env={}))
     assert "as JSON" not in str(ei.value)
+
+
+def test_a_plugin_named_with_a_dash_or_capitals_is_configured_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """config.md: every key of a plugin's table may come from TOOLWIRE_PLUGINS__<plugin>__<key>.
+    Before: the plugin part was only lower-cased, so a plugin whose entry point is named
+    `my-demo` (a shell variable cannot hold `-`) or `MyDemo` could not be configured from
+    the environment: TOOLWIRE_PLUGINS__MY_DEMO__GREETING was "configuration for unknown
+    plugin 'my_demo' (did you mean 'my-demo'?) ... rename or unset it"."""
+    fake_eps(monkeypatch, **{"my-demo": f"{HERE}:DemoPlugin", "MyDemo": f"{HERE}:DemoPlugin"})
+    p = write(tmp_path, "")
+    dash, caps = "TOOLWIRE_PLUGINS__" + "MY_DEMO__GREETING", "TOOLWIRE_PLUGINS__" + "MYDEMO__ORDER"
+    cfg = load_config(p, env={dash: "hi", caps: "7"})
+    assert cfg.plugins == {"my-demo": {"greeting": "hi"}, "MyDemo": {"order": 7}}
+    assert cfg.env_var_of("plugins.my-demo.greeting") == dash
+    k = Kernel.from_config(cfg)
+    assert k.get_plugin("my-demo").config.greeting == "hi"
+    assert k.plugins.plugins["MyDemo"].order == 7
+    # with the file's own table: the variable still overrides it, named as it is spelt
+    q = write(tmp_path, '[plugins.my-demo]\ngreeting = "file"\n', name="q.toml")
+    assert load_config(q, env={dash: "env"}).plugins == {"my-demo": {"greeting": "env"}}
+    # a plugin that is there lower-case wins over one named like it
+    fake_eps(monkeypatch, **{"my_demo": f"{HERE}:DemoPlugin", "my-demo": f"{HERE}:DemoPlugin"})
+    assert load_config(p, env={dash: "hi"}).plugins == {"my_demo": {"greeting": "hi"}}

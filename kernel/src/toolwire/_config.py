@@ -342,6 +342,7 @@ def _apply_env(
         # One entry per name ("disabled_plugins[x]"): the file's list and the variable's add up.
         sources.update((f"disabled_plugins[{p}]", "TOOLWIRE_DISABLE_PLUGINS") for p in extra)
     prefix = "TOOLWIRE_PLUGINS__"
+    names: list[str] | None = None  # the plugin names a variable may mean (read once)
     # shallow variables first: __A__X and __A__X__Y both set is an error whatever the
     # environment's order (the deeper one used to be overwritten silently)
     for var, raw in sorted(env.items(), key=lambda kv: kv[0].count("__")):
@@ -352,9 +353,12 @@ def _apply_env(
             raise ConfigError(
                 f"environment variable {var}: expected TOOLWIRE_PLUGINS__<plugin>__<key>[__<subkey>]"
             )
+        if names is None:
+            tables = data.get("plugins")
+            names = [*(tables if isinstance(tables, dict) else ()), *installed_plugins()]
         path = ["plugins"]
         node = data.setdefault("plugins", {})
-        for p in [parts[0].lower(), *[x.lower() for x in parts[1:-1]], None]:
+        for p in [_env_plugin_name(parts[0], names), *[x.lower() for x in parts[1:-1]], None]:
             if not isinstance(node, dict):
                 # a value is there (from the file, or another variable); a key needs a table
                 key = ".".join(path)
@@ -381,7 +385,7 @@ def _apply_env(
                     file=file,
                     key=".".join(path),
                 )
-        dotted = ".".join(["plugins", *(x.lower() for x in parts)])
+        dotted = ".".join([*path, parts[-1].lower()])  # the plugin's name as resolved
         twin = sources.get(dotted)
         if twin is not None and twin != var:
             # keys are lower-cased: which of two spellings won depended on the environment
@@ -394,6 +398,22 @@ def _apply_env(
         node[parts[-1].lower()] = _env_value(var, raw)
         sources[dotted] = var
     return sources
+
+
+def _env_plugin_name(part: str, names: list[str]) -> str:
+    """The plugin a ``TOOLWIRE_PLUGINS__<part>__...`` variable configures.
+
+    Its name lower-cased, unless that is no plugin and exactly one plugin (installed,
+    or with a table in the file) is named like it but for case and ``-`` (which no
+    shell lets a variable name hold): ``MY_QUOTA`` configures ``my-quota`` and
+    ``MyQuota``. Before, such a plugin could not be configured from the environment.
+    """
+    low = part.lower()
+    if low in names:
+        return low
+    key = low.replace("-", "_")
+    meant = {n for n in names if n.lower().replace("-", "_") == key}
+    return meant.pop() if len(meant) == 1 else low
 
 
 def _env_var_at(key: str, sources: Mapping[str, str] | None) -> str | None:
