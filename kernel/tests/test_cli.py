@@ -846,3 +846,57 @@ def test_log_level_debug_shows_where_a_plugin_failed_to_start(
         assert err.rstrip().endswith("startup failed: KeyError: 'region'")
     finally:
         sys.modules.pop("twcli_broken", None)
+
+
+_HALF_REGISTERED = """
+def register(subparsers):
+    p = subparsers.add_parser("half", help="a command whose register fails after adding it")
+    p.add_argument("tool")
+    raise RuntimeError("register failed after add_parser")
+
+
+def register_no_fn(subparsers):
+    subparsers.add_parser("nofn", help="a command that sets no function")
+"""
+
+
+def test_a_plugin_command_whose_register_fails_half_way_is_left_out_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """writing-plugins.md: "A register that raises is logged as a warning and the rest of
+    the CLI works". Before: one that raised after add_parser left the command listed by
+    --help, and `toolwire half x` died with "AttributeError: 'Namespace' object has no
+    attribute 'fn'" (a traceback, exit 1); so did a command that never set fn."""
+    from toolwire import cli as cli_mod
+
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "twcli_half.py").write_text(_HALF_REGISTERED)
+    monkeypatch.syspath_prepend(str(mods))
+    real = md.entry_points
+    ours = [
+        md.EntryPoint("half", "twcli_half:register", cli_mod.CLI_ENTRY_POINT_GROUP),
+        md.EntryPoint("nofn", "twcli_half:register_no_fn", cli_mod.CLI_ENTRY_POINT_GROUP),
+    ]
+
+    def entry_points(*, group: str) -> object:
+        return ours if group == cli_mod.CLI_ENTRY_POINT_GROUP else real(group=group)
+
+    monkeypatch.setattr(cli_mod.md, "entry_points", entry_points)
+    cli_mod.configure_logging("WARNING")  # stderr as this test captures it
+    try:
+        with pytest.raises(SystemExit) as ei:
+            main(["--help"])
+        out = capsys.readouterr().out
+        assert ei.value.code == 0 and "nofn" in out and "half" not in out
+        with pytest.raises(SystemExit) as ei:
+            main(["half", "x"])
+        err = capsys.readouterr().err
+        assert ei.value.code == 2 and "invalid choice: 'half'" in err
+        assert "'half' from 'twcli_half:register' could not be registered" in err
+        assert main(["nofn"]) == 2
+        err = capsys.readouterr().err
+        assert "toolwire: error: the command 'nofn' has nothing to run" in err
+        assert "set_defaults(fn=...)" in err and "Traceback" not in err
+    finally:
+        sys.modules.pop("twcli_half", None)

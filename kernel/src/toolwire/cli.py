@@ -631,9 +631,16 @@ def _name_subcommands(parser: argparse.ArgumentParser, *, top: bool = False) -> 
 def _plugin_commands(sub: Any) -> None:
     """Commands contributed by installed distributions (entry points ``toolwire.cli``)."""
     for ep in sorted(md.entry_points(group=CLI_ENTRY_POINT_GROUP), key=lambda e: e.name):
+        names = dict(sub.choices)
+        shown = list(sub._choices_actions)
         try:
             ep.load()(sub)
         except Exception as exc:  # a broken add-on must not break the whole CLI
+            # nor leave half a command: one whose parser was added before `register`
+            # raised was listed by --help and, run, had no function (a traceback)
+            sub.choices.clear()
+            sub.choices.update(names)
+            sub._choices_actions[:] = shown
             log.warning(
                 "CLI command %r from %r could not be registered: %s", ep.name, ep.value, exc
             )
@@ -643,6 +650,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``toolwire`` command."""
     args = _parser().parse_args(argv)
     configure_logging(args.log_level.upper())
+    if not callable(getattr(args, "fn", None)):  # a plugin's command that sets none
+        return _fail(
+            f"the command {args.command!r} has nothing to run: the register() function "
+            "that adds it must call set_defaults(fn=...) on its parser (see "
+            "docs/writing-plugins.md, 'A command of its own')"
+        )
     try:
         options = getattr(args, "backend_options", None)
         code: int = anyio.run(args.fn, args, backend_options=options(args) if options else None)
