@@ -162,9 +162,9 @@ class A2APlugin:
     @hookimpl
     def after_call(self, result: ToolResult) -> ToolResult | None:
         """A call of an agent tool cut by its timeout, after the agent took the task: the
-        error says so and carries the task id, so any caller (an MCP client, ``toolwire
-        call``: they do not see ``meta.extra``) can follow it with ``agent_<nick>_task``
-        rather than send the message again."""
+        error says so and carries the task id, so any caller (an MCP client, which does not
+        see ``meta.extra``) can follow it with ``agent_<nick>_task`` rather than send the
+        message again."""
         err = result.error
         info = result.meta.extra.get("a2a")
         if (
