@@ -288,6 +288,18 @@ def _check_attempt_timeout(seconds: Any) -> None:
         )
 
 
+def _rejection(plugin: str, rej: CallRejected) -> ErrorInfo:
+    """The error a plugin's ``CallRejected`` stands for (its source: the plugin)."""
+    return ErrorInfo(
+        rej.kind,
+        rej.message,
+        rej.retryable,
+        _seconds_or_none(rej.retry_after_s),
+        plugin,
+        rej.details,
+    )
+
+
 def _fallback_failed(ctx: CallContext, nxt: ToolCall, plugin: str, exc: BaseException) -> ErrorInfo:
     """``plugin``'s before_fallback raised something other than ``CallRejected``:
     recorded and logged as any hook failure; the rerouted tool is not run."""
@@ -1660,14 +1672,7 @@ class Kernel:
     def _rejected(self, ctx: CallContext, plugin: str, rej: CallRejected) -> ToolResult:
         """The error result of a plugin's ``CallRejected``, scrubbed like every other error
         (a rejection may quote what an upstream said, credentials included)."""
-        info = ErrorInfo(
-            rej.kind,
-            rej.message,
-            rej.retryable,
-            _seconds_or_none(rej.retry_after_s),
-            plugin,
-            rej.details,
-        )
+        info = _rejection(plugin, rej)
         self._scrub(info)
         return ToolResult.from_error(info, ctx.meta)
 
@@ -1924,14 +1929,7 @@ class Kernel:
                     await res
                 continue
             except CallRejected as rej:
-                info = ErrorInfo(
-                    rej.kind,
-                    rej.message,
-                    rej.retryable,
-                    _seconds_or_none(rej.retry_after_s),
-                    plugin,
-                    rej.details,
-                )
+                info = _rejection(plugin, rej)
             except Exception as exc:
                 info = _fallback_failed(ctx, nxt, plugin, exc)
             except asyncio.CancelledError as exc:
