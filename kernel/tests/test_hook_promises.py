@@ -1655,3 +1655,34 @@ async def test_register_plugin_fixture_orders_like_the_kernel(
     ]
     with pytest.raises(PluginError, match=r"await kernel.add_plugin\(plugin\)"):
         register_plugin(lifecycle("late", 1, [], "startup"))  # the kernel has started
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_a_startup_slow_to_return_is_named_while_the_kernel_waits(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A plugin's startup (or discover) that does not return held the kernel's start, and
+    `toolwire serve` with it, without a word. A WARNING now names the plugin and the hook
+    while the kernel waits (then again, less often), and stops once the hook returns."""
+    import toolwire._kernel as kernel_module
+
+    monkeypatch.setattr(kernel_module, "_SLOW_HOOK_S", 0.05)
+    monkeypatch.setattr(kernel_module, "_SLOW_HOOK_REPEAT_S", 0.1)
+
+    class Slow:
+        name = "slowpoke"
+
+        @hookimpl
+        async def startup(self) -> None:
+            await anyio.sleep(0.4)
+
+    def warned() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "has not returned" in r.getMessage()]
+
+    caplog.set_level(logging.WARNING, logger="toolwire")
+    async with Kernel(plugins=[Slow()]):
+        seen = warned()
+        assert len(seen) >= 2, seen
+        assert seen[0].startswith("plugin 'slowpoke': its startup hook has not returned after")
+        await anyio.sleep(0.3)
+        assert warned() == seen  # the hook returned: no more warnings

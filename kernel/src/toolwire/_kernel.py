@@ -288,6 +288,28 @@ def _check_attempt_timeout(seconds: Any) -> None:
         )
 
 
+#: When a plugin's lifecycle hook still runs, a WARNING says so (after the first, then
+#: every ``_SLOW_HOOK_REPEAT_S``): a hung startup holds the kernel's start, silently before.
+_SLOW_HOOK_S = 10.0
+_SLOW_HOOK_REPEAT_S = 60.0
+
+
+async def _warn_while_waiting(plugin: str, hook: str) -> None:
+    waited = 0.0
+    step = _SLOW_HOOK_S
+    while True:
+        await anyio.sleep(step)
+        waited += step
+        step = _SLOW_HOOK_REPEAT_S
+        log.warning(
+            "plugin %r: its %s hook has not returned after %gs; the kernel waits for it (a "
+            "service it connects to may not answer; see that plugin's timeout settings)",
+            plugin,
+            hook,
+            round(waited, 1),
+        )
+
+
 def _rejection(plugin: str, rej: CallRejected) -> ErrorInfo:
     """The error a plugin's ``CallRejected`` stands for (its source: the plugin)."""
     return ErrorInfo(
@@ -940,10 +962,17 @@ class Kernel:
         return copy
 
     async def _call_impl(self, impl: Any, hook: str, *args: Any) -> Any:
+        """A lifecycle hook (``startup``, ``shutdown``, ``discover``) of one plugin; one
+        that is slow to return is named in a WARNING while the kernel waits for it."""
         try:
             res = impl.invoke(*args)
             if impl.is_async or inspect.isawaitable(res):
-                res = await res
+                watch = BackgroundTask(_warn_while_waiting, (impl.plugin, hook), "toolwire-watch")
+                watch._start()
+                try:
+                    res = await res
+                finally:
+                    watch._scope.cancel()
         except (KernelError, anyio.get_cancelled_exc_class()):
             raise
         except Exception as exc:
