@@ -182,3 +182,15 @@ async def test_a_retry_after_no_wait_can_use_is_dropped_so_results_stay_json(bad
         json.dumps(r.to_dict(), allow_nan=False)
     ok = ErrorInfo("quota", "x", retry_after_s=2.5)
     assert ok.to_dict()["retry_after_s"] == 2.5
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, None])
+def test_call_rejected_takes_a_bool_for_retryable(bad: object) -> None:
+    """``CallRejected(retryable="yes")`` reached callers as the string ``"yes"`` in
+    ``error.retryable`` (and in the JSON an MCP client gets); it is a TypeError naming
+    the argument, which the kernel reports as the plugin's failure."""
+    from toolwire import CallRejected
+
+    with pytest.raises(TypeError, match=r"CallRejected\(retryable=...\) takes True or False"):
+        CallRejected("denied", "no", retryable=bad)  # type: ignore[arg-type]
+    assert CallRejected("denied", "no", retryable=True).retryable is True

@@ -179,6 +179,8 @@ class CallRejected(Exception):
         retry_after_s: float | None = None,
         details: dict[str, Any] | None = None,
     ) -> None:
+        if not isinstance(retryable, bool):  # "yes" would reach callers as a string
+            raise TypeError(f"CallRejected(retryable=...) takes True or False, not {retryable!r}")
         super().__init__(message)
         self.kind = kind
         self.message = message
