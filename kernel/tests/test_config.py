@@ -1406,3 +1406,29 @@ def test_a_plugin_named_with_a_dash_or_capitals_is_configured_from_the_environme
     # a plugin that is there lower-case wins over one named like it
     fake_eps(monkeypatch, **{"my_demo": f"{HERE}:DemoPlugin", "my-demo": f"{HERE}:DemoPlugin"})
     assert load_config(p, env={dash: "hi"}).plugins == {"my_demo": {"greeting": "hi"}}
+
+
+class OrderFieldConfig(BaseModel):
+    order: int = 5  # meant as the plugin's own setting: never reaches it
+
+
+class OrderFieldPlugin:
+    Config = OrderFieldConfig
+
+    def __init__(self, config: OrderFieldConfig) -> None:
+        self.config = config
+
+
+def test_a_config_field_named_order_is_refused_naming_the_clash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``order`` in ``[plugins.<name>]`` is the kernel's (the hook order), taken out of the
+    table before the plugin's Config sees it. Before: a Config field of that name silently
+    kept its default whatever the file said, and the value moved the plugin's hooks."""
+    fake_eps(monkeypatch, ordered=f"{HERE}:OrderFieldPlugin")
+    p = write(tmp_path, "[plugins.ordered]\norder = 7\n")
+    with pytest.raises(PluginError) as ei:
+        Kernel.from_config(load_config(p, env={}))
+    assert ei.value.plugin == "ordered"
+    assert "its Config declares a field 'order'" in str(ei.value)
+    assert "rename it" in str(ei.value)

@@ -814,6 +814,13 @@ def _plugin_config(
         return None
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise PluginError(name, "its Config attribute must be a pydantic BaseModel subclass")
+    if "order" in model.model_fields:
+        raise PluginError(
+            name,
+            f"its Config declares a field 'order', but `order` in [plugins.{name}] is the "
+            "kernel's own key (the plugin's place in the hook order), taken out before the "
+            "plugin's Config sees the table: that field would never get a value; rename it",
+        )
     try:
         validated = model.model_validate(section)
     except pydantic.ValidationError as exc:
