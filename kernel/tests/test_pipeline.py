@@ -1372,3 +1372,27 @@ async def test_tracing_an_async_hook_behind_a_sync_decorator_reports_its_outcome
     assert any("before_call" in m and "raised RuntimeError: hook broke" in m for m in lines)
     assert any("after_call" in m and "-> ToolResult" in m for m in lines), lines
     assert not any("coroutine" in m for m in lines), lines
+
+
+@pytest.mark.parametrize("shape", ["is_error without error", "error without is_error"])
+async def test_a_replacement_whose_error_flag_and_error_disagree_is_ignored(shape: str) -> None:
+    """A plugin's ``ToolResult(is_error=True)`` with no ``error`` (or an ``error`` with
+    ``is_error=False``) reached callers as it was: a failure with no kind (the audit line
+    said ``error_kind: null``), or a success carrying an error. Such a replacement is now
+    refused like one that is no JSON: the result stands, and the plugin's error is noted."""
+    from toolwire import ErrorInfo
+
+    class Odd:
+        name, order = "odd", 200
+
+        @hookimpl
+        def after_call(self, result: ToolResult) -> ToolResult:
+            if shape == "is_error without error":
+                return ToolResult({"error": "x"}, is_error=True, meta=result.meta)
+            return ToolResult({"ok": 1}, error=ErrorInfo("denied", "no"), meta=result.meta)
+
+    r = await make_kernel(FakeTool("t").tool, plugins=(Odd(),)).call("t", {})
+    assert r.content == {"ok": True} and not r.is_error and r.error is None
+    (problem,) = r.meta.plugin_errors
+    assert problem["plugin"] == "odd" and problem["hook"] == "after_call"
+    assert "ToolResult.fail" in problem["error"]

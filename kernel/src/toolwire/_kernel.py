@@ -230,12 +230,21 @@ def _check_idents(name: str, **idents: Any) -> None:
 
 
 def _content_problem(result: ToolResult) -> str | None:
-    """Normalize the content of a result a plugin made, as a tool's return is; or say why not.
+    """Normalize the content of a result a plugin made, as a tool's return is; or say why not
+    (an error flag and error that disagree, content that is no JSON).
 
     A plugin's ``ToolResult(content=...)`` is not normalized by its constructor: content
     that is no JSON object would fail every transport later (an MCP client got a bare
     "Error calling tool"), so it is made one here (a model, a dataclass, a datetime...).
     """
+    if result.is_error != (result.error is not None):
+        # callers read one or the other: an "error" with no kind, or a "success" carrying
+        # an error (the audit line said error_kind null; an MCP client saw no error)
+        return (
+            "a ToolResult with is_error=True but no error (ErrorInfo)"
+            if result.is_error
+            else "a ToolResult with an error but is_error=False"
+        ) + " (make it with ToolResult.fail / ToolResult.from_error)"
     content = result.content
     if type(content) is dict and _is_plain_json(content):
         return None
