@@ -1082,3 +1082,40 @@ async def test_a_store_failure_recording_a_providers_limit_keeps_the_classificat
     assert res.error is not None and res.error.kind == "rate_limit", res.error
     assert res.error.retryable and res.meta.plugin_errors == []
     assert any("could not record its rate_limit" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_clear_from_a_process_without_the_provider_keeps_its_grace(
+    tmp_path: Path,
+) -> None:
+    """Before: a write of a removed provider's pool by a process that does not configure it
+    (`toolwire keys clear old k2` from a host whose configuration no longer lists it) used
+    the default grace (7 days) and dropped the one the provider's configuration had (30
+    days here): the sweep then forgot k1's quarantine after 7 days, and status showed a
+    wrong "forgotten at"."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    month = 30 * 86400.0
+    with_old = with_provider_old(removed_key_grace_seconds=month)
+    async with kernel_with(with_old, state=url, clock=clock) as kernel:
+        await key_pool(kernel, "old").report("k1", "auth")
+        await key_pool(kernel, "old").report("k2", "auth")
+    async with (
+        kernel_with(config(), state=url, clock=clock) as server,
+        kernel_with(config(), state=url, clock=clock) as cli,
+    ):
+        sweep = RateLimitPlugin.of(server).forget_removed_providers
+        assert await sweep() == []  # notes the provider as removed
+        clock.advance(86400)
+        pool = key_pool(cli, "old")
+        await pool.clear("k2")  # the operator lifts k2 only
+        stored = {k["alias"]: k for k in (await pool.status())["unconfigured"]}
+        assert stored["k1"]["state"] == "quarantined"
+        assert stored["k1"]["forget_at"] == stored["k1"]["gone_since"] + month
+        for _ in range(10):  # the sweep runs for 10 days: k1 is kept (its grace is 30)
+            assert await sweep() == []
+            clock.advance(86400)
+    async with kernel_with(with_old, state=url, clock=clock) as kernel:  # back in the grace
+        assert (await key_pool(kernel, "old").availability()).keys == {
+            "k1": "quarantined",
+            "k2": "ok",
+        }

@@ -434,6 +434,7 @@ class RateLimitPlugin:
 
     def _build_pool(self, provider: str) -> KeyPool:
         pc = self.settings.providers.get(provider)
+        configured = pc is not None or provider in self._registered
         keys = _keys_of(provider, pc) if pc is not None else []
         if provider in self._registered:
             reg_keys, reg_pc = self._registered[provider]
@@ -452,7 +453,7 @@ class RateLimitPlugin:
             max_retry_after_s=self.settings.max_retry_after_seconds,
         )
         throttle = self._throttle(f"providers.{provider}", pc.rate) if pc.rate else None
-        return KeyPool(provider, keys, settings, self, throttle)
+        return KeyPool(provider, keys, settings, self, throttle, configured=configured)
 
     def _throttle(self, name: str, spec: RateSpec) -> Throttle:
         th = self._throttles.get(name)

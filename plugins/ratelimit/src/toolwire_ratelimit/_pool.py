@@ -137,10 +137,9 @@ def removed_provider(value: Any, now: float) -> tuple[str, Any]:
     since = _num(value, "removed")
     if not 0 < since <= now:  # new, or a bad or future value: count from now
         return "note", {**value, "removed": now}
-    g = value.get("grace")
-    grace = DEFAULT_GRACE_S
-    if isinstance(g, int | float) and not isinstance(g, bool) and 0 <= g < float("inf"):
-        grace = float(g)
+    grace = _stored_grace(value)
+    if grace is None:
+        grace = DEFAULT_GRACE_S
     if now - since < grace:
         return "keep", None
     rec = _norm(value)
@@ -151,6 +150,15 @@ def removed_provider(value: Any, now: float) -> tuple[str, Any]:
         if isinstance(ks, dict) and _slot_busy(ks, now):
             return "keep", None
     return "forget", None
+
+
+def _stored_grace(value: Any) -> float | None:
+    """The ``removed_key_grace_s`` the last process configuring the provider wrote with
+    its pool (``grace``; None: the default, or not a pool record)."""
+    g = value.get("grace") if isinstance(value, dict) else None
+    if isinstance(g, int | float) and not isinstance(g, bool) and 0 <= g < float("inf"):
+        return float(g)
+    return None
 
 
 def _iso(t: float) -> str:
@@ -292,9 +300,14 @@ class KeyPool:
         settings: PoolSettings,
         plugin: RateLimitPlugin,
         throttle: Throttle | None = None,
+        *,
+        configured: bool = True,
     ) -> None:
         self.provider = provider
         self.settings = settings
+        # False: a stand-in for a provider this process does not configure (its stored
+        # pool, shown or cleared by `toolwire keys`): the grace is the stored one.
+        self._configured = configured
         self._plugin = plugin
         self._keys: dict[str, ApiKey] = {k.alias: k for k in keys}
         self._implicit = not keys
@@ -329,7 +342,7 @@ class KeyPool:
         def wrapped(value: Any, now: float) -> tuple[Any, Any]:
             result, new = fn(self._read(value), now)
             if isinstance(new, dict):
-                self._forget_removed(new, now)
+                self._forget_removed(new, now, self._grace(value))
             return result, new
 
         result = await cas_update(
@@ -338,7 +351,16 @@ class KeyPool:
         self._plugin._sweep_soon()
         return result
 
-    def _forget_removed(self, rec: dict[str, Any], now: float) -> None:
+    def _grace(self, value: Any) -> float:
+        """``removed_key_grace_s``: this process's, unless it does not configure the
+        provider; then the one stored with the pool by the last process that did (else the
+        default), which a write here keeps."""
+        if self._configured:
+            return self.settings.removed_key_grace_s
+        stored = _stored_grace(value)
+        return DEFAULT_GRACE_S if stored is None else stored
+
+    def _forget_removed(self, rec: dict[str, Any], now: float, grace: float) -> None:
         """Drop from ``rec`` the aliases no process configures any more (on every write).
 
         A stored alias this process does not configure is noted in ``rec["gone"]`` with
@@ -356,7 +378,6 @@ class KeyPool:
         for a in list(gone):
             if a in self._keys or a not in stored:
                 del gone[a]
-        grace = self.settings.removed_key_grace_s
         for a in sorted(stored.difference(self._keys)):
             since = _num(gone, a) if a in gone else 0.0
             if not 0 < since <= now:  # new, or a bad or future value: count from now
@@ -587,7 +608,8 @@ class KeyPool:
     async def status(self) -> dict[str, Any]:
         """Availability plus per-key facts (strikes, cooldown, quarantine, picks); no secrets."""
         kernel = self._plugin.bound_kernel()
-        rec = self._read(await kernel.state.get(self._key))
+        value = await kernel.state.get(self._key)
+        rec = self._read(value)
         now = kernel.clock.time()
         av = self._describe(rec, now)
         keys = {}
@@ -606,10 +628,10 @@ class KeyPool:
             **av.to_dict(),
             "keys": keys,
             "suspended": rec["suspended"],
-            "unconfigured": self._unconfigured(rec, now),
+            "unconfigured": self._unconfigured(rec, now, self._grace(value)),
         }
 
-    def _unconfigured(self, rec: dict[str, Any], now: float) -> list[dict[str, Any]]:
+    def _unconfigured(self, rec: dict[str, Any], now: float, grace: float) -> list[dict[str, Any]]:
         """The stored state of what this process does not configure: aliases other replicas
         (or an earlier configuration) list, and quarantines of secrets it does not send
         (``configured``: the alias they were recorded under is configured here, with
@@ -617,7 +639,6 @@ class KeyPool:
         writers did not configure it (None: the last writer did); ``forget_at``: when it
         is forgotten if no process configures it again (a cooldown still running is kept
         until it ends)."""
-        grace = self.settings.removed_key_grace_s
         out: dict[str, dict[str, Any]] = {}
         stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
         for a in sorted(stored.difference(self._keys)):
