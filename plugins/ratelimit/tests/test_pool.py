@@ -1119,3 +1119,37 @@ async def test_a_clear_from_a_process_without_the_provider_keeps_its_grace(
             "k1": "quarantined",
             "k2": "ok",
         }
+
+
+@pytest.mark.parametrize("rate", [None, 100])
+async def test_a_replica_whose_every_key_is_quarantined_keeps_its_quarantines(
+    tmp_path: Path, rate: int | None
+) -> None:
+    """Before: a replica whose every key was quarantined never wrote the pool again (each
+    lease failed before writing), so it renewed nothing: a process sharing the store that
+    does not configure the provider (or those keys) forgot the pool (or the quarantines)
+    after removed_key_grace_seconds, and the replica that configures them all along sent
+    the rejected keys again."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = FakeClock()
+    extra = {} if rate is None else {"rate": rate}
+    with_old = with_provider_old(**extra)
+    new_keys = RateLimitConfig.model_validate(
+        {"providers": {"old": {"keys": [{"alias": "k3", "secret": SECRET_B}]}}}
+    )
+    async with (
+        kernel_with(with_old, state=url, clock=clock) as replica,
+        kernel_with(config(), state=url, clock=clock) as without_old,
+        kernel_with(new_keys, state=url, clock=clock) as other_keys,
+    ):
+        pool = key_pool(replica, "old")
+        await pool.report("k1", "auth")
+        await pool.report("k2", "auth")
+        sweep = RateLimitPlugin.of(without_old).forget_removed_providers
+        for _ in range(10):  # 10 days: the replica is asked for the provider all along
+            assert await sweep() == []
+            await (await key_pool(other_keys, "old").acquire()).success()
+            with pytest.raises(PoolUnavailable):
+                await pool.acquire()
+            clock.advance(86400)
+        assert (await pool.availability()).keys == {"k1": "quarantined", "k2": "quarantined"}

@@ -233,6 +233,8 @@ def _norm(value: Any) -> dict[str, Any]:
                 rec[k] = dict(value[k])
         if isinstance(value.get("suspended"), dict):
             rec["suspended"] = value["suspended"]
+        if "removed" in value:  # kept to be seen (``KeyPool._renewal_due``), never written
+            rec["removed"] = value["removed"]
     return rec
 
 
@@ -373,6 +375,7 @@ class KeyPool:
         once no process has configured its secret (under any alias) for the grace: its
         note is the entry's own ``gone``.
         """
+        rec.pop("removed", None)  # a process that uses the provider writes: not removed
         gone: dict[str, Any] = rec.setdefault("gone", {})
         stored = set(rec["keys"]) | set(rec["picks"]) | set(rec["rr"])
         for a in list(gone):
@@ -413,6 +416,25 @@ class KeyPool:
             del rec["quarantines"]
         if grace != DEFAULT_GRACE_S:  # for a process that no longer configures the provider
             rec["grace"] = grace
+
+    def _renewal_due(self, rec: dict[str, Any]) -> bool:
+        """Whether ``rec`` holds a note that a write by this process erases: the provider
+        noted as removed, an alias it configures or the quarantine of a secret it sends
+        noted as gone. A lease refused (every key quarantined or cooling, the pool
+        suspended) writes nothing else; without this, a replica whose every key is
+        quarantined renewed nothing, and other processes forgot those quarantines (or the
+        whole pool) after the grace, though it configured them all along."""
+        if "removed" in rec or any(a in self._keys for a in rec["gone"]):
+            return True
+        mine = self._secret_fingerprints()
+        return any(
+            sfp in mine and isinstance(q, dict) and "gone" in q
+            for sfp, q in rec["quarantines"].items()
+        )
+
+    async def _renew(self) -> None:
+        """Erase the notes ``_renewal_due`` finds (a write, only when one is there)."""
+        await self._update(lambda rec, now: (None, rec if self._renewal_due(rec) else NOCHANGE))
 
     def _secret_fingerprints(self) -> set[str]:
         """The fingerprints of the secrets this process configures (none when keyless)."""
@@ -724,8 +746,12 @@ class KeyPool:
             # slot first made calls during a suspension queue for slots only to fail, took
             # the slots of the first requests once it served again, and in fail_fast mode
             # reported an hour's suspension as the outbound rate's few seconds.
-            av = await self.availability()
+            kernel = self._plugin.bound_kernel()
+            rec = self._read(await kernel.state.get(self._key))
+            av = self._describe(rec, kernel.clock.time())
             if not av.available:
+                if self._renewal_due(rec):
+                    await self._renew()
                 raise PoolUnavailable(av)
             left = ctx.time_left() if ctx is not None else None
             try:
@@ -744,9 +770,13 @@ class KeyPool:
                 raise PoolUnavailable(av, f"outbound.providers.{self.provider}") from None
         probe_ttl = self.settings.probe_timeout_s
 
-        def pick(rec: dict[str, Any], now: float) -> tuple[tuple[str, str | None], Any]:
+        def pick(
+            rec: dict[str, Any], now: float
+        ) -> tuple[tuple[str, str | None] | Availability, Any]:
             av = self._describe(rec, now)
             if not av.available:
+                if self._renewal_due(rec):
+                    return av, rec  # renewed (see _renewal_due), then refused
                 raise PoolUnavailable(av)
             healthy = [a for a in self._order if av.keys.get(a, "ok") in ("ok", "half_open")]
             if self._implicit:
@@ -778,7 +808,10 @@ class KeyPool:
                 self._put_state(rec, best, st, now)
             return (best, probe_id), rec
 
-        alias, probe_id = await self._update(pick)
+        picked = await self._update(pick)
+        if isinstance(picked, Availability):
+            raise PoolUnavailable(picked)
+        alias, probe_id = picked
         key = self._keys[alias]
         lease = KeyLease(
             self,
