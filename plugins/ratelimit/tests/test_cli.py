@@ -264,3 +264,17 @@ def test_config_may_follow_the_subcommand(tmp_path: Path) -> None:
         )
         assert r.returncode == 0, r.stderr
         assert "acme" in r.stdout
+
+
+async def test_clearing_an_unknown_alias_names_the_stored_ones_too(tmp_path: Path) -> None:
+    """Before: `keys clear acme zz` of a provider no longer configured said "its keys: []",
+    though `keys clear acme b` would have worked: the aliases it can clear were not named."""
+    path = write_config(tmp_path)
+    async with Kernel.from_config(path) as kernel:
+        plugin: RateLimitPlugin = kernel.get_plugin("ratelimit")
+        await plugin.pool("acme").report("b", "auth", pattern="default.status.401")
+    path.write_text(path.read_text().replace("providers.acme]", "providers.other]"))
+    r = run(tmp_path, "keys", "clear", "acme", "zz")
+    assert r.returncode == 2 and "has no key 'zz'" in r.stderr
+    assert "'b'" in r.stderr, r.stderr
+    assert "[]" not in r.stderr, r.stderr

@@ -195,9 +195,22 @@ async def _cmd_clear(args: argparse.Namespace) -> int:
         try:
             await pool.clear(args.alias, suspension=not args.keep_suspension)
         except KeyError:
+            stored = sorted(
+                {
+                    str(k["alias"])
+                    for k in (await pool.status())["unconfigured"]
+                    if isinstance(k, dict) and k.get("alias") not in (None, "?")
+                }
+                - set(pool.aliases)
+            )
+            which = [f"configured: {pool.aliases}"] if pool.aliases else []
+            if stored:
+                which.append(f"stored, not configured here: {stored}")
             sys.stderr.write(
                 f"toolwire: error: provider {args.provider!r} has no key {args.alias!r}, "
-                f"configured or stored; its keys: {pool.aliases}\n"
+                "configured or stored; "
+                + (f"its keys: {'; '.join(which)}" if which else "it has none")
+                + "\n"
             )
             return 2
         what = f"key {args.alias!r}" if args.alias else "every key"
