@@ -89,6 +89,17 @@ def test_identity_has_no_decoder() -> None:
         Decoder("identity")
 
 
+@pytest.mark.parametrize("coding", ["identity", " Identity ", ""])
+def test_a_decoder_for_identity_says_none_is_needed(coding: str) -> None:
+    """Before: "unsupported Content-Encoding 'identity': toolwire reads identity, gzip and
+    deflate", a message that contradicts itself; it now says what to do instead."""
+    with pytest.raises(UnsupportedEncoding, match="needs no decoding") as caught:
+        Decoder(coding)
+    assert "unsupported" not in str(caught.value) and caught.value.coding == coding.strip().lower()
+    with pytest.raises(UnsupportedEncoding, match="unsupported Content-Encoding 'br'"):
+        Decoder("br")
+
+
 # -- decoding, split anywhere
 
 

@@ -62,13 +62,21 @@ class DecodingError(ValueError):
 
 class UnsupportedEncoding(DecodingError):
     """A ``Content-Encoding`` other than identity, gzip, x-gzip and deflate, or several
-    codings stacked (``coding`` then lists them, comma-separated)."""
+    codings stacked (``coding`` then lists them, comma-separated); also ``Decoder`` given
+    ``identity`` or nothing, which need no decoder (the message says so)."""
 
     def __init__(self, coding: str) -> None:
-        super().__init__(
-            f"unsupported Content-Encoding {coding!r}: toolwire reads identity, gzip and deflate",
-            coding,
-        )
+        if coding in ("", "identity"):  # Decoder("identity"): a caller's slip, said so
+            message = (
+                f"Content-Encoding {coding!r} needs no decoding: read the body as it is "
+                "(decoder_for returns None for it)"
+            )
+        else:
+            message = (
+                f"unsupported Content-Encoding {coding!r}: toolwire reads identity, gzip "
+                "and deflate"
+            )
+        super().__init__(message, coding)
 
 
 class CorruptBody(DecodingError):
