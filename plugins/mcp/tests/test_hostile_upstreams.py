@@ -701,6 +701,52 @@ async def test_a_json_answer_counts_as_sent_too(direct: bool) -> None:
 
 
 @PATHS
+@pytest.mark.parametrize("coding", ["identity", "gzip", "deflate"])
+async def test_a_compressed_stream_of_small_events_is_read_whole(direct: bool, coding: str) -> None:
+    """300 kB of small notifications, then the answer, compressed together (one flush, as a
+    compressor buffering them sends them) under a 64 KiB max_answer_bytes, which caps one
+    event: the call succeeds, as it does sent plain. Before, on both paths, what one read
+    decompressed to was held to the cap: answer_too_large, though no event came near it."""
+    frames = b"event: message\ndata: " + LOG + b"\n\n"
+
+    def script(rid: Any) -> bytes:
+        body = frames * 3000 + event(result(rid))
+        if coding != "identity":
+            body = gzip.compress(body) if coding == "gzip" else zlib.compress(body)
+        return encoded_chunks(b"text/event-stream", coding.encode(), body)
+
+    async with (
+        serving(scripted_upstream({**SCRIPTS, "many": send(script)})) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=65536) as (k, up),
+    ):
+        r = await call(k, "many")
+        assert r.error is None and r.content == {"result": "ok"}, r.error
+        await still_serving(k, up)
+
+
+@PATHS
+async def test_a_compressed_event_over_max_answer_bytes_is_too_large(direct: bool) -> None:
+    """A gzip event stream whose one event expands to 100 MB (from 100 kB): too large,
+    expanded no further than the cap and a step, on both paths."""
+    bomb = gzip.compress(b"data: " + b"x" * 100_000_000, compresslevel=9)
+
+    async with (
+        serving(
+            scripted_upstream(
+                {**SCRIPTS, "bomb": send(lambda rid: encoded(b"text/event-stream", b"gzip", bomb))}
+            )
+        ) as srv,
+        gateway(srv, direct=direct, max_answer_bytes=65536) as (k, up),
+    ):
+        session = up._client
+        r = await call(k, "bomb")
+        assert r.error is not None and r.error.kind == "tool_error", r.content
+        assert r.error.details["answer_too_large"] is True, r.error
+        assert up._client is session and up.status == "up"
+        await still_serving(k, up)
+
+
+@PATHS
 @pytest.mark.parametrize("where", ["the-answer", "a-notification"])
 async def test_an_event_over_max_answer_bytes_arriving_whole_is_too_large(
     direct: bool, where: str

@@ -695,9 +695,12 @@ async def test_a_compressed_body_is_not_expanded_past_the_read_limit() -> None:
         await pool.close()
 
 
-async def test_a_compressed_stream_read_is_not_expanded_past_max_body() -> None:
-    """A streamed body (SSE) has no cap on its whole, but one read may not decompress to
-    more than ``max_body``; plain reads of any size pass."""
+async def test_a_compressed_stream_is_expanded_only_as_it_is_read() -> None:
+    """A streamed body (SSE) has no cap on its whole (the reader caps its events): a
+    compressed one is decompressed as it is read, 64 KiB at a time, never ahead of the
+    reader; plain reads of any size pass. Before, one socket read decompressing past
+    ``max_body`` was ``TooLarge``, which failed a stream of small events arriving
+    together (see ``test_a_compressed_stream_of_small_events_is_read_whole``)."""
     bomb = gzip.compress(b"\0" * 100_000_000, compresslevel=9)
     plain = b"z" * 500_000
 
@@ -714,18 +717,56 @@ async def test_a_compressed_stream_read_is_not_expanded_past_max_body() -> None:
         assert b"".join([c async for c in resp.chunks()]) == plain
         resp.release()
         resp = await pool.post(b"{}")
-        with pytest.raises(TooLarge):
-            async for _ in resp.chunks():
-                pass
-        assert resp._size <= 100_000
+        await asyncio.sleep(0.2)  # what comes before reading pauses has come
+        assert resp._size == 0  # nothing decompressed before it is read
+        read = 0
+        async for piece in resp.chunks():
+            assert 0 < len(piece) <= 65536 and piece == bytes(len(piece))
+            read += len(piece)
+            assert resp._size == read  # no more decompressed than was read
+            if read > 1_000_000:
+                break
+        assert not resp.consumed
         resp.close()
         await pool.close()
 
 
-async def test_many_compressed_pieces_in_one_read_stop_at_max_body() -> None:
+async def test_a_compressed_stream_of_small_events_is_read_whole() -> None:
+    """A gzip event stream of small events, flushed once (as a compressor buffering them
+    does), arriving in one socket read: read whole, on a connection kept. Before, what one
+    read decompressed to was capped at ``max_body``: 300 kB of 150-byte events failed
+    ``TooLarge`` under a 64 KiB cap, though no event came near it (sent plain, it passed)."""
+    frame = b"event: message\ndata: " + b'{"jsonrpc": "2.0", "method": "x"}' + b"\n\n"
+    plain = frame * 6000
+
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await s.read_request(r)
+        gz = gzip.compress(plain)
+        w.write(answer(gz, "content-type: text/event-stream", "content-encoding: gzip"))
+        await w.drain()
+        await s.read_request(r)
+        w.write(answer(b"{}", "content-type: application/json"))
+        await w.drain()
+
+    async with serving(handler) as srv:
+        pool = pool_for(srv, max_body=65536)
+        resp = await pool.post(b"{}")
+        await asyncio.sleep(0.1)  # all of it arrives before the reader asks
+        assert b"".join([c async for c in resp.chunks()]) == plain
+        assert resp.consumed
+        resp.release()
+        resp = await pool.post(b"{}")
+        assert await resp.read() == b"{}"
+        resp.release()
+        await pool.close()
+    assert srv.connections == 1
+
+
+async def test_many_compressed_pieces_in_one_read_are_not_expanded_before_reading() -> None:
     """A chunked gzip body of many small pieces, each expanding 100-fold, arriving in one
-    socket read: what is decoded and unread may not pass ``max_body``. Before, each piece
-    was capped alone, and 200 of them buffered 198 times the cap before the reader came."""
+    socket read: nothing of it is decoded before the reader asks, then 64 KiB at a time.
+    Before, each piece was capped alone, and 200 of them buffered 198 times the cap before
+    the reader came."""
     packer = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
     pieces = [packer.compress(b"\0" * 99_000) + packer.flush(zlib.Z_SYNC_FLUSH) for _ in range(200)]
     pieces.append(packer.flush())
@@ -741,9 +782,9 @@ async def test_many_compressed_pieces_in_one_read_stop_at_max_body() -> None:
         pool = pool_for(srv, max_body=100_000)
         resp = await pool.post(b"{}")
         await asyncio.sleep(0.2)  # all of it arrives before the reader asks
-        with pytest.raises(TooLarge):
-            async for _ in resp.chunks():
-                pass
-        assert resp._size <= 2 * 100_001
+        assert resp._size == 0 and resp._unread < 100_000  # held as sent
+        async for piece in resp.chunks():
+            assert len(piece) <= 65536 and resp._size == len(piece)
+            break
         resp.close()
         await pool.close()

@@ -434,7 +434,7 @@ class DirectCaller:
         """Read SSE frames until the response: notifications on the way, comments ignored."""
         try:
             return await self._read_events(resp, name, rid, progress)
-        except TooLarge as exc:  # one compressed read expanding past the cap
+        except TooLarge as exc:  # not raised by chunks() now: _read_events caps each event
             raise AnswerTooLarge(exc.limit) from None
         except UndecodableBody as exc:  # an answer came, unreadable
             raise MCPError(

@@ -154,14 +154,6 @@ class _OverLimit(httpx2.StreamError):
         super().__init__(f"{_MARK} {limit} bytes ([plugins.mcp.servers.{server}])")
 
 
-class _EventsOverLimit(httpx2.SSEError):
-    """One read of an event stream decoding to more than ``max_answer_bytes``; worded as
-    the SDK's own event cap, so that both end the call the same way."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__(f"Server-sent event exceeded the {limit} byte limit.")
-
-
 class _Unreadable(httpx2.StreamError):
     """A JSON answer that cannot be decompressed (the SDK answers the request with a parse
     error quoting this text: an answer came, unreadable)."""
@@ -180,6 +172,8 @@ _UNDECODABLE: Final = re.compile(
 
 
 _MARK: Final = "toolwire: the answer is over max_answer_bytes ="
+#: The most an event stream's compressed read is decompressed to at a time.
+_STEP: Final = 64 * 1024
 
 
 class _NotOurAnswer(httpx2.StreamError):
@@ -243,11 +237,11 @@ class _CappedStream(httpx2.AsyncByteStream):
     """A response body capped at ``limit`` bytes, decompressed here (gzip, deflate).
 
     ``whole``: the whole body is capped, decompressed and as sent (a JSON answer;
-    ``_OverLimit``). Else
-    (an event stream, whose events the SDK caps itself) only what one read
-    decompresses to (``_EventsOverLimit``). The body is decompressed here, with
-    the cap as the most any one call may produce, so that a small compressed
-    read cannot expand a thousandfold first; httpx is then told it is plain.
+    ``_OverLimit``), with the room left as the most any one call may produce, so
+    that a small compressed read cannot expand a thousandfold first. Else (an
+    event stream, whose events the SDK caps itself at ``max_sse_event_size``) the
+    body is decompressed ``_STEP`` bytes at a time, each piece made when the SDK
+    reads on. httpx is then told the body is plain.
     With ``rid``, a JSON answer is read whole and checked to answer that
     request (``_our_answer``).
     """
@@ -272,9 +266,7 @@ class _CappedStream(httpx2.AsyncByteStream):
         self._encoding = encoding
 
     def _over(self) -> Exception:
-        if self._whole:
-            return _OverLimit(self._limit, self._server)
-        return _EventsOverLimit(self._limit)
+        return _OverLimit(self._limit, self._server)  # a whole body (events: the SDK's cap)
 
     def _unreadable(self, why: str) -> Exception:
         # raised while the SDK reads the body, so that it answers the request with it
@@ -294,6 +286,17 @@ class _CappedStream(httpx2.AsyncByteStream):
         size = sent = 0
         held: list[bytes] | None = [] if self._rid is not None else None
         async for chunk in self._inner:
+            if decoder is not None and chunk and not whole:
+                # An event stream: decoded as the SDK reads it, ``_STEP`` bytes at a time;
+                # its parser caps each event (and a line under way) at the limit. Capping
+                # what one read expands to failed a stream of small events arriving in one
+                # read (a compressor's flush) as one event over the cap.
+                try:
+                    for piece in decoder.pieces(chunk, _STEP):
+                        yield piece
+                except DecodingError as exc:
+                    raise self._unreadable(str(exc)) from None
+                continue
             if decoder is not None and chunk:
                 # a whole body counts as sent too: compressed data may expand to nothing
                 sent += len(chunk)

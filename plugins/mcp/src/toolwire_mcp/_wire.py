@@ -28,6 +28,7 @@ against aiohttp's 155 us, same server, same payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl as ssl_module
 from collections.abc import AsyncIterator, Mapping
 from typing import Final, cast
@@ -54,6 +55,8 @@ __all__ = [
 MAX_HEAD: Final = 64 * 1024
 #: Unread body bytes buffered before the socket stops being read (back-pressure).
 _HIGH_WATER: Final = 256 * 1024
+#: The most a compressed streamed body is decompressed to at a time (``Response.chunks``).
+_STEP: Final = 64 * 1024
 
 
 class WireError(Exception):
@@ -138,7 +141,9 @@ class Response:
         self._done = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._decoder: Decoder | None = None  # None: identity, the bytes kept as they come
+        #: None: identity, or a compressed body decoded to its end. A compressed body's
+        #: _chunks are its bytes as sent: the reader decodes them as it reads, no sooner.
+        self._decoder: Decoder | None = None
         #: Bytes of body received (decompressed), and the pool's ``max_body`` (None: no cap).
         self._size = 0
         self._sent = 0  # bytes of a compressed body as sent (a whole body is capped so too)
@@ -157,39 +162,71 @@ class Response:
             return  # a failed answer (too large, say): the rest is dropped as it comes
         limit = self._limit
         if self._decoder is not None:
+            # Kept as sent, decoded by the reader as it reads (a small compressed read may
+            # expand a thousandfold: never before it is wanted, nor past the room left).
             # Compressed data may expand to nothing: a whole body counts as sent too.
             self._sent += len(data)
             if limit is not None and self._whole and self._sent > limit:
-                self._too_large(limit)
+                self._chunks.append(data)
+                self._over_as_sent(limit)
                 return
-            # Capped: a small compressed read may expand a thousandfold. What is
-            # decoded and not yet read may not pass the cap either (a chunked body
-            # feeds many pieces per socket read, before reading can be paused).
-            room = None if limit is None else limit - self._unread
-            try:
-                data = self._decoder.decompress(data, None if room is None else room + 1)
-            except DecodingError as exc:
-                self._undecodable(exc)
-                return
-            if limit is not None and self._unread + len(data) > limit:
-                self._too_large(limit)
-                return
-        if data:
+        elif data:
             self._size += len(data)
             if limit is not None and self._whole and self._size > limit:
                 self._too_large(limit)
                 return
+        if data:
             self._chunks.append(data)
             self._unread += len(data)
             self._wake()
 
-    def _undecodable(self, exc: DecodingError) -> None:
+    def _undecodable(self, exc: DecodingError) -> UndecodableBody:
         # nothing of a body that cannot be decoded is kept, what came before the fault
         # included (zlib would have kept bytes after its end in unused_data, uncounted)
         self._chunks.clear()
         self._unread = 0
         self._decoder = None
-        self._fail(UndecodableBody(str(exc)))
+        error = UndecodableBody(str(exc))
+        self._error = error  # found by the reader, the body may have been received whole
+        self._wake()
+        return error
+
+    def _over_as_sent(self, limit: int) -> None:
+        """A compressed whole body past ``limit`` as sent: too large, unless what came is
+        corrupt (bytes after the end of its data, say), which is what is wrong with it."""
+        if self._decoder is not None and self._chunks:
+            with contextlib.suppress(TooLarge, UndecodableBody):
+                self._decode(self._decoder)
+        self._too_large(limit)
+
+    def _take(self) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        self._unread = 0
+        return data
+
+    def _decode(self, decoder: Decoder) -> bytes:
+        """What the received bytes decode to, up to the room left under the cap (one byte
+        more is over it: ``TooLarge``)."""
+        limit = self._limit
+        room = None if limit is None else limit - self._size
+        try:
+            data = decoder.decompress(self._take(), None if room is None else room + 1)
+        except DecodingError as exc:
+            raise self._undecodable(exc) from None
+        if limit is not None and room is not None and len(data) > room:
+            self._too_large(limit)
+            raise TooLarge(limit)
+        self._size += len(data)
+        return data
+
+    def _end(self, decoder: Decoder) -> None:
+        """The body was received and decoded whole: cut short, it is no answer."""
+        try:
+            decoder.finish()
+        except DecodingError as exc:
+            raise self._undecodable(exc) from None
+        self._decoder = None
 
     def _too_large(self, limit: int) -> None:
         self._chunks.clear()  # nothing of it is kept, even when it all came
@@ -200,13 +237,7 @@ class Response:
             self._wake()
 
     def _finish(self) -> None:
-        if self._decoder is not None:
-            try:
-                self._decoder.finish()
-            except DecodingError as exc:  # cut short: no answer
-                self._undecodable(exc)
-                return
-        self._done = True
+        self._done = True  # a compressed body's end is checked as the reader decodes it
         self._wake()
 
     def _fail(self, exc: BaseException) -> None:
@@ -231,7 +262,7 @@ class Response:
     def consumed(self) -> bool:
         """Whether the body was received to its end and read (``release`` then keeps the
         connection)."""
-        return self._done and self._error is None and not self._chunks
+        return self._done and self._error is None and not self._chunks and self._decoder is None
 
     async def read(self) -> bytes:
         """The whole body: at most the pool's ``max_body`` bytes (decompressed, and as sent),
@@ -241,36 +272,51 @@ class Response:
         limit = self._limit
         if limit is not None and self._error is None:
             declared = self.headers.get("content-length", "")
-            if (
-                self._size > limit
-                or self._sent > limit
-                or (self._decoder is None and declared.isdigit() and int(declared) > limit)
+            if self._sent > limit:
+                self._over_as_sent(limit)
+            elif self._size > limit or (
+                self._decoder is None and declared.isdigit() and int(declared) > limit
             ):
                 self._too_large(limit)
-        while not self._done:
+        decoder = self._decoder
+        parts: list[bytes] = []
+        while True:
             if self._error is not None:
                 raise self._error
+            if decoder is not None and self._chunks:
+                parts.append(self._decode(decoder))
+                continue
+            if self._done:
+                break
             await self._more()
-        if self._error is not None:
-            raise self._error
-        body = b"".join(self._chunks)
-        self._chunks.clear()
-        self._unread = 0
-        return body
+        if decoder is None:
+            return self._take()
+        self._end(decoder)
+        return b"".join(parts)
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as it arrives, chunk by chunk (no cap on the whole: a stream may run
-        long; a single read decompressing past ``max_body`` is ``TooLarge``)."""
+        long, and the reader caps what it keeps). A compressed body is decompressed as it
+        is read, in pieces of at most 64 KiB, each made when the reader asks for it."""
+        decoder = self._decoder
         while True:
             if self._chunks:
-                data = b"".join(self._chunks)
-                self._chunks.clear()
-                self._unread = 0
-                yield data
+                data = self._take()
+                if decoder is None:
+                    yield data
+                    continue
+                try:
+                    for piece in decoder.pieces(data, _STEP):
+                        self._size += len(piece)
+                        yield piece
+                except DecodingError as exc:
+                    raise self._undecodable(exc) from None
                 continue
             if self._error is not None:
                 raise self._error
             if self._done:
+                if decoder is not None:
+                    self._end(decoder)
                 return
             await self._more()
 
@@ -504,8 +550,8 @@ class _Conn(asyncio.Protocol):
 class Pool:
     """POSTs to one URL over at most ``limit`` keep-alive connections.
 
-    ``max_body``: the longest body ``Response.read`` takes, decompressed (and the
-    most one read of a streamed body may decompress to); None: no cap.
+    ``max_body``: the longest body ``Response.read`` takes, decompressed and as sent
+    (a streamed body, ``Response.chunks``, is the reader's to cap); None: no cap.
     Create it inside the event loop; ``close()`` it when done.
     """
 
