@@ -25,7 +25,9 @@ Semantics (every toolwire plugin reads answers this way):
   and nothing of it should be used. A body of no bytes at all is empty, whatever
   its coding (a 204, a HEAD answer).
 
-The caller owns the cap and its error: compare what came out with the room left.
+The caller owns the cap and its error: compare what came out with the room left,
+and count the bytes as sent too (compressed data can expand to nothing: a body of
+empty deflate blocks is otherwise read for as long as the server sends it).
 """
 
 from __future__ import annotations
