@@ -389,7 +389,7 @@ class _Conn(asyncio.Protocol):
             if (
                 not resp._done
                 and len(resp._chunks) > 1
-                and sum(map(len, resp._chunks)) > _HIGH_WATER
+                and resp._unread > _HIGH_WATER  # the bytes in _chunks, kept as they come
             ):
                 self._paused = True
                 assert self.transport is not None
